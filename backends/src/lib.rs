@@ -1,0 +1,73 @@
+//! toffload's accelerator API.
+//!
+//! An operation transforms a caller's buffer in place and completes later; callers
+//! submit, poll or wait, and release. The same API is exported as a C ABI
+//! (`libtoffload_accel.so`, header `include/toffload_accel.h`) because the servers that
+//! toffload targets are C programs and the fiber runtime reroutes their blocking
+//! `accel_run` into `accel_submit` + yield + `accel_done`.
+
+pub mod capi;
+pub mod config;
+pub mod emulated;
+mod error;
+mod futex;
+
+pub use config::{BackendKind, ConfigError, WaitStyle};
+pub use emulated::{DeviceStats, EmuConfig, Emulated};
+pub use error::AccelError;
+
+use std::os::fd::RawFd;
+
+/// A handle to one in-flight operation. Handles carry a generation, so a stale or
+/// released handle is recognised instead of aliasing a newer operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OpId(pub i64);
+
+/// Where an operation stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpState {
+    Pending,
+    Done,
+}
+
+/// An accelerator backend. Implementations must be cheap to poll from many threads.
+pub trait Accelerator: Send + Sync {
+    /// Starts an in-place transform of `len` bytes at `buf`. Never blocks.
+    ///
+    /// # Safety
+    /// `buf..buf+len` must stay valid and unaliased by writers until the operation is
+    /// done or released.
+    unsafe fn submit(&self, buf: *mut u8, len: usize) -> Result<OpId, AccelError>;
+
+    /// Polls an operation without blocking.
+    fn done(&self, id: OpId) -> Result<OpState, AccelError>;
+
+    /// Sleeps until the operation completes (or fails).
+    fn wait(&self, id: OpId) -> Result<(), AccelError>;
+
+    /// Frees the handle; a pending operation is cancelled and its buffer no longer
+    /// touched once this returns.
+    fn release(&self, id: OpId) -> Result<(), AccelError>;
+
+    /// An eventfd that becomes readable whenever any operation completes.
+    fn completion_fd(&self) -> RawFd;
+
+    /// Blocking transform, the call applications make: submit, wait as `style` says,
+    /// release.
+    fn run(&self, buf: &mut [u8], style: WaitStyle) -> Result<(), AccelError> {
+        // SAFETY: `buf` is borrowed mutably until we release below.
+        let id = unsafe { self.submit(buf.as_mut_ptr(), buf.len())? };
+        let waited = match style {
+            WaitStyle::Spin => loop {
+                match self.done(id) {
+                    Ok(OpState::Done) => break Ok(()),
+                    Ok(OpState::Pending) => std::hint::spin_loop(),
+                    Err(e) => break Err(e),
+                }
+            },
+            WaitStyle::Block => self.wait(id),
+        };
+        let released = self.release(id);
+        waited.and(released)
+    }
+}
