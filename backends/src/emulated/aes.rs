@@ -21,15 +21,15 @@ pub struct CtrEngine {
 
 impl CtrEngine {
     pub fn new() -> Result<Self, openssl::error::ErrorStack> {
-        Ok(CtrEngine {
-            ctx: CipherCtx::new()?,
-        })
+        let mut ctx = CipherCtx::new()?;
+        // Expand the key once; each operation then only resets the counter.
+        ctx.encrypt_init(Some(Cipher::aes_128_ctr()), Some(&KEY), Some(&IV))?;
+        Ok(CtrEngine { ctx })
     }
 
     /// Transforms `buf` in place from counter block IV.
     pub fn apply(&mut self, buf: &mut [u8]) -> Result<(), openssl::error::ErrorStack> {
-        self.ctx
-            .encrypt_init(Some(Cipher::aes_128_ctr()), Some(&KEY), Some(&IV))?;
+        self.ctx.encrypt_init(None, None, Some(&IV))?;
         // OpenSSL processes at most i32::MAX bytes per update call.
         for chunk in buf.chunks_mut(1 << 30) {
             self.ctx.cipher_update_inplace(chunk, chunk.len())?;

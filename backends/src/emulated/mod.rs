@@ -100,7 +100,7 @@ impl EmuConfig {
     }
 
     /// Service time for an operation of `len` bytes, ns.
-    fn service_ns(&self, len: usize) -> u64 {
+    pub(crate) fn service_ns(&self, len: usize) -> u64 {
         let mut us = self.lat_us;
         if self.mbps > 0.0 {
             // bytes / (MB/s) = microseconds

@@ -41,8 +41,9 @@ fn never_completes_before_its_latency() {
     let id = unsafe { d.submit(buf.as_mut_ptr(), buf.len()) }.unwrap();
     assert_eq!(d.done(id).unwrap(), OpState::Pending);
     d.wait(id).unwrap();
-    // The device may fire up to its learnt timer lateness (<= 30 us) early.
-    assert!(t.elapsed() >= Duration::from_micros(20_000 - 30));
+    // The device may deliver up to its learnt timer lateness (<= 30 us) plus its
+    // coalescing window (<= 10 us) early.
+    assert!(t.elapsed() >= Duration::from_micros(20_000 - 40));
     assert_eq!(d.done(id).unwrap(), OpState::Done);
     d.release(id).unwrap();
 }
@@ -61,7 +62,7 @@ fn ops_beyond_lanes_queue_in_order() {
     assert_eq!(d.done(ids[2]).unwrap(), OpState::Pending);
     d.wait(ids[2]).unwrap();
     assert_eq!(d.done(ids[1]).unwrap(), OpState::Done);
-    assert!(t.elapsed() >= Duration::from_micros(30_000 - 30));
+    assert!(t.elapsed() >= Duration::from_micros(30_000 - 40));
     for id in ids {
         d.release(id).unwrap();
     }

@@ -1,0 +1,61 @@
+//! `cargo xtask`: the project's own build, test, benchmark and demo driver.
+
+mod bench;
+mod build;
+mod demo;
+mod paths;
+mod proc;
+mod setup;
+mod test;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    about = "toffload's build, test, bench and demo driver"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Build the libraries, the load generator and the C example servers into target/toffload.
+    Build,
+    /// Build everything and run every test (the README's test command).
+    Test {
+        /// Extra arguments passed to `cargo test` after `--`.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Run a benchmark and write its table under tests/results/.
+    Bench {
+        #[command(subcommand)]
+        which: bench::Which,
+    },
+    /// The main job on the bundled default: a demo server under load, measured.
+    Demo(demo::Args),
+    /// Install the system packages a fresh machine lacks (needs root).
+    Setup,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Build => build::all().map(|_| ()),
+        Cmd::Test { args } => test::run(&args),
+        Cmd::Bench { which } => bench::run(which),
+        Cmd::Demo(args) => demo::run(&args),
+        Cmd::Setup => setup::system_packages(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
