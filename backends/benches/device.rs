@@ -234,6 +234,9 @@ fn main() {
     eprintln!();
     print!("{md}");
     if let Some(out) = a.out {
+        if let Some(dir) = std::path::Path::new(&out).parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
         std::fs::write(&out, &md).unwrap_or_else(|e| die(&format!("writing {out}: {e}")));
         eprintln!("device bench: wrote {out}");
     }

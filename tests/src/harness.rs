@@ -1,0 +1,195 @@
+//! Starting and stopping the example servers for tests, benchmarks and the demo.
+//! Binaries come from the dist folder that `cargo xtask build` fills (target/toffload,
+//! or $TOFFLOAD_DIST).
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// The dist folder.
+pub fn dist() -> PathBuf {
+    std::env::var_os("TOFFLOAD_DIST")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../target/toffload")
+        })
+}
+
+/// A binary from dist/bin, or a message saying how to build it.
+pub fn bin(name: &str) -> Result<PathBuf, String> {
+    let p = dist().join("bin").join(name);
+    if p.exists() {
+        Ok(p)
+    } else {
+        Err(format!(
+            "{} is missing: run `cargo xtask build` (or `cargo xtask test`, which builds first)",
+            p.display()
+        ))
+    }
+}
+
+/// True where skipping is not allowed (CI sets TOFFLOAD_NO_SKIP=1 through xtask).
+pub fn no_skip() -> bool {
+    std::env::var("TOFFLOAD_NO_SKIP").is_ok_and(|v| v == "1")
+}
+
+/// Skips a test with a printed reason, or fails it where skipping is not allowed.
+pub fn skip(reason: &str) {
+    if no_skip() {
+        panic!("cannot skip under CI: {reason}");
+    }
+    eprintln!("SKIP: {reason}");
+}
+
+/// Restricts the calling thread (and what it spawns later) to one CPU.
+pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; affects only this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Number of CPUs this process may use.
+pub fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// What to start.
+#[derive(Clone, Debug, Default)]
+pub struct ServerSpec {
+    pub name: String,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cpu: Option<usize>,
+}
+
+impl ServerSpec {
+    pub fn new(name: &str) -> Self {
+        ServerSpec {
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+    pub fn arg(mut self, a: impl Into<String>) -> Self {
+        self.args.push(a.into());
+        self
+    }
+    pub fn env(mut self, k: &str, v: impl Into<String>) -> Self {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+    pub fn cpu(mut self, cpu: Option<usize>) -> Self {
+        self.cpu = cpu;
+        self
+    }
+}
+
+/// A running example server; killed on drop.
+pub struct Server {
+    child: Child,
+    pub port: u16,
+    stdout: Option<BufReader<ChildStdout>>,
+}
+
+impl Server {
+    /// Starts the server on an ephemeral port and waits for its `READY port=N` line.
+    pub fn start(spec: &ServerSpec) -> Result<Server, String> {
+        let mut cmd = Command::new(bin(&spec.name)?);
+        cmd.args(["--port", "0"])
+            .args(&spec.args)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if let Some(cpu) = spec.cpu {
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut set);
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", spec.name))?;
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let (tx, rx) = mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let mut line = String::new();
+            let r = stdout.read_line(&mut line);
+            let _ = tx.send((r.map(|_| line), stdout));
+        });
+        let (line, stdout) = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok((Ok(line), stdout)) => (line, stdout),
+            Ok((Err(e), _)) => return Err(fail(child, &spec.name, &e.to_string())),
+            Err(_) => return Err(fail(child, &spec.name, "no READY line within 20 s")),
+        };
+        let _ = reader.join();
+        let port = line
+            .trim()
+            .strip_prefix("READY port=")
+            .and_then(|p| p.parse().ok());
+        match port {
+            Some(port) => Ok(Server {
+                child,
+                port,
+                stdout: Some(stdout),
+            }),
+            None => Err(fail(
+                child,
+                &spec.name,
+                &format!("expected `READY port=N`, got {line:?}"),
+            )),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// True while the process runs.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGTERM, wait for exit, and return what it printed on stdout after READY.
+    pub fn terminate(mut self) -> Result<String, String> {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let mut out = String::new();
+        if let Some(mut s) = self.stdout.take() {
+            let _ = s.read_to_string(&mut out);
+        }
+        let status = self.child.wait().map_err(|e| e.to_string())?;
+        if status.success() {
+            Ok(out)
+        } else {
+            Err(format!("exited with {status}; stdout: {out}"))
+        }
+    }
+}
+
+fn fail(mut child: Child, name: &str, why: &str) -> String {
+    let _ = child.kill();
+    let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+    format!("{name} did not start: {why} ({status})")
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
