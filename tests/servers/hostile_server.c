@@ -1,0 +1,127 @@
+/*
+ * hostile_server: like conn_server, but every request does an unlocked
+ * read-modify-write of a global counter across the offload:
+ *
+ *     long v = shared_counter; rc = accel_run(buf, size); shared_counter = v + 1;
+ *
+ * With real threads, or with fibers that do not migrate the window, updates
+ * can be lost; `total` (atomic) counts what should have been counted. With
+ * LOCKED=1 a global mutex is held across the whole read-offload-write, so
+ * nothing may be lost. On SIGTERM/SIGINT it prints
+ *     shared=<S> total=<T> lost=<T-S>
+ * on stdout and exits 0.
+ */
+#include "common.h"
+#include "toffload_accel.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char PROG[] = "hostile_server";
+
+/* Deliberately a plain, non-static long in the executable's .bss: the test is
+ * about what happens to such data across an offload. accel_run is an external
+ * call that could read or write it, so the compiler must load it before the
+ * call and store it after. */
+long shared_counter;
+
+static long total; /* successful accel_runs; only touched atomically */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Set once in main before the first thread is created; read-only after. */
+static struct server_opts opts;
+static int locked;
+
+static void must(int e, const char *what)
+{
+    if (e) {
+        warn_errno(PROG, what, e);
+        exit(1);
+    }
+}
+
+static void serve(int fd)
+{
+    unsigned char *buf = malloc(opts.size);
+    if (!buf) {
+        fprintf(stderr, "%s: malloc(%zu) failed\n", PROG, opts.size);
+        return;
+    }
+    while (read_full(fd, buf, opts.size) > 0) {
+        cpu_work(opts.cpu_us);
+        if (locked)
+            must(pthread_mutex_lock(&lock), "pthread_mutex_lock");
+        long v = shared_counter;
+        int rc = accel_run(buf, (int)opts.size);
+        if (rc == 0) /* only count what `total` counts */
+            shared_counter = v + 1;
+        if (locked)
+            must(pthread_mutex_unlock(&lock), "pthread_mutex_unlock");
+        if (rc < 0) {
+            warn_errno(PROG, "accel_run", -rc);
+            break;
+        }
+        __atomic_fetch_add(&total, 1, __ATOMIC_RELAXED);
+        if (write_full(fd, buf, opts.size) < 0)
+            break;
+    }
+    free(buf);
+}
+
+/* Dedicated thread: printf is not async-signal-safe, so the signals are
+ * blocked everywhere and collected here with sigwait. */
+static void *signal_thread(void *p)
+{
+    const sigset_t *set = p;
+    int sig, e;
+    while ((e = sigwait(set, &sig)) != 0)
+        if (e != EINTR)
+            must(e, "sigwait");
+
+    long s;
+    int have_lock = 0;
+    if (locked) {
+        /* Bounded wait: a runtime that deadlocked a lock holder must not
+         * also stop us from reporting. */
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += 2;
+        have_lock = pthread_mutex_timedlock(&lock, &dl) == 0;
+    }
+    s = shared_counter;
+    if (have_lock)
+        must(pthread_mutex_unlock(&lock), "pthread_mutex_unlock");
+    long t = __atomic_load_n(&total, __ATOMIC_RELAXED);
+    if (printf("shared=%ld total=%ld lost=%ld\n", s, t, t - s) < 0 || fflush(stdout) == EOF)
+        exit(1);
+    exit(0);
+}
+
+int main(int argc, char **argv)
+{
+    server_setup(PROG, argc, argv, &opts);
+    const char *l = getenv("LOCKED");
+    locked = l && strcmp(l, "1") == 0;
+
+    /* Block before any thread exists so every thread inherits the mask and
+     * only signal_thread ever receives SIGTERM/SIGINT. */
+    static sigset_t set;
+    if (sigemptyset(&set) < 0 || sigaddset(&set, SIGTERM) < 0 || sigaddset(&set, SIGINT) < 0) {
+        warn_errno(PROG, "sigset", errno);
+        return 1;
+    }
+    must(pthread_sigmask(SIG_BLOCK, &set, NULL), "pthread_sigmask");
+    /* Created before the first accept, so a fiber runtime leaves it a real
+     * thread. */
+    pthread_t t;
+    must(pthread_create(&t, NULL, signal_thread, &set), "pthread_create");
+    must(pthread_detach(t), "pthread_detach");
+
+    int lfd = listen_and_announce(PROG, &opts);
+    accept_loop_threads(PROG, lfd, serve); /* never returns */
+}
