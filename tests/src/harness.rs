@@ -13,10 +13,7 @@ use std::time::Duration;
 pub fn dist() -> PathBuf {
     std::env::var_os("TOFFLOAD_DIST")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../target/toffload")
-        })
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/toffload"))
 }
 
 /// A binary from dist/bin, or a message saying how to build it.

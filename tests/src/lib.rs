@@ -3,4 +3,6 @@
 //! benchmarks and the demo.
 
 pub mod harness;
-pub mod load;
+pub mod loadgen;
+/// The load generator (short name).
+pub use loadgen as load;

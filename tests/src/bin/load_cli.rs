@@ -1,0 +1,101 @@
+//! toffload-load: a thin CLI over `toffload_tests::load`.
+
+use clap::Parser;
+use std::process::ExitCode;
+use std::time::Duration;
+use toffload_tests::load::{self, Config};
+
+#[derive(Parser)]
+#[command(
+    name = "toffload-load",
+    about = "Load generator: closed or open (Poisson) loop, every answer verified against AES-128-CTR"
+)]
+struct Args {
+    #[arg(long, default_value = "127.0.0.1")]
+    addr: String,
+    #[arg(long)]
+    port: u16,
+    /// Request size, bytes (must match the server's --size).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=(64 << 20)))]
+    size: u64,
+    /// Connections.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    conns: u64,
+    /// Measured time, e.g. 5s, 500ms.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Unmeasured time before it.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    warmup: Duration,
+    /// Open loop: Poisson arrivals at this many requests/s (absent: closed loop).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// A request unanswered this long is an error.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    timeout: Duration,
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    connect_timeout: Duration,
+    #[arg(long, default_value_t = 0x70ff_10ad)]
+    seed: u64,
+    /// One JSON object on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map_or((s, "s"), |i| (&s[..i], &s[i..]));
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a duration such as 5s, 500ms, 200us"))?;
+    let secs = match unit {
+        "s" => v,
+        "ms" => v / 1e3,
+        "us" => v / 1e6,
+        "m" => v * 60.0,
+        _ => return Err(format!("{s:?}: unit must be s, ms, us or m")),
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn main() -> ExitCode {
+    let a = Args::parse();
+    let mut cfg = Config::new(a.port);
+    cfg.addr = a.addr;
+    cfg.size = a.size as usize;
+    cfg.conns = a.conns as usize;
+    cfg.duration = a.duration;
+    cfg.warmup = a.warmup;
+    cfg.rate = a.rate;
+    cfg.timeout = a.timeout;
+    cfg.connect_timeout = a.connect_timeout;
+    cfg.seed = a.seed;
+    let r = match load::run(&cfg) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("toffload-load: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if a.json {
+        println!("{}", serde_json::to_string(&r).expect("report serializes"));
+    } else {
+        println!("requests/s   {:.0}", r.requests_per_sec);
+        if let Some(o) = r.offered_rate {
+            println!("offered/s    {o:.0}");
+        }
+        println!("completed    {}", r.completed);
+        println!(
+            "latency us   p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
+            r.p50_us, r.p99_us, r.p999_us, r.max_us
+        );
+        println!("wrong        {}", r.wrong);
+        println!("errors       {} {:?}", r.errors, r.errors_by_kind);
+    }
+    if r.completed == 0 {
+        eprintln!("toffload-load: no request completed");
+        return ExitCode::from(1);
+    }
+    ExitCode::SUCCESS
+}

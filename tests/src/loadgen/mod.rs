@@ -1,0 +1,377 @@
+//! The load generator behind `toffload-load`: one thread, epoll, closed or open loop,
+//! every answer checked bit for bit against AES-128-CTR.
+
+mod conn;
+pub mod payload;
+pub mod rng;
+mod stats;
+
+use conn::{Conn, Progress};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+pub use stats::Latencies;
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub addr: String,
+    pub port: u16,
+    /// Request (and answer) size, bytes.
+    pub size: usize,
+    pub conns: usize,
+    pub duration: Duration,
+    /// Run before measuring; not counted.
+    pub warmup: Duration,
+    /// Open loop at this many requests/s (Poisson); None = closed loop.
+    pub rate: Option<f64>,
+    /// A request unanswered this long is an error; its connection is reopened.
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+    pub seed: u64,
+}
+
+impl Config {
+    pub fn new(port: u16) -> Config {
+        Config {
+            addr: "127.0.0.1".into(),
+            port,
+            size: 1024,
+            conns: 64,
+            duration: Duration::from_secs(5),
+            warmup: Duration::from_secs(1),
+            rate: None,
+            timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+            seed: 0x70ff_10ad,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Report {
+    pub requests_per_sec: f64,
+    pub completed: u64,
+    pub wrong: u64,
+    pub errors: u64,
+    pub errors_by_kind: BTreeMap<String, u64>,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+    pub offered_rate: Option<f64>,
+    pub duration_s: f64,
+    pub conns: usize,
+    pub size: usize,
+}
+
+#[derive(Debug)]
+pub enum LoadError {
+    /// Not one connection could be opened.
+    Connect(String),
+    Config(String),
+    Os(std::io::Error),
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadError::Connect(s) => write!(f, "cannot connect: {s}"),
+            LoadError::Config(s) => write!(f, "{s}"),
+            LoadError::Os(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+struct Run<'a> {
+    cfg: &'a Config,
+    addr: SocketAddr,
+    pool: payload::Pool,
+    conns: Vec<Option<Conn>>,
+    epfd: i32,
+    t0: Instant,
+    measure_from: u64,
+    measure_to: u64,
+    lat: Latencies,
+    completed: u64,
+    wrong: u64,
+    errors: BTreeMap<String, u64>,
+    next_payload: usize,
+}
+
+fn now_ns(t0: Instant) -> u64 {
+    t0.elapsed().as_nanos() as u64
+}
+
+pub fn run(cfg: &Config) -> Result<Report, LoadError> {
+    if cfg.conns == 0 || cfg.size == 0 {
+        return Err(LoadError::Config(
+            "--conns and --size must be at least 1".into(),
+        ));
+    }
+    if let Some(r) = cfg.rate {
+        if !(r.is_finite() && r > 0.0) {
+            return Err(LoadError::Config("--rate must be a positive number".into()));
+        }
+    }
+    let addr = (cfg.addr.as_str(), cfg.port)
+        .to_socket_addrs()
+        .map_err(|e| LoadError::Connect(format!("{}:{}: {e}", cfg.addr, cfg.port)))?
+        .next()
+        .ok_or_else(|| LoadError::Connect(format!("{}: no address", cfg.addr)))?;
+    let mut rng = rng::Rng::new(cfg.seed);
+    // SAFETY: plain syscall.
+    let epfd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if epfd < 0 {
+        return Err(LoadError::Os(std::io::Error::last_os_error()));
+    }
+    let mut run = Run {
+        cfg,
+        addr,
+        pool: payload::Pool::new(cfg.size, &mut rng),
+        conns: Vec::new(),
+        epfd,
+        t0: Instant::now(),
+        measure_from: 0,
+        measure_to: 0,
+        lat: Latencies::new(),
+        completed: 0,
+        wrong: 0,
+        errors: BTreeMap::new(),
+        next_payload: 0,
+    };
+    let result = run.drive(&mut rng);
+    // SAFETY: our epoll fd.
+    unsafe { libc::close(epfd) };
+    result
+}
+
+impl Run<'_> {
+    fn error(&mut self, kind: &str) {
+        if now_ns(self.t0) >= self.measure_from {
+            *self.errors.entry(kind.to_string()).or_default() += 1;
+        }
+    }
+
+    fn register(&self, i: usize) {
+        let c = self.conns[i].as_ref().expect("open");
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | if c.want_write { libc::EPOLLOUT } else { 0 }) as u32,
+            u64: i as u64,
+        };
+        // SAFETY: valid fds; ADD for a new fd, MOD otherwise.
+        unsafe {
+            if libc::epoll_ctl(self.epfd, libc::EPOLL_CTL_MOD, c.fd(), &mut ev) < 0 {
+                libc::epoll_ctl(self.epfd, libc::EPOLL_CTL_ADD, c.fd(), &mut ev);
+            }
+        }
+    }
+
+    fn open(&mut self, i: usize) -> std::io::Result<()> {
+        let c = Conn::open(self.addr, self.cfg.size, self.cfg.connect_timeout)?;
+        let queue = self.conns[i]
+            .take()
+            .map(|old| old.queue)
+            .unwrap_or_default();
+        let mut c = c;
+        c.queue = queue;
+        self.conns[i] = Some(c);
+        self.register(i);
+        Ok(())
+    }
+
+    /// Drops a broken connection (its request counts as an error) and reopens it.
+    fn reopen(&mut self, i: usize, kind: &str) {
+        self.error(kind);
+        if let Some(c) = self.conns[i].as_mut() {
+            c.inflight = None;
+        }
+        if self.open(i).is_err() {
+            self.error("connect");
+            self.conns[i] = None;
+        }
+    }
+
+    fn send_next(&mut self, i: usize, due: u64) {
+        let p = self.next_payload;
+        self.next_payload = (p + 1) % self.pool.requests.len();
+        let c = self.conns[i].as_mut().expect("open");
+        c.begin(p, due);
+        let was = c.want_write;
+        let r = c.write_some(&self.pool.requests[p]);
+        let changed = c.want_write != was;
+        match r {
+            Err(_) => self.reopen(i, "reset"),
+            Ok(()) if changed => self.register(i),
+            Ok(()) => {}
+        }
+    }
+
+    fn start_if_idle(&mut self, i: usize) {
+        let Some(c) = self.conns[i].as_mut() else {
+            return;
+        };
+        if c.inflight.is_some() {
+            return;
+        }
+        let due = match self.cfg.rate {
+            None => now_ns(self.t0),
+            Some(_) => match c.queue.pop_front() {
+                Some(d) => d,
+                None => return,
+            },
+        };
+        self.send_next(i, due);
+    }
+
+    fn on_event(&mut self, i: usize, events: u32) {
+        let Some(c) = self.conns[i].as_mut() else {
+            return;
+        };
+        if events & libc::EPOLLOUT as u32 != 0 && c.want_write {
+            if let Some((p, _)) = c.inflight {
+                if c.write_some(&self.pool.requests[p]).is_err() {
+                    return self.reopen(i, "reset");
+                }
+                if !c.want_write {
+                    self.register(i);
+                }
+            }
+        }
+        let c = self.conns[i].as_mut().expect("open");
+        match c.read_some() {
+            Ok(Progress::Pending) => {}
+            Ok(Progress::Answered) => {
+                let (p, due) = c.inflight.take().expect("in flight");
+                let ok = c.rbuf == self.pool.answers[p];
+                let now = now_ns(self.t0);
+                if now >= self.measure_from && now < self.measure_to {
+                    self.completed += 1;
+                    if !ok {
+                        self.wrong += 1;
+                    }
+                    self.lat.record(now.saturating_sub(due));
+                }
+                self.start_if_idle(i);
+            }
+            Err(e) => {
+                let kind = match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => "eof",
+                    std::io::ErrorKind::InvalidData => "unsolicited",
+                    std::io::ErrorKind::ConnectionReset => "reset",
+                    _ => "io",
+                };
+                self.reopen(i, kind)
+            }
+        }
+    }
+
+    fn drive(&mut self, rng: &mut rng::Rng) -> Result<Report, LoadError> {
+        let cfg = self.cfg;
+        let mut first_err = None;
+        for i in 0..cfg.conns {
+            self.conns.push(None);
+            if let Err(e) = self.open(i) {
+                first_err.get_or_insert(e.to_string());
+                self.error("connect");
+            }
+        }
+        if self.conns.iter().all(|c| c.is_none()) {
+            return Err(LoadError::Connect(format!(
+                "{}: {}",
+                self.addr,
+                first_err.unwrap_or_default()
+            )));
+        }
+        self.t0 = Instant::now();
+        self.measure_from = cfg.warmup.as_nanos() as u64;
+        self.measure_to = self.measure_from + cfg.duration.as_nanos() as u64;
+        let mut next_arrival = 0u64;
+        let mut next_conn = 0usize;
+        if cfg.rate.is_none() {
+            for i in 0..cfg.conns {
+                self.start_if_idle(i);
+            }
+        }
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; cfg.conns.min(1024)];
+        let mut next_timeout_check = 0u64;
+        loop {
+            let now = now_ns(self.t0);
+            if now >= self.measure_to {
+                break;
+            }
+            if let Some(rate) = cfg.rate {
+                // Hand every arrival that is due to the next connection in turn.
+                while next_arrival <= now {
+                    let i = next_conn;
+                    next_conn = (next_conn + 1) % cfg.conns;
+                    if let Some(c) = self.conns[i].as_mut() {
+                        c.queue.push_back(next_arrival);
+                        self.start_if_idle(i);
+                    } else {
+                        self.error("no connection");
+                    }
+                    next_arrival += rng.exp_ns(rate).max(1);
+                }
+            }
+            if now >= next_timeout_check {
+                next_timeout_check = now + 10_000_000;
+                self.expire(now);
+            }
+            let wait_ns = match cfg.rate {
+                Some(_) => next_arrival.saturating_sub(now),
+                None => 10_000_000,
+            }
+            .min(self.measure_to - now);
+            let timeout_ms = (wait_ns / 1_000_000) as i32;
+            // SAFETY: events buffer sized as passed.
+            let n = unsafe {
+                libc::epoll_wait(
+                    self.epfd,
+                    events.as_mut_ptr(),
+                    events.len() as i32,
+                    timeout_ms,
+                )
+            };
+            for k in 0..n.max(0) as usize {
+                let ev = events[k];
+                self.on_event(ev.u64 as usize, ev.events);
+            }
+        }
+        let secs = cfg.duration.as_secs_f64();
+        Ok(Report {
+            requests_per_sec: self.completed as f64 / secs,
+            completed: self.completed,
+            wrong: self.wrong,
+            errors: self.errors.values().sum(),
+            errors_by_kind: self.errors.clone(),
+            p50_us: self.lat.quantile_us(0.5),
+            p99_us: self.lat.quantile_us(0.99),
+            p999_us: self.lat.quantile_us(0.999),
+            max_us: self.lat.max_us(),
+            offered_rate: cfg.rate,
+            duration_s: secs,
+            conns: cfg.conns,
+            size: cfg.size,
+        })
+    }
+
+    fn expire(&mut self, now: u64) {
+        let limit = self.cfg.timeout.as_nanos() as u64;
+        for i in 0..self.conns.len() {
+            let late = matches!(&self.conns[i], Some(c) if c.inflight.is_some_and(|(_, due)| now.saturating_sub(due) > limit));
+            if late {
+                self.reopen(i, "timeout");
+                self.start_if_idle(i);
+            } else if self.conns[i].is_none() && self.open(i).is_ok() {
+                self.start_if_idle(i);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

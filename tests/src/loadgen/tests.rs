@@ -1,0 +1,76 @@
+use super::*;
+use std::io::{Read, Write};
+use std::net::TcpListener;
+
+/// A thread-per-connection AES echo server; `corrupt` flips a byte of every 10th answer.
+fn echo_server(size: usize, corrupt: bool) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; size];
+                let mut n = 0u64;
+                while s.read_exact(&mut buf).is_ok() {
+                    let mut out = payload::expected(&buf);
+                    n += 1;
+                    if corrupt && n % 10 == 0 {
+                        out[size / 2] ^= 1;
+                    }
+                    if s.write_all(&out).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+fn quick(port: u16) -> Config {
+    let mut c = Config::new(port);
+    c.size = 256;
+    c.conns = 8;
+    c.duration = Duration::from_millis(500);
+    c.warmup = Duration::from_millis(100);
+    c
+}
+
+#[test]
+fn closed_loop_against_correct_server_has_no_wrong_answers() {
+    let r = run(&quick(echo_server(256, false))).unwrap();
+    assert!(r.completed > 100, "{r:?}");
+    assert_eq!((r.wrong, r.errors), (0, 0), "{r:?}");
+    assert!(r.p50_us > 0.0 && r.p99_us >= r.p50_us && r.max_us >= r.p99_us);
+}
+
+#[test]
+fn corrupted_answers_are_counted_wrong() {
+    let r = run(&quick(echo_server(256, true))).unwrap();
+    assert!(r.wrong > 0, "{r:?}");
+    // About one in ten.
+    let share = r.wrong as f64 / r.completed as f64;
+    assert!((0.05..0.2).contains(&share), "{share}");
+}
+
+#[test]
+fn open_loop_reports_offered_rate() {
+    let mut c = quick(echo_server(256, false));
+    c.rate = Some(2000.0);
+    c.duration = Duration::from_secs(1);
+    let r = run(&c).unwrap();
+    assert_eq!(r.offered_rate, Some(2000.0));
+    assert_eq!((r.wrong, r.errors), (0, 0), "{r:?}");
+    // A fast server keeps up with a Poisson stream of 2000/s: about 2000 in 1 s.
+    assert!((1500..2500).contains(&r.completed), "{r:?}");
+}
+
+#[test]
+fn nothing_listening_is_a_connect_error() {
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    assert!(matches!(run(&quick(port)), Err(LoadError::Connect(_))));
+}
