@@ -336,8 +336,7 @@ impl Run<'_> {
                     timeout_ms,
                 )
             };
-            for k in 0..n.max(0) as usize {
-                let ev = events[k];
+            for ev in events.iter().take(n.max(0) as usize).copied() {
                 self.on_event(ev.u64 as usize, ev.events);
             }
         }

@@ -22,7 +22,7 @@ impl Pool {
     pub fn new(size: usize, rng: &mut super::rng::Rng) -> Pool {
         let n = ((256usize << 20) / (2 * size.max(1))).clamp(1, 64);
         let requests: Vec<Vec<u8>> = (0..n)
-            .map(|_| (0..size).map(|_| rng.next() as u8).collect())
+            .map(|_| (0..size).map(|_| rng.next_u64() as u8).collect())
             .collect();
         let answers = requests.iter().map(|r| expected(r)).collect();
         Pool { requests, answers }

@@ -8,7 +8,7 @@ impl Rng {
         Rng(seed)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -18,7 +18,7 @@ impl Rng {
 
     /// Uniform in (0, 1].
     pub fn unit(&mut self) -> f64 {
-        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
+        ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
     }
 
     /// Exponential inter-arrival time for a Poisson process of `rate` per second, ns.

@@ -15,7 +15,7 @@ fn echo_server(size: usize, corrupt: bool) -> u16 {
                 while s.read_exact(&mut buf).is_ok() {
                     let mut out = payload::expected(&buf);
                     n += 1;
-                    if corrupt && n % 10 == 0 {
+                    if corrupt && n.is_multiple_of(10) {
                         out[size / 2] ^= 1;
                     }
                     if s.write_all(&out).is_err() {
