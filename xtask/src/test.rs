@@ -3,6 +3,8 @@
 //! root, BPF or a server fail instead (TOFFLOAD_NO_SKIP=1).
 
 use crate::proc::{self, Result};
+use std::io::{BufRead, BufReader, Write};
+use std::process::Stdio;
 
 pub fn run(extra: &[String]) -> Result {
     let dist = crate::build::all()?;
@@ -15,5 +17,57 @@ pub fn run(extra: &[String]) -> Result {
     if !extra.is_empty() {
         cmd.arg("--").args(extra);
     }
-    proc::run(&mut cmd)
+    eprintln!("+ {}", proc::describe(&cmd));
+    // Pass cargo's output through, adding up its per-binary results so the run ends
+    // with one total (cargo's own last line is often an empty doc-test binary).
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run cargo test: {e}"))?;
+    let (mut passed, mut failed) = (0u64, 0u64);
+    let out = std::io::stdout();
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line.map_err(|e| e.to_string())?;
+        if let Some((p, f)) = parse_result(&line) {
+            passed += p;
+            failed += f;
+        }
+        let _ = writeln!(out.lock(), "{line}");
+    }
+    let status = child.wait().map_err(|e| e.to_string())?;
+    println!("tests: {passed} passed, {failed} failed");
+    if status.success() && failed == 0 {
+        Ok(())
+    } else {
+        Err(format!("cargo test failed ({status})"))
+    }
+}
+
+/// "test result: ok. 14 passed; 0 failed; ..." -> (14, 0)
+fn parse_result(line: &str) -> Option<(u64, u64)> {
+    let rest = line.trim().strip_prefix("test result: ")?;
+    let num = |word: &str| -> Option<u64> {
+        rest.split(';')
+            .find_map(|part| part.trim().strip_suffix(word))
+            .and_then(|n| n.trim().rsplit(' ').next()?.parse().ok())
+    };
+    Some((num("passed")?, num("failed")?))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn parses_cargo_result_lines() {
+        assert_eq!(
+            super::parse_result(
+                "test result: ok. 14 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.75s"
+            ),
+            Some((14, 0))
+        );
+        assert_eq!(
+            super::parse_result("test result: FAILED. 1 passed; 2 failed; 0 ignored"),
+            Some((1, 2))
+        );
+        assert_eq!(super::parse_result("running 3 tests"), None);
+    }
 }
