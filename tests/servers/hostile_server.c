@@ -58,15 +58,18 @@ static void serve(int fd)
             must(pthread_mutex_lock(&lock), "pthread_mutex_lock");
         long v = shared_counter;
         int rc = accel_run(buf, (int)opts.size);
-        if (rc == 0) /* only count what `total` counts */
+        if (rc == 0) {
+            /* total first: a report that reads shared, then total, never sees
+             * more updates than were counted (lost >= 0 even mid-flight). */
+            __atomic_fetch_add(&total, 1, __ATOMIC_SEQ_CST);
             shared_counter = v + 1;
+        }
         if (locked)
             must(pthread_mutex_unlock(&lock), "pthread_mutex_unlock");
         if (rc < 0) {
             warn_errno(PROG, "accel_run", -rc);
             break;
         }
-        __atomic_fetch_add(&total, 1, __ATOMIC_RELAXED);
         if (write_full(fd, buf, opts.size) < 0)
             break;
     }
@@ -93,10 +96,11 @@ static void *signal_thread(void *p)
         dl.tv_sec += 2;
         have_lock = pthread_mutex_timedlock(&lock, &dl) == 0;
     }
-    s = shared_counter;
+    s = __atomic_load_n(&shared_counter, __ATOMIC_SEQ_CST);
+    /* Read under the lock too, so a locked run reports a consistent pair. */
+    long t = __atomic_load_n(&total, __ATOMIC_SEQ_CST);
     if (have_lock)
         must(pthread_mutex_unlock(&lock), "pthread_mutex_unlock");
-    long t = __atomic_load_n(&total, __ATOMIC_RELAXED);
     if (printf("shared=%ld total=%ld lost=%ld\n", s, t, t - s) < 0 || fflush(stdout) == EOF)
         exit(1);
     exit(0);

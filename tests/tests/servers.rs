@@ -1,8 +1,17 @@
 //! Each example server under the load generator: every answer verified bit for bit.
 
+use std::sync::Mutex;
 use std::time::Duration;
 use toffload_tests::harness::{self, Server, ServerSpec};
 use toffload_tests::load::{self, Config, Report};
+
+/// These tests measure servers on a 2-core machine: one at a time, so that one test's
+/// load does not starve another's server into timeouts.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 fn load(server: &Server, conns: usize, secs: f64) -> Report {
     let mut cfg = Config::new(server.port);
@@ -28,6 +37,7 @@ fn assert_clean(what: &str, r: &Report) {
 
 #[test]
 fn conn_server_answers_correctly_both_wait_styles() {
+    let _serial = serial();
     for wait in ["spin", "block"] {
         let s = start(
             ServerSpec::new("conn_server")
@@ -43,6 +53,7 @@ fn conn_server_answers_correctly_both_wait_styles() {
 
 #[test]
 fn conn_server_large_requests() {
+    let _serial = serial();
     let s = start(
         ServerSpec::new("conn_server")
             .arg("--size")
@@ -61,6 +72,7 @@ fn conn_server_large_requests() {
 
 #[test]
 fn evloop_server_answers_correctly() {
+    let _serial = serial();
     let s = start(ServerSpec::new("evloop_server").env("TOFFLOAD_EMU_LAT_US", "50"));
     let r = load(&s, 32, 1.5);
     assert_clean("evloop_server", &r);
@@ -74,6 +86,7 @@ fn evloop_server_answers_correctly() {
 
 #[test]
 fn open_loop_poisson_against_conn_server() {
+    let _serial = serial();
     let s = start(
         ServerSpec::new("conn_server")
             .env("TOFFLOAD_EMU_LAT_US", "100")
@@ -112,6 +125,7 @@ fn hostile(locked: bool) -> (u64, u64, u64, Report) {
 
 #[test]
 fn hostile_server_loses_updates_unlocked_and_not_locked() {
+    let _serial = serial();
     // The hazard is real: 16 threads read the counter, wait 200 us, write it back.
     let (shared, total, lost, r) = hostile(false);
     assert_clean("hostile unlocked", &r);
@@ -133,6 +147,7 @@ fn hostile_server_loses_updates_unlocked_and_not_locked() {
 
 #[test]
 fn toffload_load_cli_reports_json_and_rejects_bad_flags() {
+    let _serial = serial();
     let s = start(ServerSpec::new("conn_server").env("TOFFLOAD_EMU_LAT_US", "50"));
     let bin = harness::bin("toffload-load").unwrap();
     let out = std::process::Command::new(&bin)
