@@ -116,7 +116,7 @@ impl Engine {
 
     pub fn stats(&self) -> DeviceStats {
         DeviceStats {
-            completed: self.completed.load(Relaxed),
+            completed: self.completed.load(Acquire),
             device_cpu_ns: match self.cpu_clock.load(Acquire) {
                 u64::MAX => 0,
                 clock => clock_ns(clock as libc::clockid_t),
@@ -272,7 +272,8 @@ impl Engine {
             Some(_) => true,
             None => false,
         };
+        // Count before publishing, so a caller that saw its op done sees it counted.
+        self.completed.fetch_add(1, Release);
         slot.finish(ok);
-        self.completed.fetch_add(1, Relaxed);
     }
 }
