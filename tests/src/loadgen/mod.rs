@@ -248,11 +248,13 @@ impl Run<'_> {
                 let (p, due) = c.inflight.take().expect("in flight");
                 let ok = c.rbuf == self.pool.answers[p];
                 let now = now_ns(self.t0);
+                // A wrong answer counts whenever it comes, warm-up included:
+                // correctness has no warm-up.
+                if !ok {
+                    self.wrong += 1;
+                }
                 if now >= self.measure_from && now < self.measure_to {
                     self.completed += 1;
-                    if !ok {
-                        self.wrong += 1;
-                    }
                     self.lat.record(now.saturating_sub(due));
                 }
                 self.start_if_idle(i);
