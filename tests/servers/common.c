@@ -405,3 +405,24 @@ void accept_loop_threads(const char *prog, int lfd, void (*serve)(int fd))
         }
     }
 }
+
+void serve_requests(const char *prog, int fd, const struct server_opts *o,
+                    int (*offload)(unsigned char *buf, int n))
+{
+    unsigned char *buf = malloc(o->size);
+    if (!buf) {
+        fprintf(stderr, "%s: malloc(%zu) failed\n", prog, o->size);
+        return;
+    }
+    while (read_full(fd, buf, o->size) > 0) {
+        cpu_work(o->cpu_us);
+        int rc = offload(buf, (int)o->size);
+        if (rc < 0) {
+            warn_errno(prog, "accel_run", -rc);
+            break;
+        }
+        if (write_full(fd, buf, o->size) < 0)
+            break;
+    }
+    free(buf);
+}

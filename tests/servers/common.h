@@ -53,6 +53,13 @@ int accept_error_kind(const char *prog, int err);
 /* Main-thread accept loop: for every accepted connection, create a detached
  * thread (after accept, so a fiber runtime can tell connection threads apart)
  * that runs serve(fd) and then closes fd. Never returns. */
+/* One connection's request loop: read a request, run the CPU work, offload it
+ * (accel_run, or a server's wrapper around it), write the answer back. Ends on
+ * EOF, any I/O error (a client reset is normal, so unreported) or a failed
+ * offload (reported). Frees what it allocates; the caller closes fd. */
+void serve_requests(const char *prog, int fd, const struct server_opts *o,
+                    int (*offload)(unsigned char *buf, int n));
+
 void accept_loop_threads(const char *prog, int lfd, void (*serve)(int fd));
 
 #endif

@@ -17,24 +17,7 @@ static struct server_opts opts;
 
 static void serve(int fd)
 {
-    unsigned char *buf = malloc(opts.size);
-    if (!buf) {
-        fprintf(stderr, "%s: malloc(%zu) failed\n", PROG, opts.size);
-        return;
-    }
-    /* EOF, reset or any I/O error just ends the connection: clients resetting
-     * is normal, so nothing is reported. */
-    while (read_full(fd, buf, opts.size) > 0) {
-        cpu_work(opts.cpu_us);
-        int rc = accel_run(buf, (int)opts.size);
-        if (rc < 0) {
-            warn_errno(PROG, "accel_run", -rc);
-            break;
-        }
-        if (write_full(fd, buf, opts.size) < 0)
-            break;
-    }
-    free(buf);
+    serve_requests(PROG, fd, &opts, accel_run);
 }
 
 int main(int argc, char **argv)

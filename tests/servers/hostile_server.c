@@ -45,35 +45,27 @@ static void must(int e, const char *what)
     }
 }
 
+/* The hazard: read the counter, wait for the offload, write it back. */
+static int counted_offload(unsigned char *buf, int n)
+{
+    if (locked)
+        must(pthread_mutex_lock(&lock), "pthread_mutex_lock");
+    long v = shared_counter;
+    int rc = accel_run(buf, n);
+    if (rc == 0) {
+        /* total first: a report that reads shared, then total, never sees
+         * more updates than were counted (lost >= 0 even mid-flight). */
+        __atomic_fetch_add(&total, 1, __ATOMIC_SEQ_CST);
+        shared_counter = v + 1;
+    }
+    if (locked)
+        must(pthread_mutex_unlock(&lock), "pthread_mutex_unlock");
+    return rc;
+}
+
 static void serve(int fd)
 {
-    unsigned char *buf = malloc(opts.size);
-    if (!buf) {
-        fprintf(stderr, "%s: malloc(%zu) failed\n", PROG, opts.size);
-        return;
-    }
-    while (read_full(fd, buf, opts.size) > 0) {
-        cpu_work(opts.cpu_us);
-        if (locked)
-            must(pthread_mutex_lock(&lock), "pthread_mutex_lock");
-        long v = shared_counter;
-        int rc = accel_run(buf, (int)opts.size);
-        if (rc == 0) {
-            /* total first: a report that reads shared, then total, never sees
-             * more updates than were counted (lost >= 0 even mid-flight). */
-            __atomic_fetch_add(&total, 1, __ATOMIC_SEQ_CST);
-            shared_counter = v + 1;
-        }
-        if (locked)
-            must(pthread_mutex_unlock(&lock), "pthread_mutex_unlock");
-        if (rc < 0) {
-            warn_errno(PROG, "accel_run", -rc);
-            break;
-        }
-        if (write_full(fd, buf, opts.size) < 0)
-            break;
-    }
-    free(buf);
+    serve_requests(PROG, fd, &opts, counted_offload);
 }
 
 /* Dedicated thread: printf is not async-signal-safe, so the signals are
