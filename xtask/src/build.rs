@@ -9,6 +9,24 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub const SERVERS: &[&str] = &["conn_server", "evloop_server", "hostile_server"];
+/// Test programs (tests/programs/NAME.c, one file each, plus common.c of the servers):
+/// the runtime's correctness suite and benchmarks run them under LD_PRELOAD.
+fn programs() -> Result<Vec<String>> {
+    let dir = paths::root().join("tests/programs");
+    let mut v = Vec::new();
+    if !dir.exists() {
+        return Ok(v);
+    }
+    let rd = fs::read_dir(&dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+    for e in rd {
+        let p = e.map_err(|e| e.to_string())?.path();
+        if p.extension().is_some_and(|x| x == "c") {
+            v.push(p.file_stem().expect("stem").to_string_lossy().into_owned());
+        }
+    }
+    v.sort();
+    Ok(v)
+}
 const RUST_BINS: &[&str] = &["toffload-load", "toffload-demo"];
 
 pub struct Dist {
@@ -27,6 +45,17 @@ pub fn all() -> Result<Dist> {
         "--lib",
         "--bins",
     ]))?;
+    // The runtime's staticlib, with its interposers (feature preload), built on its
+    // own so that the workspace's test build never links them into a test binary.
+    proc::run(proc::cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "toffload-runtime",
+        "--features",
+        "preload",
+        "--lib",
+    ]))?;
     let dist = paths::dist();
     let (bin, lib, include) = (dist.join("bin"), dist.join("lib"), dist.join("include"));
     for d in [&bin, &lib, &include] {
@@ -41,8 +70,12 @@ pub fn all() -> Result<Dist> {
     for b in RUST_BINS {
         install(&release.join(b), &bin)?;
     }
+    link_runtime(&release, &lib)?;
     for s in SERVERS {
         compile_server(s, &bin, &lib, &include)?;
+    }
+    for p in programs()? {
+        compile_program(&p, &bin, &lib, &include)?;
     }
     eprintln!("xtask: built into {}", dist.display());
     Ok(Dist { bin })
@@ -57,18 +90,75 @@ fn install(src: &Path, dir: &Path) -> Result {
     fs::rename(&tmp, dir.join(name)).map_err(|e| format!("installing {}: {e}", src.display()))
 }
 
+/// libtoffload.so = the runtime's staticlib + csrc/*.c, linked by gcc with
+/// runtime/toffload.map, which exports the condition-variable functions at both of
+/// glibc's versions (rustc's cdylib would override any version script of ours).
+fn link_runtime(release: &Path, lib: &Path) -> Result {
+    let rt = paths::root().join("runtime");
+    let tmp = lib.join(".libtoffload.so.tmp");
+    let mut cmd = Command::new("cc");
+    cmd.args([
+        "-shared", "-fPIC", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-o",
+    ])
+    .arg(&tmp);
+    let csrc = rt.join("csrc");
+    if let Ok(rd) = fs::read_dir(&csrc) {
+        let mut files: Vec<PathBuf> = rd
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "c"))
+            .collect();
+        files.sort();
+        cmd.args(files);
+    }
+    cmd.arg("-Wl,--whole-archive")
+        .arg(release.join("libtoffload_rt.a"))
+        .arg("-Wl,--no-whole-archive")
+        .arg(format!(
+            "-Wl,--version-script={}",
+            rt.join("toffload.map").display()
+        ))
+        .args(["-Wl,-z,nodelete", "-ldl", "-lpthread", "-lgcc_s"]);
+    proc::run(&mut cmd)?;
+    fs::rename(&tmp, lib.join("libtoffload.so"))
+        .map_err(|e| format!("installing libtoffload.so: {e}"))
+}
+
 fn compile_server(name: &str, bin: &Path, lib: &Path, include: &Path) -> Result {
-    let src = paths::root().join("tests/servers");
+    compile_c(
+        &paths::root().join("tests/servers"),
+        name,
+        bin,
+        lib,
+        include,
+    )
+}
+
+fn compile_program(name: &str, bin: &Path, lib: &Path, include: &Path) -> Result {
+    compile_c(
+        &paths::root().join("tests/programs"),
+        name,
+        bin,
+        lib,
+        include,
+    )
+}
+
+fn compile_c(src: &Path, name: &str, bin: &Path, lib: &Path, include: &Path) -> Result {
+    let common = paths::root().join("tests/servers");
     let tmp = bin.join(format!(".{name}.tmp"));
     proc::run(
         Command::new("cc")
             .args(["-O2", "-g", "-Wall", "-Wextra", "-Werror", "-pthread", "-I"])
             .arg(include)
+            .arg("-I")
+            .arg(&common)
             .arg(src.join(format!("{name}.c")))
-            .arg(src.join("common.c"))
+            .arg(common.join("common.c"))
             .arg("-L")
             .arg(lib)
             .arg("-ltoffload_accel")
+            // Some test programs use libcrypto (OpenSSL error queue) or dlsym.
+            .args(["-Wl,--as-needed", "-lcrypto", "-ldl"])
             // The servers find the library next to them: dist/bin/../lib.
             .arg("-Wl,-rpath,$ORIGIN/../lib")
             .arg("-o")
