@@ -1,0 +1,553 @@
+//! Carriers: the real threads that run fibers. Each has a run queue (fibers runnable
+//! now), an injection queue (wake-ups from other threads), an epoll instance for I/O
+//! and offload completions, and a deadline map. A carrier with nothing runnable sleeps
+//! in epoll_pwait2 until I/O, a completion, a deadline or a wake-up from another thread;
+//! it never scans every fiber and never busy-polls.
+
+use crate::fiber::{Fiber, Yield, NOTIFIED, PARKED, RUNNING};
+use crate::offload::OffloadWait;
+use crate::spinlock::SpinLock;
+use crate::{real, stats, time};
+use libc::c_int;
+use std::cell::{Cell, UnsafeCell};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering::*};
+
+/// epoll data of the carrier's own wake-up eventfd; offload completion fds use
+/// COMPLETION_TAG | row; anything else is an application fd.
+const WAKE_TAG: u64 = u64::MAX;
+pub const COMPLETION_TAG: u64 = 1 << 62;
+/// Poll I/O at least this often while fibers keep the run queue busy.
+const POLL_EVERY_NS: u64 = 20_000;
+
+pub struct FdWaiter {
+    pub fiber: *const Fiber,
+    pub events: u32,
+}
+
+pub struct Carrier {
+    pub index: usize,
+    pub tid: AtomicI32,
+    pub pthread: Cell<libc::pthread_t>,
+    pub current: Cell<*const Fiber>,
+    epfd: Cell<c_int>,
+    wakefd: Cell<c_int>,
+    sleeping: AtomicBool,
+    inject: SpinLock<Vec<*const Fiber>>,
+    inject_len: AtomicUsize,
+    runq: UnsafeCell<VecDeque<*const Fiber>>,
+    timers: UnsafeCell<BTreeMap<(u64, u64), *const Fiber>>,
+    timer_seq: Cell<u64>,
+    fdwait: UnsafeCell<HashMap<c_int, Vec<FdWaiter>>>,
+    pub offloads: UnsafeCell<Vec<OffloadWait>>,
+    /// Rows whose completion fd this carrier's epoll watches (bit per row).
+    completion_watched: Cell<u32>,
+    completion_seen: Cell<bool>,
+    last_poll: Cell<u64>,
+    pub live: AtomicUsize,
+}
+
+// SAFETY: the UnsafeCell/Cell fields are used only by the carrier's own thread (and by
+// the fork child handler, when no other thread exists); cross-thread fields are atomics
+// or locked.
+unsafe impl Sync for Carrier {}
+unsafe impl Send for Carrier {}
+
+thread_local! {
+    static THIS: Cell<*const Carrier> = const { Cell::new(std::ptr::null()) };
+}
+
+/// The carrier running on this thread, if this is a carrier thread.
+#[inline]
+pub fn this<'a>() -> Option<&'a Carrier> {
+    let p = THIS.with(|c| c.get());
+    // SAFETY: carriers are never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// Every carrier started in this process, in start order.
+static CARRIERS: SpinLock<Vec<usize>> = SpinLock::new(Vec::new());
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+fn new_fds() -> Option<(c_int, c_int)> {
+    // SAFETY: plain fd-creating syscalls.
+    unsafe {
+        let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+        if ep < 0 {
+            return None;
+        }
+        let wake = libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC);
+        if wake < 0 {
+            libc::close(ep);
+            return None;
+        }
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+            u64: WAKE_TAG,
+        };
+        libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, wake, &mut ev);
+        Some((ep, wake))
+    }
+}
+
+impl Carrier {
+    fn alloc(index: usize) -> Option<&'static Carrier> {
+        let (ep, wake) = new_fds()?;
+        Some(Box::leak(Box::new(Carrier {
+            index,
+            tid: AtomicI32::new(0),
+            pthread: Cell::new(0),
+            current: Cell::new(std::ptr::null()),
+            epfd: Cell::new(ep),
+            wakefd: Cell::new(wake),
+            sleeping: AtomicBool::new(false),
+            inject: SpinLock::new(Vec::new()),
+            inject_len: AtomicUsize::new(0),
+            runq: UnsafeCell::new(VecDeque::new()),
+            timers: UnsafeCell::new(BTreeMap::new()),
+            timer_seq: Cell::new(0),
+            fdwait: UnsafeCell::new(HashMap::new()),
+            offloads: UnsafeCell::new(Vec::new()),
+            completion_watched: Cell::new(0),
+            completion_seen: Cell::new(false),
+            last_poll: Cell::new(0),
+            live: AtomicUsize::new(0),
+        })))
+    }
+
+    /// Queues a runnable fiber on this carrier (from any thread).
+    pub fn enqueue(&self, f: &Fiber) {
+        if this().is_some_and(|c| std::ptr::eq(c, self)) {
+            // SAFETY: we are this carrier's thread.
+            unsafe { (*self.runq.get()).push_back(f) };
+            return;
+        }
+        self.inject.lock().push(f);
+        self.inject_len.fetch_add(1, SeqCst);
+        if self.sleeping.swap(false, SeqCst) {
+            let one: u64 = 1;
+            // Raw syscall: `write` is interposed, and this may run on a fiber.
+            // SAFETY: writing 8 bytes to our eventfd.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_write,
+                    self.wakefd.get(),
+                    &one as *const u64,
+                    8usize,
+                )
+            };
+        }
+    }
+
+    // ---- timers ----------------------------------------------------------
+
+    pub fn add_timer(&self, f: &Fiber, deadline: u64) {
+        let seq = self.timer_seq.get() + 1;
+        self.timer_seq.set(seq);
+        // SAFETY: carrier-local.
+        unsafe { (*self.timers.get()).insert((deadline, seq), f) };
+        f.timer_key.set(Some((deadline, seq)));
+    }
+
+    pub fn cancel_timer(&self, f: &Fiber) {
+        if let Some(k) = f.timer_key.take() {
+            // SAFETY: carrier-local.
+            unsafe { (*self.timers.get()).remove(&k) };
+        }
+    }
+
+    fn fire_timers(&self, now: u64) {
+        // SAFETY: carrier-local.
+        let timers = unsafe { &mut *self.timers.get() };
+        while let Some((&(d, seq), &f)) = timers.iter().next() {
+            if d > now {
+                break;
+            }
+            timers.remove(&(d, seq));
+            // SAFETY: a fiber with a timer is parked in park_until, alive.
+            let f = unsafe { &*f };
+            f.timer_key.set(None);
+            f.timer_fired.set(true);
+            crate::fiber::wake(f);
+        }
+    }
+
+    // ---- I/O ---------------------------------------------------------------
+
+    /// Registers `fd` with this carrier's epoll (edge-triggered, both directions) and
+    /// the running fiber as waiting for `events`. Err(errno) when epoll cannot watch it
+    /// (a regular file: the caller then does the blocking call).
+    pub fn watch_fd(&self, f: &Fiber, fd: c_int, events: u32) -> Result<(), c_int> {
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
+            u64: fd as u64,
+        };
+        // Added on every wait, EEXIST accepted: a cached "already registered" could be
+        // stale after a close we never saw (fclose, glibc-internal closes) and leave a
+        // fiber waiting forever for a reused fd number.
+        // SAFETY: valid epoll fd and event.
+        if unsafe { libc::epoll_ctl(self.epfd.get(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+            let e = real::errno();
+            if e != libc::EEXIST {
+                return Err(e);
+            }
+        }
+        // SAFETY: carrier-local.
+        unsafe {
+            (*self.fdwait.get())
+                .entry(fd)
+                .or_default()
+                .push(FdWaiter { fiber: f, events })
+        };
+        Ok(())
+    }
+
+    /// Removes the running fiber's waits on `fd`.
+    pub fn unwatch_fd(&self, f: &Fiber, fd: c_int) {
+        // SAFETY: carrier-local.
+        let map = unsafe { &mut *self.fdwait.get() };
+        if let Some(v) = map.get_mut(&fd) {
+            v.retain(|w| !std::ptr::eq(w.fiber, f));
+            if v.is_empty() {
+                map.remove(&fd);
+            }
+        }
+    }
+
+    fn on_fd_event(&self, fd: c_int, events: u32) {
+        // SAFETY: carrier-local.
+        let map = unsafe { &mut *self.fdwait.get() };
+        let Some(v) = map.get_mut(&fd) else { return };
+        let errish = (libc::EPOLLERR | libc::EPOLLHUP) as u32;
+        v.retain(|w| {
+            if w.events & events != 0 || events & errish != 0 {
+                // SAFETY: a waiting fiber is alive until it unregisters.
+                crate::fiber::wake(unsafe { &*w.fiber });
+                false
+            } else {
+                true
+            }
+        });
+        if v.is_empty() {
+            map.remove(&fd);
+        }
+    }
+
+    /// Makes sure this carrier's epoll watches `fd`, the completion fd of `row`.
+    pub fn watch_completion(&self, row: usize, fd: c_int) {
+        let bit = 1u32 << row;
+        if self.completion_watched.get() & bit != 0 {
+            return;
+        }
+        let mut ev = libc::epoll_event {
+            // Edge-triggered and never read: every completion batch the device signals
+            // is a new edge, so each carrier sees every one without stealing the count
+            // from the others.
+            events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+            u64: COMPLETION_TAG | row as u64,
+        };
+        // SAFETY: valid fds.
+        let r = unsafe { libc::epoll_ctl(self.epfd.get(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        if r == 0 || real::errno() == libc::EEXIST {
+            self.completion_watched
+                .set(self.completion_watched.get() | bit);
+        }
+    }
+
+    // ---- the scheduler loop -----------------------------------------------
+
+    fn drain_inject(&self) {
+        if self.inject_len.load(SeqCst) == 0 {
+            return;
+        }
+        let mut q = self.inject.lock();
+        self.inject_len.store(0, SeqCst);
+        // SAFETY: carrier-local.
+        let runq = unsafe { &mut *self.runq.get() };
+        runq.extend(q.drain(..));
+    }
+
+    fn run(&self, f: &Fiber) {
+        let cfg = crate::settings();
+        self.current.set(f);
+        if !cfg.disabled.errno {
+            real::set_errno(f.errno.get());
+        }
+        let r = f.resume();
+        if !cfg.disabled.errno {
+            f.errno.set(real::errno());
+        }
+        self.current.set(std::ptr::null());
+        // After a fork from inside the fiber, this carrier was reset in place: still us.
+        match r {
+            Some(Yield::Park) => {
+                if f.state
+                    .compare_exchange(RUNNING, PARKED, AcqRel, Acquire)
+                    .is_err()
+                {
+                    debug_assert_eq!(f.state.load(Acquire), NOTIFIED);
+                    f.state.store(RUNNING, Release);
+                    // SAFETY: carrier-local.
+                    unsafe { (*self.runq.get()).push_back(f) };
+                }
+            }
+            Some(Yield::Requeue) => {
+                if f.state.load(Acquire) == NOTIFIED {
+                    f.state.store(RUNNING, Release);
+                }
+                // SAFETY: carrier-local.
+                unsafe { (*self.runq.get()).push_back(f) };
+            }
+            Some(Yield::Exit) | None => {
+                f.release_stack();
+                self.live.fetch_sub(1, Relaxed);
+                stats::FIBERS_LIVE.fetch_sub(1, Relaxed);
+                crate::thread::on_fiber_finished(f);
+            }
+        }
+    }
+
+    /// One turn: run what is runnable, then poll I/O, completions and deadlines (without
+    /// sleeping when work remains).
+    fn turn(&self) {
+        self.drain_inject();
+        // SAFETY: carrier-local.
+        let n = unsafe { (*self.runq.get()).len() };
+        for _ in 0..n {
+            // SAFETY: carrier-local.
+            let Some(f) = (unsafe { (*self.runq.get()).pop_front() }) else {
+                break;
+            };
+            // SAFETY: queued fibers are alive.
+            self.run(unsafe { &*f });
+        }
+        // SAFETY: carrier-local.
+        let busy = unsafe { !(*self.runq.get()).is_empty() };
+        let now = time::now_ns();
+        if busy && now.saturating_sub(self.last_poll.get()) < POLL_EVERY_NS {
+            return;
+        }
+        let timeout = if busy {
+            Some(0)
+        } else {
+            self.idle_timeout(now)
+        };
+        self.poll(timeout);
+        let now = time::now_ns();
+        self.last_poll.set(now);
+        self.fire_timers(now);
+        crate::offload::scan(self, self.completion_seen.replace(false));
+        stats::maybe_flush(now);
+    }
+
+    /// How long an idle carrier may sleep: until the next deadline, a polled offload's
+    /// expected completion, or the next stats flush; None = until woken.
+    fn idle_timeout(&self, now: u64) -> Option<u64> {
+        // SAFETY: carrier-local.
+        let timers = unsafe { &*self.timers.get() };
+        let mut t = timers.keys().next().map(|&(d, _)| d.saturating_sub(now));
+        let mut min = |x: Option<u64>| {
+            if let Some(x) = x {
+                t = Some(t.map_or(x, |t| t.min(x)));
+            }
+        };
+        min(crate::offload::poll_interval(self, now));
+        min(stats::flush_due(now));
+        t
+    }
+
+    fn poll(&self, timeout_ns: Option<u64>) {
+        let sleeping = timeout_ns != Some(0);
+        if sleeping {
+            self.sleeping.store(true, SeqCst);
+            if self.inject_len.load(SeqCst) != 0 {
+                self.sleeping.store(false, SeqCst);
+                return;
+            }
+        }
+        let mut evs: [libc::epoll_event; 128] = [libc::epoll_event { events: 0, u64: 0 }; 128];
+        let ts = timeout_ns.map(|ns| libc::timespec {
+            tv_sec: (ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+        });
+        let tsp = ts
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // epoll_pwait2: nanosecond timeouts (epoll_wait's are milliseconds, far too
+        // coarse for 20 us offloads and usleep(100)).
+        // SAFETY: valid buffer and timespec.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_epoll_pwait2,
+                self.epfd.get(),
+                evs.as_mut_ptr(),
+                evs.len() as c_int,
+                tsp,
+                std::ptr::null::<libc::sigset_t>(),
+                0usize,
+            )
+        };
+        if sleeping {
+            self.sleeping.store(false, SeqCst);
+        }
+        for ev in evs.iter().take(n.max(0) as usize) {
+            let (data, events) = (ev.u64, ev.events);
+            if data == WAKE_TAG {
+                continue;
+            } else if data & COMPLETION_TAG != 0 && data != WAKE_TAG {
+                self.completion_seen.set(true);
+            } else {
+                self.on_fd_event(data as c_int, events);
+            }
+        }
+    }
+
+    /// Fork child, when the forking thread was this carrier: forget the parent's other
+    /// fibers and make fresh epoll/eventfd, in place (our own frames hold `&self`).
+    ///
+    /// # Safety
+    /// Only in a forked child, on this carrier's thread.
+    pub unsafe fn reset_in_child(&self, keep: Option<&Fiber>) {
+        self.inject.force_unlock();
+        self.inject.lock().clear();
+        self.inject_len.store(0, SeqCst);
+        (*self.runq.get()).clear();
+        (*self.timers.get()).clear();
+        (*self.fdwait.get()).clear();
+        (*self.offloads.get()).clear();
+        // Not closed: the parent still uses them; ours are fresh.
+        if let Some((ep, wake)) = new_fds() {
+            self.epfd.set(ep);
+            self.wakefd.set(wake);
+        }
+        self.completion_watched.set(0);
+        self.tid.store(real::gettid(), SeqCst);
+        self.live.store(keep.is_some() as usize, SeqCst);
+        if let Some(f) = keep {
+            f.timer_key.set(None);
+        }
+    }
+}
+
+extern "C" fn carrier_main(arg: *mut libc::c_void) -> *mut libc::c_void {
+    // SAFETY: `arg` is a leaked &'static Carrier.
+    let c: &'static Carrier = unsafe { &*(arg as *const Carrier) };
+    THIS.with(|t| t.set(c));
+    c.tid.store(real::gettid(), SeqCst);
+    crate::stack::install_altstack();
+    calibrate();
+    crate::log_at!(
+        crate::log::INFO,
+        "carrier {} started (tid {})",
+        c.index,
+        real::gettid()
+    );
+    loop {
+        // Re-read: a fork from a fiber resets the carrier in place, never moves it.
+        this().expect("carrier").turn();
+    }
+}
+
+/// Measures a park + resume (two stack switches and the bookkeeping around them) once,
+/// for the offload path's inline-wait rule.
+fn calibrate() {
+    use crate::offload::PARK_COST_NS;
+    if PARK_COST_NS.load(Relaxed) != 0 {
+        return;
+    }
+    let Some(st) = crate::stack::FiberStack::new(64 << 10) else {
+        return;
+    };
+    const N: u64 = 2000;
+    let mut co = corosensei::Coroutine::with_stack(st, |y: &corosensei::Yielder<(), ()>, ()| {
+        for _ in 0..N {
+            y.suspend(());
+        }
+    });
+    let t0 = time::now_ns();
+    for _ in 0..N {
+        co.resume(());
+        std::hint::black_box(real::errno());
+    }
+    let per = (time::now_ns() - t0) / N;
+    co.resume(());
+    co.into_stack().recycle();
+    PARK_COST_NS.store(per.max(1), Relaxed);
+}
+
+/// Starts carriers up to the configured count; returns false if none could start.
+fn ensure_started() -> bool {
+    let want = crate::settings().carriers;
+    let mut list = CARRIERS.lock();
+    while list.len() < want {
+        let Some(c) = Carrier::alloc(list.len()) else {
+            break;
+        };
+        crate::stack::install_overflow_handler();
+        let mut t: libc::pthread_t = 0;
+        // SAFETY: real pthread_create with a static carrier as argument.
+        let r = unsafe {
+            (real::pthread_create())(
+                &mut t,
+                std::ptr::null(),
+                carrier_main,
+                c as *const Carrier as *mut libc::c_void,
+            )
+        };
+        if r != 0 {
+            crate::log_at!(
+                crate::log::ERROR,
+                "cannot start a carrier thread: errno {r}"
+            );
+            break;
+        }
+        c.pthread.set(t);
+        list.push(c as *const Carrier as usize);
+    }
+    stats::CARRIERS.store(list.len(), Relaxed);
+    !list.is_empty()
+}
+
+/// Picks the carrier for a new fiber: the creating fiber's own carrier (keeps a
+/// connection's helpers together), else round robin.
+pub fn pick() -> Option<&'static Carrier> {
+    if let Some(c) = this() {
+        // SAFETY: carriers are 'static.
+        return Some(unsafe { &*(c as *const Carrier) });
+    }
+    if !ensure_started() {
+        return None;
+    }
+    let list = CARRIERS.lock();
+    let i = NEXT.fetch_add(1, Relaxed) % list.len();
+    // SAFETY: carriers are leaked, never freed.
+    Some(unsafe { &*(list[i] as *const Carrier) })
+}
+
+/// All carriers, for lookups by pthread_t.
+pub fn all() -> Vec<&'static Carrier> {
+    CARRIERS
+        .lock()
+        .iter()
+        // SAFETY: carriers are leaked, never freed.
+        .map(|&p| unsafe { &*(p as *const Carrier) })
+        .collect()
+}
+
+/// Fork child: the parent's carrier threads do not exist here. If the forking thread is
+/// a carrier, it stays the only one (reset in place, keeping the running fiber);
+/// otherwise carriers start again on the next fiber.
+///
+/// # Safety
+/// Only in a forked child.
+pub unsafe fn after_fork_child() {
+    CARRIERS.force_unlock();
+    let mut list = CARRIERS.lock();
+    list.clear();
+    if let Some(c) = this() {
+        let keep = crate::fiber::current();
+        c.reset_in_child(keep);
+        list.push(c as *const Carrier as usize);
+    }
+    stats::CARRIERS.store(list.len(), Relaxed);
+}

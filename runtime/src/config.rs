@@ -1,0 +1,279 @@
+//! The TOFFLOAD_* knobs, parsed strictly: a malformed value is an error naming the
+//! variable and the accepted form. The runtime reports it once on stderr and then stays
+//! out of the way (everything passes through to libc), so a typo cannot change how the
+//! host program behaves beyond that one line.
+
+use std::fmt;
+
+/// Which threads become fibers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fiberize {
+    /// Threads created after the process's first successful accept.
+    AfterAccept,
+    /// Every thread created after load.
+    All,
+    /// Never engage.
+    Off,
+}
+
+/// One row of the offload table: a blocking entry point and the non-blocking triple
+/// that replaces it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OffloadRow {
+    pub blocking: String,
+    pub submit: String,
+    pub done: String,
+    pub release: String,
+}
+
+/// Mitigations that TOFFLOAD_TEST_DISABLE can turn off to show the hazard each one
+/// prevents. Test-only: never set it in production.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Disabled {
+    pub errno: bool,
+    pub keys: bool,
+    pub sync: bool,
+    pub io: bool,
+    pub fork: bool,
+    pub offload: bool,
+    pub join: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub fiberize: Fiberize,
+    pub carriers: usize,
+    pub stack_kb: usize,
+    pub offload: Vec<OffloadRow>,
+    pub log: u8,
+    pub stats: Option<String>,
+    pub disabled: Disabled,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            fiberize: Fiberize::AfterAccept,
+            carriers: 1,
+            stack_kb: 256,
+            offload: vec![OffloadRow::builtin()],
+            log: crate::log::OFF,
+            stats: None,
+            disabled: Disabled::default(),
+        }
+    }
+}
+
+impl OffloadRow {
+    pub fn builtin() -> Self {
+        OffloadRow {
+            blocking: "accel_run".into(),
+            submit: "accel_submit".into(),
+            done: "accel_done".into(),
+            release: "accel_release".into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KnobError {
+    pub var: &'static str,
+    pub value: String,
+    pub expected: &'static str,
+}
+
+impl fmt::Display for KnobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}={:?} is not valid: expected {}",
+            self.var, self.value, self.expected
+        )
+    }
+}
+
+/// Most rows a process can add (the table holds the built-in row as well).
+pub const MAX_EXTRA_ROWS: usize = 15;
+
+const FIBERIZE_FORM: &str = "`after-accept`, `all` or `off`";
+const CARRIERS_FORM: &str = "an integer from 1 to 64";
+const STACK_FORM: &str = "a stack size in KiB, an integer from 16 to 1048576";
+const OFFLOAD_FORM: &str =
+    "comma-separated rows blocking:submit:done:release of C symbol names (at most 15)";
+const LOG_FORM: &str = "`error`, `info` or `debug`";
+const DISABLE_FORM: &str =
+    "a comma-separated list of errno, keys, sync, io, fork, offload, join (tests only)";
+
+fn int_in(s: &str, lo: u64, hi: u64) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let v: u64 = s.parse().ok()?;
+    (lo..=hi).contains(&v).then_some(v)
+}
+
+fn is_symbol(s: &str) -> bool {
+    let mut b = s.bytes();
+    matches!(b.next(), Some(c) if c == b'_' || c.is_ascii_alphabetic())
+        && b.all(|c| c == b'_' || c.is_ascii_alphanumeric())
+}
+
+fn parse_rows(s: &str) -> Option<Vec<OffloadRow>> {
+    let mut rows = Vec::new();
+    for part in s.split(',') {
+        let f: Vec<&str> = part.trim().split(':').collect();
+        if f.len() != 4 || !f.iter().all(|x| is_symbol(x)) {
+            return None;
+        }
+        rows.push(OffloadRow {
+            blocking: f[0].into(),
+            submit: f[1].into(),
+            done: f[2].into(),
+            release: f[3].into(),
+        });
+    }
+    (rows.len() <= MAX_EXTRA_ROWS).then_some(rows)
+}
+
+fn parse_disabled(s: &str) -> Option<Disabled> {
+    let mut d = Disabled::default();
+    for w in s.split(',') {
+        match w.trim() {
+            "errno" => d.errno = true,
+            "keys" => d.keys = true,
+            "sync" => d.sync = true,
+            "io" => d.io = true,
+            "fork" => d.fork = true,
+            "offload" => d.offload = true,
+            "join" => d.join = true,
+            _ => return None,
+        }
+    }
+    Some(d)
+}
+
+impl Config {
+    /// Reads the knobs through `get` (the environment, or a map in tests). Unset and
+    /// empty mean the default.
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Config, KnobError> {
+        let mut c = Config::default();
+        let val = |var: &'static str| get(var).filter(|v| !v.trim().is_empty());
+        let bad = |var: &'static str, value: String, expected: &'static str| KnobError {
+            var,
+            value,
+            expected,
+        };
+        if let Some(v) = val("TOFFLOAD_FIBERIZE") {
+            c.fiberize = match v.trim() {
+                "after-accept" => Fiberize::AfterAccept,
+                "all" => Fiberize::All,
+                "off" => Fiberize::Off,
+                _ => return Err(bad("TOFFLOAD_FIBERIZE", v, FIBERIZE_FORM)),
+            };
+        }
+        if let Some(v) = val("TOFFLOAD_CARRIERS") {
+            c.carriers = int_in(v.trim(), 1, 64)
+                .ok_or_else(|| bad("TOFFLOAD_CARRIERS", v.clone(), CARRIERS_FORM))?
+                as usize;
+        }
+        if let Some(v) = val("TOFFLOAD_STACK_KB") {
+            c.stack_kb = int_in(v.trim(), 16, 1 << 20)
+                .ok_or_else(|| bad("TOFFLOAD_STACK_KB", v.clone(), STACK_FORM))?
+                as usize;
+        }
+        if let Some(v) = val("TOFFLOAD_OFFLOAD") {
+            let rows = parse_rows(v.trim())
+                .ok_or_else(|| bad("TOFFLOAD_OFFLOAD", v.clone(), OFFLOAD_FORM))?;
+            c.offload.extend(rows);
+        }
+        if let Some(v) = val("TOFFLOAD_LOG") {
+            c.log = match v.trim() {
+                "error" => crate::log::ERROR,
+                "info" => crate::log::INFO,
+                "debug" => crate::log::DEBUG,
+                _ => return Err(bad("TOFFLOAD_LOG", v, LOG_FORM)),
+            };
+        }
+        if let Some(v) = val("TOFFLOAD_STATS") {
+            c.stats = Some(v);
+        }
+        if let Some(v) = val("TOFFLOAD_TEST_DISABLE") {
+            c.disabled = parse_disabled(v.trim())
+                .ok_or_else(|| bad("TOFFLOAD_TEST_DISABLE", v.clone(), DISABLE_FORM))?;
+        }
+        Ok(c)
+    }
+
+    pub fn from_env() -> Result<Config, KnobError> {
+        Config::from_lookup(&|k| std::env::var(k).ok())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Result<Config, KnobError> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(&move |k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(c.fiberize, Fiberize::AfterAccept);
+        assert_eq!((c.carriers, c.stack_kb), (1, 256));
+        assert_eq!(c.offload, vec![OffloadRow::builtin()]);
+        assert_eq!(c.disabled, Disabled::default());
+    }
+
+    #[test]
+    fn parses_every_knob() {
+        let c = cfg(&[
+            ("TOFFLOAD_FIBERIZE", "all"),
+            ("TOFFLOAD_CARRIERS", "2"),
+            ("TOFFLOAD_STACK_KB", "64"),
+            ("TOFFLOAD_OFFLOAD", "hsm_sign:hsm_submit:hsm_poll:hsm_free"),
+            ("TOFFLOAD_LOG", "info"),
+            ("TOFFLOAD_STATS", "/tmp/s.json"),
+            ("TOFFLOAD_TEST_DISABLE", "errno,sync"),
+        ])
+        .unwrap();
+        assert_eq!(c.fiberize, Fiberize::All);
+        assert_eq!((c.carriers, c.stack_kb), (2, 64));
+        assert_eq!(c.offload.len(), 2);
+        assert_eq!(c.offload[1].done, "hsm_poll");
+        assert_eq!(c.log, crate::log::INFO);
+        assert!(c.disabled.errno && c.disabled.sync && !c.disabled.keys);
+    }
+
+    #[test]
+    fn rejects_malformed_values_naming_the_variable() {
+        for (var, v) in [
+            ("TOFFLOAD_FIBERIZE", "sometimes"),
+            ("TOFFLOAD_CARRIERS", "0"),
+            ("TOFFLOAD_CARRIERS", "65"),
+            ("TOFFLOAD_CARRIERS", "two"),
+            ("TOFFLOAD_STACK_KB", "8"),
+            ("TOFFLOAD_STACK_KB", "-1"),
+            ("TOFFLOAD_OFFLOAD", "a:b:c"),
+            ("TOFFLOAD_OFFLOAD", "a:b:c:1d"),
+            ("TOFFLOAD_LOG", "loud"),
+            ("TOFFLOAD_TEST_DISABLE", "everything"),
+        ] {
+            let e = cfg(&[(var, v)]).unwrap_err();
+            assert_eq!(e.var, var);
+            let msg = e.to_string();
+            assert!(msg.contains(var) && msg.contains("expected"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn empty_means_default() {
+        assert_eq!(cfg(&[("TOFFLOAD_CARRIERS", " ")]).unwrap().carriers, 1);
+    }
+}

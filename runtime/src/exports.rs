@@ -1,0 +1,748 @@
+//! The interposed C symbols. Each one asks "am I on a fiber, and is this mitigation
+//! on?" and either does the fiber-aware thing or passes straight through to libc, so a
+//! process where the runtime never engages behaves exactly as without it.
+//! pthread_create and the versioned condition-variable symbols are defined in
+//! csrc/shim.c (they need the caller's return address and .symver), which calls the
+//! `__toffload_*` functions below.
+
+#![allow(clippy::missing_safety_doc)]
+
+use crate::fiber::{self, Fiber};
+use crate::sync::cond::{self, Abi};
+use crate::sync::{mutex, rwlock};
+use crate::{io, keys, offload, real, thread, time};
+use libc::{
+    c_char, c_int, c_long, c_uint, c_void, clockid_t, iovec, msghdr, nfds_t, pollfd,
+    pthread_attr_t, pthread_key_t, pthread_mutex_t, pthread_rwlock_t, pthread_t, sockaddr,
+    socklen_t, timespec,
+};
+
+#[inline]
+fn on_fiber_io<'a>() -> Option<&'a Fiber> {
+    fiber::current().filter(|_| !crate::settings().disabled.io)
+}
+
+#[inline]
+fn on_fiber_sync<'a>() -> Option<&'a Fiber> {
+    fiber::current().filter(|_| !crate::settings().disabled.sync)
+}
+
+// ---- I/O --------------------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
+    match on_fiber_io() {
+        Some(f) => io::read(f, fd, buf, n),
+        None => (real::read())(fd, buf, n),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: usize, buflen: usize) -> isize {
+    if n > buflen {
+        extern "C" {
+            fn __chk_fail() -> !;
+        }
+        __chk_fail();
+    }
+    read(fd, buf, n)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize {
+    match on_fiber_io() {
+        Some(f) => io::write(f, fd, buf, n),
+        None => (real::write())(fd, buf, n),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: usize, flags: c_int) -> isize {
+    match on_fiber_io() {
+        Some(f) => io::recvfrom(
+            f,
+            fd,
+            buf,
+            n,
+            flags,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        ),
+        None => (real::recv())(fd, buf, n, flags),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: usize,
+    buflen: usize,
+    flags: c_int,
+) -> isize {
+    if n > buflen {
+        extern "C" {
+            fn __chk_fail() -> !;
+        }
+        __chk_fail();
+    }
+    recv(fd, buf, n, flags)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: usize, flags: c_int) -> isize {
+    match on_fiber_io() {
+        Some(f) => io::sendto(f, fd, buf, n, flags, std::ptr::null(), 0),
+        None => (real::send())(fd, buf, n, flags),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: usize,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> isize {
+    match on_fiber_io() {
+        Some(f) => io::recvfrom(f, fd, buf, n, flags, addr, alen),
+        None => (real::recvfrom())(fd, buf, n, flags, addr, alen),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: usize,
+    buflen: usize,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> isize {
+    if n > buflen {
+        extern "C" {
+            fn __chk_fail() -> !;
+        }
+        __chk_fail();
+    }
+    recvfrom(fd, buf, n, flags, addr, alen)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: usize,
+    flags: c_int,
+    addr: *const sockaddr,
+    alen: socklen_t,
+) -> isize {
+    match on_fiber_io() {
+        Some(f) => io::sendto(f, fd, buf, n, flags, addr, alen),
+        None => (real::sendto())(fd, buf, n, flags, addr, alen),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> isize {
+    match on_fiber_io() {
+        Some(f) => io::readv(f, fd, iov, cnt),
+        None => (real::readv())(fd, iov, cnt),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> isize {
+    match on_fiber_io() {
+        Some(f) => io::writev(f, fd, iov, cnt),
+        None => (real::writev())(fd, iov, cnt),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> isize {
+    match on_fiber_io() {
+        Some(f) => io::recvmsg(f, fd, msg, flags),
+        None => (real::recvmsg())(fd, msg, flags),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> isize {
+    match on_fiber_io() {
+        Some(f) => io::sendmsg(f, fd, msg, flags),
+        None => (real::sendmsg())(fd, msg, flags),
+    }
+}
+
+fn accepted(r: c_int) -> c_int {
+    if r >= 0 && !thread::ACCEPTED.load(std::sync::atomic::Ordering::Relaxed) {
+        thread::ACCEPTED.store(true, std::sync::atomic::Ordering::Release);
+        crate::log_at!(
+            crate::log::DEBUG,
+            "first accept: later threads become fibers"
+        );
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> c_int {
+    accepted(match on_fiber_io() {
+        Some(f) => io::accept4(f, fd, addr, alen, 0),
+        None => (real::accept())(fd, addr, alen),
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    accepted(match on_fiber_io() {
+        Some(f) => io::accept4(f, fd, addr, alen, flags),
+        None => (real::accept4())(fd, addr, alen, flags),
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, alen: socklen_t) -> c_int {
+    match on_fiber_io() {
+        Some(f) => io::connect(f, fd, addr, alen),
+        None => (real::connect())(fd, addr, alen),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    match on_fiber_io() {
+        Some(f) if timeout != 0 => {
+            let d = (timeout > 0).then(|| time::now_ns() + timeout as u64 * 1_000_000);
+            io::poll(f, fds, n, d)
+        }
+        _ => (real::poll())(fds, n, timeout),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    timeout: c_int,
+    fdslen: usize,
+) -> c_int {
+    if fdslen / std::mem::size_of::<pollfd>() < n as usize {
+        extern "C" {
+            fn __chk_fail() -> !;
+        }
+        __chk_fail();
+    }
+    poll(fds, n, timeout)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut pollfd,
+    n: nfds_t,
+    ts: *const timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    let zero = !ts.is_null() && (*ts).tv_sec == 0 && (*ts).tv_nsec == 0;
+    match on_fiber_io() {
+        Some(f) if !zero => {
+            // The signal mask is not applied on a fiber: the carrier's mask is shared.
+            let d = if ts.is_null() {
+                None
+            } else {
+                match time::rel_deadline(ts) {
+                    Ok(d) => Some(d),
+                    Err(e) => {
+                        real::set_errno(e);
+                        return -1;
+                    }
+                }
+            };
+            io::poll(f, fds, n, d)
+        }
+        _ => (real::ppoll())(fds, n, ts, mask),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    ts: *const timespec,
+    mask: *const libc::sigset_t,
+    fdslen: usize,
+) -> c_int {
+    if fdslen / std::mem::size_of::<pollfd>() < n as usize {
+        extern "C" {
+            fn __chk_fail() -> !;
+        }
+        __chk_fail();
+    }
+    ppoll(fds, n, ts, mask)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn select(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    tv: *mut libc::timeval,
+) -> c_int {
+    let zero = !tv.is_null() && (*tv).tv_sec == 0 && (*tv).tv_usec == 0;
+    match on_fiber_io() {
+        Some(f) if !zero => {
+            let d = if tv.is_null() {
+                None
+            } else {
+                if (*tv).tv_sec < 0 || !(0..1_000_000).contains(&(*tv).tv_usec) {
+                    real::set_errno(libc::EINVAL);
+                    return -1;
+                }
+                Some(
+                    time::now_ns()
+                        + (*tv).tv_sec as u64 * 1_000_000_000
+                        + (*tv).tv_usec as u64 * 1000,
+                )
+            };
+            let n = io::select(f, nfds, r, w, e, d);
+            if let (Some(d), false) = (d, tv.is_null()) {
+                // Linux reports the time not slept.
+                let left = d.saturating_sub(time::now_ns());
+                (*tv).tv_sec = (left / 1_000_000_000) as libc::time_t;
+                (*tv).tv_usec = ((left % 1_000_000_000) / 1000) as libc::suseconds_t;
+            }
+            n
+        }
+        _ => (real::select())(nfds, r, w, e, tv),
+    }
+}
+
+// ---- sleeping -----------------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn sleep(s: c_uint) -> c_uint {
+    match on_fiber_io() {
+        Some(f) => {
+            io::sleep_until(f, time::now_ns() + s as u64 * 1_000_000_000);
+            0
+        }
+        None => (real::sleep())(s),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn usleep(us: libc::useconds_t) -> c_int {
+    match on_fiber_io() {
+        Some(f) => {
+            io::sleep_until(f, time::now_ns() + us as u64 * 1000);
+            0
+        }
+        None => (real::usleep())(us),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nanosleep(req: *const timespec, rem: *mut timespec) -> c_int {
+    match on_fiber_io() {
+        Some(f) => match time::rel_deadline(req) {
+            Ok(d) => {
+                io::sleep_until(f, d);
+                if !rem.is_null() {
+                    *rem = time::to_timespec(0);
+                }
+                0
+            }
+            Err(e) => {
+                real::set_errno(e);
+                -1
+            }
+        },
+        None => (real::nanosleep())(req, rem),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn clock_nanosleep(
+    clock: clockid_t,
+    flags: c_int,
+    req: *const timespec,
+    rem: *mut timespec,
+) -> c_int {
+    match on_fiber_io() {
+        Some(f) => {
+            let d = if flags & libc::TIMER_ABSTIME != 0 {
+                time::abs_deadline(clock, req)
+            } else {
+                time::rel_deadline(req)
+            };
+            match d {
+                Ok(d) => {
+                    io::sleep_until(f, d);
+                    if !rem.is_null() && flags & libc::TIMER_ABSTIME == 0 {
+                        *rem = time::to_timespec(0);
+                    }
+                    0
+                }
+                Err(e) => e,
+            }
+        }
+        None => (real::clock_nanosleep())(clock, flags, req, rem),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sched_yield() -> c_int {
+    match fiber::current() {
+        Some(f) => {
+            fiber::yield_now(f);
+            0
+        }
+        None => (real::sched_yield())(),
+    }
+}
+
+// ---- threads ------------------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn __toffload_pthread_create(
+    out: *mut pthread_t,
+    attr: *const pthread_attr_t,
+    start: fiber::StartFn,
+    arg: *mut c_void,
+    caller: *const c_void,
+) -> c_int {
+    thread::create(out, attr, start, arg, caller as usize)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_join(t: pthread_t, ret: *mut *mut c_void) -> c_int {
+    thread::join(t, ret, None, false).unwrap_or_else(|| (real::pthread_join())(t, ret))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_tryjoin_np(t: pthread_t, ret: *mut *mut c_void) -> c_int {
+    thread::join(t, ret, None, true).unwrap_or_else(|| (real::pthread_tryjoin_np())(t, ret))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_timedjoin_np(
+    t: pthread_t,
+    ret: *mut *mut c_void,
+    ts: *const timespec,
+) -> c_int {
+    if !thread::is_fiber(t) || crate::settings().disabled.join {
+        return (real::pthread_timedjoin_np())(t, ret, ts);
+    }
+    match time::abs_deadline(libc::CLOCK_REALTIME, ts) {
+        Ok(d) => thread::join(t, ret, Some(d), false).unwrap_or(libc::ESRCH),
+        Err(e) => e,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_clockjoin_np(
+    t: pthread_t,
+    ret: *mut *mut c_void,
+    clock: clockid_t,
+    ts: *const timespec,
+) -> c_int {
+    if !thread::is_fiber(t) || crate::settings().disabled.join {
+        return (real::pthread_clockjoin_np())(t, ret, clock, ts);
+    }
+    match time::abs_deadline(clock, ts) {
+        Ok(d) => thread::join(t, ret, Some(d), false).unwrap_or(libc::ESRCH),
+        Err(e) => e,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_detach(t: pthread_t) -> c_int {
+    thread::detach(t).unwrap_or_else(|| (real::pthread_detach())(t))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_exit(ret: *mut c_void) -> ! {
+    thread::exit(ret);
+    (real::pthread_exit())(ret);
+    libc::abort()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_getattr_np(t: pthread_t, attr: *mut pthread_attr_t) -> c_int {
+    thread::getattr(t, attr).unwrap_or_else(|| (real::pthread_getattr_np())(t, attr))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_kill(t: pthread_t, sig: c_int) -> c_int {
+    thread::kill(t, sig).unwrap_or_else(|| (real::pthread_kill())(t, sig))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_setname_np(t: pthread_t, name: *const c_char) -> c_int {
+    thread::setname(t, name).unwrap_or_else(|| (real::pthread_setname_np())(t, name))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_getname_np(t: pthread_t, name: *mut c_char, len: usize) -> c_int {
+    thread::getname(t, name, len).unwrap_or_else(|| (real::pthread_getname_np())(t, name, len))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_cancel(t: pthread_t) -> c_int {
+    if thread::is_fiber(t) {
+        // Asynchronous cancellation of a fiber would unwind a stack we are not on.
+        crate::log_at!(
+            crate::log::ERROR,
+            "pthread_cancel on a fiber is not supported"
+        );
+        return libc::ENOTSUP;
+    }
+    (real::pthread_cancel())(t)
+}
+
+// ---- mutexes ------------------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_mutex_lock(m: *mut pthread_mutex_t) -> c_int {
+    match on_fiber_sync() {
+        Some(f) => mutex::lock(m, f, None),
+        None => (real::pthread_mutex_lock())(m),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_mutex_trylock(m: *mut pthread_mutex_t) -> c_int {
+    match on_fiber_sync() {
+        Some(f) => mutex::trylock(m, f),
+        None => (real::pthread_mutex_trylock())(m),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_mutex_timedlock(
+    m: *mut pthread_mutex_t,
+    ts: *const timespec,
+) -> c_int {
+    match on_fiber_sync() {
+        Some(f) => match time::abs_deadline(libc::CLOCK_REALTIME, ts) {
+            Ok(d) => mutex::lock(m, f, Some(d)),
+            Err(e) => e,
+        },
+        None => (real::pthread_mutex_timedlock())(m, ts),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_mutex_clocklock(
+    m: *mut pthread_mutex_t,
+    clock: clockid_t,
+    ts: *const timespec,
+) -> c_int {
+    match on_fiber_sync() {
+        Some(f) => match time::abs_deadline(clock, ts) {
+            Ok(d) => mutex::lock(m, f, Some(d)),
+            Err(e) => e,
+        },
+        None => (real::pthread_mutex_clocklock())(m, clock, ts),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_mutex_unlock(m: *mut pthread_mutex_t) -> c_int {
+    match on_fiber_sync() {
+        Some(f) => mutex::unlock_fiber(m, f),
+        None if crate::engaged() => mutex::unlock_thread(m),
+        None => (real::pthread_mutex_unlock())(m),
+    }
+}
+
+// ---- rwlocks ------------------------------------------------------------------
+
+macro_rules! rw_lock {
+    ($name:ident, $real:ident, $write:expr) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(l: *mut pthread_rwlock_t) -> c_int {
+            match on_fiber_sync() {
+                Some(f) => rwlock::lock(l, f, $write, None),
+                None => (real::$real())(l),
+            }
+        }
+    };
+}
+rw_lock!(pthread_rwlock_rdlock, pthread_rwlock_rdlock, false);
+rw_lock!(pthread_rwlock_wrlock, pthread_rwlock_wrlock, true);
+
+macro_rules! rw_timed {
+    ($name:ident, $real:ident, $write:expr) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(l: *mut pthread_rwlock_t, ts: *const timespec) -> c_int {
+            match on_fiber_sync() {
+                Some(f) => match time::abs_deadline(libc::CLOCK_REALTIME, ts) {
+                    Ok(d) => rwlock::lock(l, f, $write, Some(d)),
+                    Err(e) => e,
+                },
+                None => (real::$real())(l, ts),
+            }
+        }
+    };
+}
+rw_timed!(
+    pthread_rwlock_timedrdlock,
+    pthread_rwlock_timedrdlock,
+    false
+);
+rw_timed!(pthread_rwlock_timedwrlock, pthread_rwlock_timedwrlock, true);
+
+macro_rules! rw_clock {
+    ($name:ident, $real:ident, $write:expr) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            l: *mut pthread_rwlock_t,
+            clock: clockid_t,
+            ts: *const timespec,
+        ) -> c_int {
+            match on_fiber_sync() {
+                Some(f) => match time::abs_deadline(clock, ts) {
+                    Ok(d) => rwlock::lock(l, f, $write, Some(d)),
+                    Err(e) => e,
+                },
+                None => (real::$real())(l, clock, ts),
+            }
+        }
+    };
+}
+rw_clock!(
+    pthread_rwlock_clockrdlock,
+    pthread_rwlock_clockrdlock,
+    false
+);
+rw_clock!(pthread_rwlock_clockwrlock, pthread_rwlock_clockwrlock, true);
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_rwlock_unlock(l: *mut pthread_rwlock_t) -> c_int {
+    if crate::engaged() && !crate::settings().disabled.sync {
+        rwlock::unlock(l)
+    } else {
+        (real::pthread_rwlock_unlock())(l)
+    }
+}
+
+// ---- condition variables (versioned entry points in csrc/shim.c) ----------------
+
+fn abi(v: c_int) -> Abi {
+    if v == 225 {
+        Abi::V2_2_5
+    } else {
+        Abi::V2_3_2
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __toffload_cond_init(v: c_int, c: *mut c_void, a: *const c_void) -> c_int {
+    cond::init(abi(v), c, a)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __toffload_cond_destroy(v: c_int, c: *mut c_void) -> c_int {
+    cond::destroy(abi(v), c)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __toffload_cond_signal(v: c_int, c: *mut c_void) -> c_int {
+    cond::signal(abi(v), c)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __toffload_cond_broadcast(v: c_int, c: *mut c_void) -> c_int {
+    cond::broadcast(abi(v), c)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __toffload_cond_wait(
+    v: c_int,
+    c: *mut c_void,
+    m: *mut pthread_mutex_t,
+) -> c_int {
+    cond::wait(abi(v), c, m, None)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __toffload_cond_timedwait(
+    v: c_int,
+    c: *mut c_void,
+    m: *mut pthread_mutex_t,
+    ts: *const timespec,
+) -> c_int {
+    cond::wait(abi(v), c, m, Some((None, ts)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_cond_clockwait(
+    c: *mut c_void,
+    m: *mut pthread_mutex_t,
+    clock: clockid_t,
+    ts: *const timespec,
+) -> c_int {
+    cond::wait(Abi::V2_3_2, c, m, Some((Some(clock), ts)))
+}
+
+// ---- keys ----------------------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_key_create(
+    k: *mut pthread_key_t,
+    d: Option<unsafe extern "C" fn(*mut c_void)>,
+) -> c_int {
+    keys::create(k, d)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_key_delete(k: pthread_key_t) -> c_int {
+    keys::delete(k)
+}
+
+#[inline]
+fn on_fiber_keys<'a>() -> Option<&'a Fiber> {
+    fiber::current().filter(|_| !crate::settings().disabled.keys)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_getspecific(k: pthread_key_t) -> *mut c_void {
+    match on_fiber_keys() {
+        Some(f) => keys::get(f, k),
+        None => (real::pthread_getspecific())(k),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_setspecific(k: pthread_key_t, v: *const c_void) -> c_int {
+    match on_fiber_keys() {
+        Some(f) => keys::set(f, k, v),
+        None => (real::pthread_setspecific())(k, v),
+    }
+}
+
+// ---- the offload table's built-in row ---------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn accel_run(buf: *mut u8, n: c_int) -> c_int {
+    offload::interposed(0, [buf as usize, n as usize, 0, 0, 0, 0]) as c_int
+}
+
+// ---- introspection ------------------------------------------------------------------
+
+/// > 0 inside a fiber (its id), 0 on a real thread.
+#[no_mangle]
+pub extern "C" fn toffload_fiber_id() -> c_long {
+    fiber::current().map_or(0, |f| f.id as c_long)
+}

@@ -1,0 +1,505 @@
+//! Fiber-aware I/O. On a fiber, a call that would block parks the fiber until its fd is
+//! ready, and the carrier runs the others meanwhile; the application still sees
+//! blocking semantics. Sockets are tried with MSG_DONTWAIT (one syscall on the fast
+//! path, no change to the fd's flags, which the application may share or inspect);
+//! other pollable fds (pipes, eventfds, ttys) wait for readiness first. Regular files,
+//! fds 0-2 and fds the application itself made non-blocking pass straight through.
+
+use crate::fiber::{self, Fiber};
+use crate::{real, stats, time};
+use libc::{c_int, c_void, iovec, msghdr, sockaddr, socklen_t};
+use std::sync::atomic::Ordering::Relaxed;
+
+const IN: u32 = libc::EPOLLIN as u32 | libc::EPOLLRDHUP as u32;
+const OUT: u32 = libc::EPOLLOUT as u32;
+
+fn would_block(r: isize) -> bool {
+    r < 0 && matches!(real::errno(), libc::EAGAIN)
+}
+
+fn app_nonblocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL has no side effects.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    fl >= 0 && fl & libc::O_NONBLOCK != 0
+}
+
+/// Parks `f` until `fd` reports one of `events`, or `deadline`. Err(errno) when epoll
+/// cannot watch the fd. Ok(true) = deadline passed.
+pub fn wait_fd(f: &Fiber, fd: c_int, events: u32, deadline: Option<u64>) -> Result<bool, c_int> {
+    let c = f.carrier();
+    c.watch_fd(f, fd, events)?;
+    stats::IO_PARKS.fetch_add(1, Relaxed);
+    let timed_out = fiber::park_until(f, deadline);
+    c.unwatch_fd(f, fd);
+    Ok(timed_out)
+}
+
+/// Runs the non-blocking attempt `op` until it does not return EAGAIN, parking on
+/// `events` in between. `blocking` is the plain libc call, for fds we cannot wait on.
+fn retry(
+    f: &Fiber,
+    fd: c_int,
+    events: u32,
+    mut op: impl FnMut() -> isize,
+    blocking: impl FnOnce() -> isize,
+) -> isize {
+    loop {
+        let r = op();
+        if !would_block(r) {
+            return r;
+        }
+        if app_nonblocking(fd) {
+            return r;
+        }
+        if wait_fd(f, fd, events, None).is_err() {
+            return blocking();
+        }
+    }
+}
+
+/// Non-sockets: wait for readiness first (there is no per-call non-blocking flag).
+fn nonsocket(f: &Fiber, fd: c_int, events: u32, call: impl Fn() -> isize) -> isize {
+    if app_nonblocking(fd) {
+        return call();
+    }
+    loop {
+        let mut p = libc::pollfd {
+            fd,
+            events: if events & OUT != 0 {
+                libc::POLLOUT
+            } else {
+                libc::POLLIN
+            },
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, zero timeout.
+        let n = unsafe { (real::poll())(&mut p, 1, 0) };
+        if n != 0 {
+            return call();
+        }
+        if wait_fd(f, fd, events, None).is_err() {
+            return call();
+        }
+    }
+}
+
+fn skip(fd: c_int) -> bool {
+    fd <= 2
+}
+
+pub fn read(f: &Fiber, fd: c_int, buf: *mut c_void, n: usize) -> isize {
+    if skip(fd) {
+        // SAFETY: caller's arguments.
+        return unsafe { (real::read())(fd, buf, n) };
+    }
+    // SAFETY (all calls below): caller's arguments, forwarded.
+    let r = unsafe { (real::recv())(fd, buf, n, libc::MSG_DONTWAIT) };
+    if r < 0 && real::errno() == libc::ENOTSOCK {
+        return nonsocket(f, fd, IN, || unsafe { (real::read())(fd, buf, n) });
+    }
+    if !would_block(r) {
+        return r;
+    }
+    retry(
+        f,
+        fd,
+        IN,
+        || unsafe { (real::recv())(fd, buf, n, libc::MSG_DONTWAIT) },
+        || unsafe { (real::read())(fd, buf, n) },
+    )
+}
+
+pub fn recvfrom(
+    f: &Fiber,
+    fd: c_int,
+    buf: *mut c_void,
+    n: usize,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> isize {
+    // SAFETY (all calls below): caller's arguments, forwarded.
+    let call = |fl: c_int| unsafe { (real::recvfrom())(fd, buf, n, fl, addr, alen) };
+    if flags & libc::MSG_DONTWAIT != 0 {
+        return call(flags);
+    }
+    if flags & libc::MSG_WAITALL != 0 {
+        // MSG_WAITALL with MSG_DONTWAIT returns what is there: keep collecting.
+        let mut got = 0usize;
+        while got < n {
+            let b = unsafe { (buf as *mut u8).add(got) } as *mut c_void;
+            let r = retry(
+                f,
+                fd,
+                IN,
+                || unsafe {
+                    (real::recvfrom())(fd, b, n - got, flags | libc::MSG_DONTWAIT, addr, alen)
+                },
+                || unsafe { (real::recvfrom())(fd, b, n - got, flags, addr, alen) },
+            );
+            if r <= 0 {
+                return if got > 0 { got as isize } else { r };
+            }
+            got += r as usize;
+        }
+        return got as isize;
+    }
+    retry(
+        f,
+        fd,
+        IN,
+        || call(flags | libc::MSG_DONTWAIT),
+        || call(flags),
+    )
+}
+
+/// Blocking stream semantics: write everything (or fail having written nothing).
+pub fn sendto(
+    f: &Fiber,
+    fd: c_int,
+    buf: *const c_void,
+    n: usize,
+    flags: c_int,
+    addr: *const sockaddr,
+    alen: socklen_t,
+) -> isize {
+    // SAFETY (all calls below): caller's arguments, forwarded.
+    if flags & libc::MSG_DONTWAIT != 0 {
+        return unsafe { (real::sendto())(fd, buf, n, flags, addr, alen) };
+    }
+    let mut put = 0usize;
+    loop {
+        let b = unsafe { (buf as *const u8).add(put) } as *const c_void;
+        let r = retry(
+            f,
+            fd,
+            OUT,
+            || unsafe { (real::sendto())(fd, b, n - put, flags | libc::MSG_DONTWAIT, addr, alen) },
+            || unsafe { (real::sendto())(fd, b, n - put, flags, addr, alen) },
+        );
+        if r < 0 {
+            return if put > 0 { put as isize } else { r };
+        }
+        put += r as usize;
+        if put >= n {
+            return put as isize;
+        }
+    }
+}
+
+pub fn write(f: &Fiber, fd: c_int, buf: *const c_void, n: usize) -> isize {
+    if skip(fd) {
+        // SAFETY: caller's arguments.
+        return unsafe { (real::write())(fd, buf, n) };
+    }
+    // SAFETY (all calls below): caller's arguments, forwarded.
+    let r = unsafe { (real::send())(fd, buf, n, libc::MSG_DONTWAIT) };
+    if r < 0 && real::errno() == libc::ENOTSOCK {
+        return nonsocket(f, fd, OUT, || unsafe { (real::write())(fd, buf, n) });
+    }
+    if r >= 0 && r as usize == n || (r < 0 && !would_block(r)) {
+        return r;
+    }
+    let done = r.max(0) as usize;
+    let rest = sendto(
+        f,
+        fd,
+        unsafe { (buf as *const u8).add(done) } as *const c_void,
+        n - done,
+        0,
+        std::ptr::null(),
+        0,
+    );
+    if rest < 0 {
+        if done > 0 {
+            done as isize
+        } else {
+            rest
+        }
+    } else {
+        (done + rest as usize) as isize
+    }
+}
+
+pub fn recvmsg(f: &Fiber, fd: c_int, msg: *mut msghdr, flags: c_int) -> isize {
+    // SAFETY (all calls below): caller's arguments, forwarded.
+    let call = |fl: c_int| unsafe { (real::recvmsg())(fd, msg, fl) };
+    if flags & libc::MSG_DONTWAIT != 0 {
+        return call(flags);
+    }
+    retry(
+        f,
+        fd,
+        IN,
+        || call(flags | libc::MSG_DONTWAIT),
+        || call(flags),
+    )
+}
+
+pub fn sendmsg(f: &Fiber, fd: c_int, msg: *const msghdr, flags: c_int) -> isize {
+    // SAFETY (all calls below): caller's arguments, forwarded.
+    let call = |fl: c_int| unsafe { (real::sendmsg())(fd, msg, fl) };
+    if flags & libc::MSG_DONTWAIT != 0 {
+        return call(flags);
+    }
+    retry(
+        f,
+        fd,
+        OUT,
+        || call(flags | libc::MSG_DONTWAIT),
+        || call(flags),
+    )
+}
+
+fn iov_msg(iov: *const iovec, cnt: c_int) -> msghdr {
+    // SAFETY: an all-zero msghdr is valid.
+    let mut m: msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = iov as *mut iovec;
+    m.msg_iovlen = cnt.max(0) as usize;
+    m
+}
+
+pub fn readv(f: &Fiber, fd: c_int, iov: *const iovec, cnt: c_int) -> isize {
+    if skip(fd) {
+        // SAFETY: caller's arguments.
+        return unsafe { (real::readv())(fd, iov, cnt) };
+    }
+    let mut m = iov_msg(iov, cnt);
+    // SAFETY (all calls below): caller's arguments, forwarded.
+    let r = unsafe { (real::recvmsg())(fd, &mut m, libc::MSG_DONTWAIT) };
+    if r < 0 && real::errno() == libc::ENOTSOCK {
+        return nonsocket(f, fd, IN, || unsafe { (real::readv())(fd, iov, cnt) });
+    }
+    if !would_block(r) {
+        return r;
+    }
+    recvmsg(f, fd, &mut m, 0)
+}
+
+pub fn writev(f: &Fiber, fd: c_int, iov: *const iovec, cnt: c_int) -> isize {
+    if skip(fd) || cnt <= 0 {
+        // SAFETY: caller's arguments.
+        return unsafe { (real::writev())(fd, iov, cnt) };
+    }
+    // SAFETY: caller's iovec array of `cnt` entries.
+    let v: Vec<iovec> = unsafe { std::slice::from_raw_parts(iov, cnt as usize) }.to_vec();
+    let total: usize = v.iter().map(|x| x.iov_len).sum();
+    let m = iov_msg(v.as_ptr(), cnt);
+    // SAFETY: a valid msghdr over the caller's buffers.
+    let r = unsafe { (real::sendmsg())(fd, &m, libc::MSG_DONTWAIT) };
+    if r < 0 && real::errno() == libc::ENOTSOCK {
+        return nonsocket(f, fd, OUT, || unsafe { (real::writev())(fd, iov, cnt) });
+    }
+    if (r >= 0 && r as usize == total) || (r < 0 && !would_block(r)) {
+        return r;
+    }
+    // Partial: advance over what went and keep writing the rest.
+    let mut put = r.max(0) as usize;
+    let mut rest = advance(&v, put);
+    loop {
+        let m = iov_msg(rest.as_ptr(), rest.len() as c_int);
+        let r = sendmsg(f, fd, &m, 0);
+        if r < 0 {
+            return if put > 0 { put as isize } else { r };
+        }
+        put += r as usize;
+        if put >= total {
+            return put as isize;
+        }
+        rest = advance(&rest, r as usize);
+    }
+}
+
+/// The iovecs left after `n` bytes were written.
+fn advance(v: &[iovec], mut n: usize) -> Vec<iovec> {
+    let mut out = Vec::with_capacity(v.len());
+    for x in v {
+        if n >= x.iov_len {
+            n -= x.iov_len;
+            continue;
+        }
+        out.push(iovec {
+            // SAFETY: within the caller's buffer.
+            iov_base: unsafe { (x.iov_base as *mut u8).add(n) } as *mut c_void,
+            iov_len: x.iov_len - n,
+        });
+        n = 0;
+    }
+    out
+}
+
+pub fn accept4(
+    f: &Fiber,
+    fd: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    // SAFETY (all calls below): caller's arguments, forwarded.
+    let call = || unsafe { (real::accept4())(fd, addr, alen, flags) } as isize;
+    nonsocket(f, fd, IN, call) as c_int
+}
+
+pub fn connect(f: &Fiber, fd: c_int, addr: *const sockaddr, alen: socklen_t) -> c_int {
+    // SAFETY (all calls below): caller's fd; flags restored before returning.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if fl < 0 || fl & libc::O_NONBLOCK != 0 {
+        return unsafe { (real::connect())(fd, addr, alen) };
+    }
+    unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) };
+    let mut r = unsafe { (real::connect())(fd, addr, alen) };
+    let mut err = real::errno();
+    if r < 0 && err == libc::EINPROGRESS {
+        match wait_fd(f, fd, OUT, None) {
+            Ok(_) => {
+                let mut so: c_int = 0;
+                let mut len = std::mem::size_of::<c_int>() as socklen_t;
+                unsafe {
+                    libc::getsockopt(
+                        fd,
+                        libc::SOL_SOCKET,
+                        libc::SO_ERROR,
+                        &mut so as *mut c_int as *mut c_void,
+                        &mut len,
+                    )
+                };
+                r = if so == 0 { 0 } else { -1 };
+                err = so;
+            }
+            Err(_) => {
+                // Cannot watch it: wait the blocking way.
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                unsafe { (real::poll())(&mut p, 1, -1) };
+                r = 0;
+            }
+        }
+    }
+    unsafe { libc::fcntl(fd, libc::F_SETFL, fl) };
+    if r < 0 {
+        real::set_errno(err);
+    }
+    r
+}
+
+fn poll_events(ev: libc::c_short) -> u32 {
+    let mut e = 0;
+    if ev & (libc::POLLIN | libc::POLLPRI | libc::POLLRDHUP) != 0 {
+        e |= IN;
+    }
+    if ev & libc::POLLOUT != 0 {
+        e |= OUT;
+    }
+    e
+}
+
+/// poll/ppoll on a fiber: a zero-timeout poll, and if nothing is ready, park on every
+/// fd (and the deadline) and look again.
+pub fn poll(f: &Fiber, fds: *mut libc::pollfd, n: libc::nfds_t, deadline: Option<u64>) -> c_int {
+    loop {
+        // SAFETY: caller's array.
+        let r = unsafe { (real::poll())(fds, n, 0) };
+        if r != 0 {
+            return r;
+        }
+        if deadline.is_some_and(|d| time::now_ns() >= d) {
+            return 0;
+        }
+        let c = f.carrier();
+        let mut watched = Vec::new();
+        for i in 0..n as usize {
+            // SAFETY: within the caller's array.
+            let p = unsafe { &*fds.add(i) };
+            if p.fd >= 0 && c.watch_fd(f, p.fd, poll_events(p.events)).is_ok() {
+                watched.push(p.fd);
+            }
+        }
+        if watched.is_empty() && deadline.is_none() {
+            // Nothing we can wait on: block as the application asked.
+            // SAFETY: caller's array.
+            return unsafe { (real::poll())(fds, n, -1) };
+        }
+        stats::IO_PARKS.fetch_add(1, Relaxed);
+        fiber::park_until(f, deadline);
+        for fd in watched {
+            c.unwatch_fd(f, fd);
+        }
+    }
+}
+
+/// select on a fiber, through poll.
+pub fn select(
+    f: &Fiber,
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    deadline: Option<u64>,
+) -> c_int {
+    let mut pfds = Vec::new();
+    for fd in 0..nfds.clamp(0, libc::FD_SETSIZE as c_int) {
+        let mut ev = 0;
+        // SAFETY: caller's fd_sets (null allowed).
+        unsafe {
+            if !r.is_null() && libc::FD_ISSET(fd, r) {
+                ev |= libc::POLLIN;
+            }
+            if !w.is_null() && libc::FD_ISSET(fd, w) {
+                ev |= libc::POLLOUT;
+            }
+            if !e.is_null() && libc::FD_ISSET(fd, e) {
+                ev |= libc::POLLPRI;
+            }
+        }
+        if ev != 0 {
+            pfds.push(libc::pollfd {
+                fd,
+                events: ev,
+                revents: 0,
+            });
+        }
+    }
+    let n = poll(f, pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, deadline);
+    if n < 0 {
+        return n;
+    }
+    // SAFETY: caller's fd_sets.
+    unsafe {
+        for s in [r, w, e] {
+            if !s.is_null() {
+                libc::FD_ZERO(s);
+            }
+        }
+        let mut count = 0;
+        for p in &pfds {
+            if p.revents & libc::POLLNVAL != 0 {
+                real::set_errno(libc::EBADF);
+                return -1;
+            }
+            let rd = p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0;
+            let wr = p.revents & (libc::POLLOUT | libc::POLLERR) != 0;
+            let ex = p.revents & libc::POLLPRI != 0;
+            if rd && !r.is_null() && p.events & libc::POLLIN != 0 {
+                libc::FD_SET(p.fd, r);
+                count += 1;
+            }
+            if wr && !w.is_null() && p.events & libc::POLLOUT != 0 {
+                libc::FD_SET(p.fd, w);
+                count += 1;
+            }
+            if ex && !e.is_null() && p.events & libc::POLLPRI != 0 {
+                libc::FD_SET(p.fd, e);
+                count += 1;
+            }
+        }
+        count
+    }
+}
+
+/// The sleep family on a fiber: park until the deadline.
+pub fn sleep_until(f: &Fiber, deadline: u64) {
+    while !fiber::park_until(f, Some(deadline)) {}
+}

@@ -1,0 +1,287 @@
+//! The offload table: blocking entry points and the non-blocking triples that replace
+//! them on a fiber (submit, then park until done, then release). Row 0 is the built-in
+//! accel_run; TOFFLOAD_OFFLOAD adds rows, reached through the GOT (see got.rs).
+//!
+//! Completions: where the backend has a completion fd (accel_completion_fd), every
+//! carrier's epoll watches it edge-triggered and scans its own offload waiters when it
+//! fires; otherwise a carrier with offload waiters polls them at a short interval.
+//! Short offloads must not lose: when a row's observed latency is below what a park and
+//! resume costs, the fiber waits inline.
+
+use crate::carrier::Carrier;
+use crate::fiber::{self, Fiber};
+use crate::{real, stats, time};
+use libc::{c_int, c_long, c_void};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::OnceLock;
+
+pub type Args = [usize; 6];
+type SubmitFn = unsafe extern "C" fn(usize, usize, usize, usize, usize, usize) -> c_long;
+type DoneFn = unsafe extern "C" fn(c_long) -> c_int;
+type ReleaseFn = unsafe extern "C" fn(c_long) -> c_int;
+type BlockingFn = unsafe extern "C" fn(usize, usize, usize, usize, usize, usize) -> c_long;
+
+pub const MAX_ROWS: usize = 1 + crate::config::MAX_EXTRA_ROWS;
+
+pub struct Row {
+    pub name: String,
+    /// The application's own blocking function (what non-fibers still call).
+    pub blocking: usize,
+    submit: usize,
+    done: usize,
+    release: usize,
+    /// EWMA of observed latency, ns (0 = nothing observed yet).
+    pub lat_ns: AtomicU64,
+    /// Completion eventfd, or -1 when the backend has none (then waiters are polled).
+    completion_fd: AtomicI32,
+}
+
+pub struct OffloadWait {
+    pub fiber: *const Fiber,
+    pub row: usize,
+    pub handle: c_long,
+    pub submitted: u64,
+    /// Set by the scan: done(handle)'s result (1 or -errno).
+    pub result: *const Cell<c_int>,
+}
+
+static ROWS: OnceLock<Vec<Row>> = OnceLock::new();
+/// Park + resume cost, ns, measured when the first carrier runs a fiber.
+pub static PARK_COST_NS: AtomicU64 = AtomicU64::new(0);
+/// Offloads in flight on polled rows (no completion fd), across carriers.
+static POLLED_INFLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+fn sym(handle: *mut c_void, name: &str) -> usize {
+    let Ok(c) = std::ffi::CString::new(name) else {
+        return 0;
+    };
+    // SAFETY: valid C string and pseudo-handle.
+    unsafe { libc::dlsym(handle, c.as_ptr()) as usize }
+}
+
+/// The rows, resolved on first use. Row 0's blocking function is the next accel_run
+/// after ours (RTLD_NEXT); the triples and extra rows come from the global scope.
+pub fn rows() -> &'static [Row] {
+    ROWS.get_or_init(|| {
+        let cfg = crate::settings();
+        let mut rows = Vec::new();
+        for (i, r) in cfg.offload.iter().enumerate() {
+            let blocking = if i == 0 {
+                sym(libc::RTLD_NEXT, &r.blocking)
+            } else {
+                sym(libc::RTLD_DEFAULT, &r.blocking)
+            };
+            let row = Row {
+                name: r.blocking.clone(),
+                blocking,
+                submit: sym(libc::RTLD_DEFAULT, &r.submit),
+                done: sym(libc::RTLD_DEFAULT, &r.done),
+                release: sym(libc::RTLD_DEFAULT, &r.release),
+                lat_ns: AtomicU64::new(0),
+                completion_fd: AtomicI32::new(-2),
+            };
+            if i > 0 && (row.blocking == 0 || row.submit == 0 || row.done == 0 || row.release == 0)
+            {
+                crate::log_at!(
+                    crate::log::ERROR,
+                    "offload row {}:{}:{}:{}: a symbol is missing; the row is ignored",
+                    r.blocking,
+                    r.submit,
+                    r.done,
+                    r.release
+                );
+            }
+            rows.push(row);
+        }
+        rows
+    })
+}
+
+impl Row {
+    fn usable(&self) -> bool {
+        self.blocking != 0 && self.submit != 0 && self.done != 0 && self.release != 0
+    }
+
+    fn completion_fd(&self, idx: usize) -> c_int {
+        let fd = self.completion_fd.load(Acquire);
+        if fd != -2 {
+            return fd;
+        }
+        let mut fd = -1;
+        if idx == 0 {
+            let f = sym(libc::RTLD_DEFAULT, "accel_completion_fd");
+            if f != 0 {
+                // SAFETY: int accel_completion_fd(void).
+                let g: unsafe extern "C" fn() -> c_int = unsafe { std::mem::transmute(f) };
+                let r = unsafe { g() };
+                fd = if r >= 0 { r } else { -1 };
+            }
+        }
+        self.completion_fd.store(fd, Release);
+        fd
+    }
+
+    fn observe(&self, ns: u64) {
+        let old = self.lat_ns.load(Relaxed);
+        let new = if old == 0 { ns } else { (old * 7 + ns) / 8 };
+        self.lat_ns.store(new.max(1), Relaxed);
+    }
+}
+
+/// Forgets cached completion fds (fork child: the device restarts with new ones).
+pub fn after_fork_child() {
+    if let Some(rows) = ROWS.get() {
+        for r in rows {
+            r.completion_fd.store(-2, Release);
+        }
+    }
+    POLLED_INFLIGHT.store(0, Relaxed);
+}
+
+/// Calls the blocking function of `row` as the application asked, on a real thread.
+///
+/// # Safety
+/// `args` are the caller's arguments for the row's blocking function.
+pub unsafe fn call_blocking(row: usize, a: Args) -> c_long {
+    let r = &rows()[row];
+    if r.blocking == 0 {
+        return -(libc::ENOSYS as c_long);
+    }
+    let f: BlockingFn = std::mem::transmute(r.blocking);
+    f(a[0], a[1], a[2], a[3], a[4], a[5])
+}
+
+/// The offload on a fiber: submit, park until done, release. Returns what the blocking
+/// call returns: 0, or the negative errno.
+///
+/// # Safety
+/// As call_blocking.
+pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
+    let rows = rows();
+    let r = &rows[row];
+    if !r.usable() {
+        return call_blocking(row, a);
+    }
+    let submit: SubmitFn = std::mem::transmute(r.submit);
+    let done: DoneFn = std::mem::transmute(r.done);
+    let release: ReleaseFn = std::mem::transmute(r.release);
+    stats::OFFLOADS.fetch_add(1, Relaxed);
+    let t0 = time::now_ns();
+    let h = loop {
+        let h = submit(a[0], a[1], a[2], a[3], a[4], a[5]);
+        if h == -(libc::EAGAIN as c_long) {
+            // The device is full: let the others finish something first.
+            fiber::yield_now(f);
+            continue;
+        }
+        if h < 0 {
+            return h;
+        }
+        break h;
+    };
+    let lat = r.lat_ns.load(Relaxed);
+    let result = Cell::new(0);
+    if lat != 0 && lat < PARK_COST_NS.load(Relaxed).max(200) {
+        // Cheaper to wait than to switch away and back.
+        stats::OFFLOADS_INLINE.fetch_add(1, Relaxed);
+        loop {
+            result.set(done(h));
+            if result.get() != 0 {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+    } else {
+        stats::OFFLOADS_PARKED.fetch_add(1, Relaxed);
+        result.set(done(h));
+        if result.get() == 0 {
+            let c = f.carrier();
+            let fd = r.completion_fd(row);
+            if fd >= 0 {
+                c.watch_completion(row, fd);
+            } else {
+                POLLED_INFLIGHT.fetch_add(1, Relaxed);
+            }
+            // SAFETY: carrier-local list; we are on the carrier's thread.
+            (*c.offloads.get()).push(OffloadWait {
+                fiber: f,
+                row,
+                handle: h,
+                submitted: t0,
+                result: &result,
+            });
+            while result.get() == 0 {
+                fiber::park(f);
+            }
+            if fd < 0 {
+                POLLED_INFLIGHT.fetch_sub(1, Relaxed);
+            }
+        }
+    }
+    r.observe(time::now_ns().saturating_sub(t0));
+    let rel = release(h);
+    if result.get() < 0 {
+        result.get() as c_long
+    } else {
+        rel.min(0) as c_long
+    }
+}
+
+/// Carrier side: completes the waiters whose operation is done. Called every turn;
+/// does the work only when a completion fd fired or a polled row has waiters.
+pub fn scan(c: &Carrier, completion_seen: bool) {
+    // SAFETY: carrier-local list.
+    let list = unsafe { &mut *c.offloads.get() };
+    if list.is_empty() || !(completion_seen || POLLED_INFLIGHT.load(Relaxed) > 0) {
+        return;
+    }
+    let rows = rows();
+    list.retain(|w| {
+        let done: DoneFn = unsafe { std::mem::transmute(rows[w.row].done) };
+        // SAFETY: the handle is live until its fiber releases it, after this wake.
+        let r = unsafe { done(w.handle) };
+        if r == 0 {
+            return true;
+        }
+        // SAFETY: `result` lives on the parked fiber's stack until it is woken.
+        unsafe { (*w.result).set(if r > 0 { 1 } else { r }) };
+        fiber::wake(unsafe { &*w.fiber });
+        false
+    });
+}
+
+/// For an idle carrier with offloads on polled rows: how soon to look again.
+pub fn poll_interval(c: &Carrier, now: u64) -> Option<u64> {
+    if POLLED_INFLIGHT.load(Relaxed) == 0 {
+        return None;
+    }
+    // SAFETY: carrier-local list.
+    let list = unsafe { &*c.offloads.get() };
+    let rows = rows();
+    list.iter()
+        .filter(|w| rows[w.row].completion_fd.load(Relaxed) < 0)
+        .map(|w| {
+            let lat = rows[w.row].lat_ns.load(Relaxed).max(10_000);
+            // At the expected completion, then every 1/8 of the latency.
+            (w.submitted + lat)
+                .saturating_sub(now)
+                .max(lat / 8)
+                .max(2_000)
+        })
+        .min()
+}
+
+/// The interposed blocking call of `row` (accel_run, or a GOT-patched extra row).
+///
+/// # Safety
+/// As call_blocking.
+pub unsafe fn interposed(row: usize, a: Args) -> c_long {
+    let saved = real::errno();
+    let r = match fiber::current() {
+        Some(f) if !crate::settings().disabled.offload => offload(f, row, a),
+        _ => return call_blocking(row, a),
+    };
+    real::set_errno(saved);
+    r
+}
