@@ -5,6 +5,8 @@
 //! other pollable fds (pipes, eventfds, ttys) wait for readiness first. Regular files,
 //! fds 0-2 and fds the application itself made non-blocking pass straight through.
 
+#![allow(clippy::missing_safety_doc)] // C callers' pointers, taken as they come
+
 use crate::fiber::{self, Fiber};
 use crate::{real, stats, time};
 use libc::{c_int, c_void, iovec, msghdr, sockaddr, socklen_t};
@@ -87,7 +89,7 @@ fn skip(fd: c_int) -> bool {
     fd <= 2
 }
 
-pub fn read(f: &Fiber, fd: c_int, buf: *mut c_void, n: usize) -> isize {
+pub unsafe fn read(f: &Fiber, fd: c_int, buf: *mut c_void, n: usize) -> isize {
     if skip(fd) {
         // SAFETY: caller's arguments.
         return unsafe { (real::read())(fd, buf, n) };
@@ -109,7 +111,7 @@ pub fn read(f: &Fiber, fd: c_int, buf: *mut c_void, n: usize) -> isize {
     )
 }
 
-pub fn recvfrom(
+pub unsafe fn recvfrom(
     f: &Fiber,
     fd: c_int,
     buf: *mut c_void,
@@ -154,7 +156,7 @@ pub fn recvfrom(
 }
 
 /// Blocking stream semantics: write everything (or fail having written nothing).
-pub fn sendto(
+pub unsafe fn sendto(
     f: &Fiber,
     fd: c_int,
     buf: *const c_void,
@@ -187,7 +189,7 @@ pub fn sendto(
     }
 }
 
-pub fn write(f: &Fiber, fd: c_int, buf: *const c_void, n: usize) -> isize {
+pub unsafe fn write(f: &Fiber, fd: c_int, buf: *const c_void, n: usize) -> isize {
     if skip(fd) {
         // SAFETY: caller's arguments.
         return unsafe { (real::write())(fd, buf, n) };
@@ -221,7 +223,7 @@ pub fn write(f: &Fiber, fd: c_int, buf: *const c_void, n: usize) -> isize {
     }
 }
 
-pub fn recvmsg(f: &Fiber, fd: c_int, msg: *mut msghdr, flags: c_int) -> isize {
+pub unsafe fn recvmsg(f: &Fiber, fd: c_int, msg: *mut msghdr, flags: c_int) -> isize {
     // SAFETY (all calls below): caller's arguments, forwarded.
     let call = |fl: c_int| unsafe { (real::recvmsg())(fd, msg, fl) };
     if flags & libc::MSG_DONTWAIT != 0 {
@@ -236,7 +238,7 @@ pub fn recvmsg(f: &Fiber, fd: c_int, msg: *mut msghdr, flags: c_int) -> isize {
     )
 }
 
-pub fn sendmsg(f: &Fiber, fd: c_int, msg: *const msghdr, flags: c_int) -> isize {
+pub unsafe fn sendmsg(f: &Fiber, fd: c_int, msg: *const msghdr, flags: c_int) -> isize {
     // SAFETY (all calls below): caller's arguments, forwarded.
     let call = |fl: c_int| unsafe { (real::sendmsg())(fd, msg, fl) };
     if flags & libc::MSG_DONTWAIT != 0 {
@@ -259,7 +261,7 @@ fn iov_msg(iov: *const iovec, cnt: c_int) -> msghdr {
     m
 }
 
-pub fn readv(f: &Fiber, fd: c_int, iov: *const iovec, cnt: c_int) -> isize {
+pub unsafe fn readv(f: &Fiber, fd: c_int, iov: *const iovec, cnt: c_int) -> isize {
     if skip(fd) {
         // SAFETY: caller's arguments.
         return unsafe { (real::readv())(fd, iov, cnt) };
@@ -276,7 +278,7 @@ pub fn readv(f: &Fiber, fd: c_int, iov: *const iovec, cnt: c_int) -> isize {
     recvmsg(f, fd, &mut m, 0)
 }
 
-pub fn writev(f: &Fiber, fd: c_int, iov: *const iovec, cnt: c_int) -> isize {
+pub unsafe fn writev(f: &Fiber, fd: c_int, iov: *const iovec, cnt: c_int) -> isize {
     if skip(fd) || cnt <= 0 {
         // SAFETY: caller's arguments.
         return unsafe { (real::writev())(fd, iov, cnt) };
@@ -328,7 +330,7 @@ fn advance(v: &[iovec], mut n: usize) -> Vec<iovec> {
     out
 }
 
-pub fn accept4(
+pub unsafe fn accept4(
     f: &Fiber,
     fd: c_int,
     addr: *mut sockaddr,
@@ -340,7 +342,7 @@ pub fn accept4(
     nonsocket(f, fd, IN, call) as c_int
 }
 
-pub fn connect(f: &Fiber, fd: c_int, addr: *const sockaddr, alen: socklen_t) -> c_int {
+pub unsafe fn connect(f: &Fiber, fd: c_int, addr: *const sockaddr, alen: socklen_t) -> c_int {
     // SAFETY (all calls below): caller's fd; flags restored before returning.
     let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     if fl < 0 || fl & libc::O_NONBLOCK != 0 {
@@ -398,7 +400,7 @@ fn poll_events(ev: libc::c_short) -> u32 {
 
 /// poll/ppoll on a fiber: a zero-timeout poll, and if nothing is ready, park on every
 /// fd (and the deadline) and look again.
-pub fn poll(f: &Fiber, fds: *mut libc::pollfd, n: libc::nfds_t, deadline: Option<u64>) -> c_int {
+pub unsafe fn poll(f: &Fiber, fds: *mut libc::pollfd, n: libc::nfds_t, deadline: Option<u64>) -> c_int {
     loop {
         // SAFETY: caller's array.
         let r = unsafe { (real::poll())(fds, n, 0) };
@@ -431,7 +433,7 @@ pub fn poll(f: &Fiber, fds: *mut libc::pollfd, n: libc::nfds_t, deadline: Option
 }
 
 /// select on a fiber, through poll.
-pub fn select(
+pub unsafe fn select(
     f: &Fiber,
     nfds: c_int,
     r: *mut libc::fd_set,

@@ -5,6 +5,8 @@
 //! per-thread state (its error queue, its DRBGs) per fiber: OpenSSL keeps it behind
 //! pthread_getspecific.
 
+#![allow(clippy::missing_safety_doc)] // C callers' pointers, taken as they come
+
 use crate::fiber::Fiber;
 use crate::real;
 use crate::spinlock::SpinLock;
@@ -17,7 +19,7 @@ static DTORS: SpinLock<Vec<Option<Dtor>>> = SpinLock::new(Vec::new());
 /// glibc's PTHREAD_DESTRUCTOR_ITERATIONS.
 const ROUNDS: usize = 4;
 
-pub fn create(key: *mut pthread_key_t, dtor: Option<Dtor>) -> c_int {
+pub unsafe fn create(key: *mut pthread_key_t, dtor: Option<Dtor>) -> c_int {
     // SAFETY: forwarding the caller's arguments.
     let r = unsafe { (real::pthread_key_create())(key, dtor) };
     if r == 0 {
@@ -32,7 +34,7 @@ pub fn create(key: *mut pthread_key_t, dtor: Option<Dtor>) -> c_int {
     r
 }
 
-pub fn delete(key: pthread_key_t) -> c_int {
+pub unsafe fn delete(key: pthread_key_t) -> c_int {
     // SAFETY: forwarding.
     let r = unsafe { (real::pthread_key_delete())(key) };
     if r == 0 {
@@ -51,7 +53,7 @@ pub fn get(f: &Fiber, key: pthread_key_t) -> *mut c_void {
         .unwrap_or(std::ptr::null_mut())
 }
 
-pub fn set(f: &Fiber, key: pthread_key_t, v: *const c_void) -> c_int {
+pub unsafe fn set(f: &Fiber, key: pthread_key_t, v: *const c_void) -> c_int {
     if key as usize >= (1 << 20) {
         return libc::EINVAL;
     }

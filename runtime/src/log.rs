@@ -26,7 +26,7 @@ pub fn line(msg: std::fmt::Arguments<'_>) {
     let mut s = String::with_capacity(128);
     use std::fmt::Write;
     // SAFETY: getpid cannot fail.
-    let _ = write!(s, "toffload[{}]: {}\n", unsafe { libc::getpid() }, msg);
+    let _ = writeln!(s, "toffload[{}]: {}", unsafe { libc::getpid() }, msg);
     crate::real::raw_write(2, s.as_bytes());
 }
 

@@ -182,7 +182,7 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
     // Not ours: hand it to whoever was there before us.
     // SAFETY: PREVIOUS was initialised before this handler was installed.
     unsafe {
-        let prev = (*(&raw const PREVIOUS)).assume_init();
+        let prev = PREVIOUS.assume_init();
         if prev.sa_flags & libc::SA_SIGINFO != 0 && prev.sa_sigaction > 1 {
             let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
                 std::mem::transmute(prev.sa_sigaction);

@@ -3,6 +3,8 @@
 //! getattr_np, kill and the name functions recognise it through the registry of live
 //! fibers. pthread_self stays the carrier's real thread: glibc internals depend on it.
 
+#![allow(clippy::missing_safety_doc)] // C callers' pointers, taken as they come
+
 use crate::carrier;
 use crate::config::Fiberize;
 use crate::fiber::{self, Fiber, Joiner, Yield};
@@ -186,7 +188,7 @@ fn target(h: pthread_t) -> Option<&'static Fiber> {
 }
 
 /// pthread_join and its timed variants. None = not a fiber: pass through.
-pub fn join(
+pub unsafe fn join(
     h: pthread_t,
     ret: *mut *mut c_void,
     deadline: Option<u64>,
@@ -243,7 +245,7 @@ pub fn join(
     Some(0)
 }
 
-pub fn detach(h: pthread_t) -> Option<c_int> {
+pub unsafe fn detach(h: pthread_t) -> Option<c_int> {
     if crate::settings().disabled.join {
         return None;
     }
@@ -272,7 +274,7 @@ pub fn exit(ret: *mut c_void) -> bool {
 }
 
 /// pthread_getattr_np for a fiber: its own stack, not the carrier's.
-pub fn getattr(h: pthread_t, attr: *mut pthread_attr_t) -> Option<c_int> {
+pub unsafe fn getattr(h: pthread_t, attr: *mut pthread_attr_t) -> Option<c_int> {
     let f = target(h)?;
     // SAFETY: the caller's attr; initialised before use, as glibc does.
     unsafe {
@@ -297,7 +299,7 @@ pub fn getattr(h: pthread_t, attr: *mut pthread_attr_t) -> Option<c_int> {
 
 /// pthread_kill on a fiber: signal 0 probes liveness; a real signal goes to the carrier
 /// thread that runs it (the closest thing a fiber has to a kernel thread).
-pub fn kill(h: pthread_t, sig: c_int) -> Option<c_int> {
+pub unsafe fn kill(h: pthread_t, sig: c_int) -> Option<c_int> {
     if !is_fiber(h) {
         return None;
     }
@@ -313,7 +315,7 @@ pub fn kill(h: pthread_t, sig: c_int) -> Option<c_int> {
     Some(unsafe { (real::pthread_kill())(f.carrier().pthread.get(), sig) })
 }
 
-pub fn setname(h: pthread_t, name: *const libc::c_char) -> Option<c_int> {
+pub unsafe fn setname(h: pthread_t, name: *const libc::c_char) -> Option<c_int> {
     let f = target(h)?;
     // SAFETY: caller's NUL-terminated string.
     let s = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
@@ -327,7 +329,7 @@ pub fn setname(h: pthread_t, name: *const libc::c_char) -> Option<c_int> {
     Some(0)
 }
 
-pub fn getname(h: pthread_t, out: *mut libc::c_char, len: usize) -> Option<c_int> {
+pub unsafe fn getname(h: pthread_t, out: *mut libc::c_char, len: usize) -> Option<c_int> {
     let f = target(h)?;
     // SAFETY: the fiber's name buffer.
     let buf = unsafe { &*f.name.get() };

@@ -2,6 +2,8 @@
 //! absolute timeouts on other clocks (pthread_cond_timedwait's CLOCK_REALTIME) are
 //! converted once, when the wait starts.
 
+#![allow(clippy::missing_safety_doc)] // C callers' pointers, taken as they come
+
 use libc::{c_int, clockid_t, timespec};
 
 fn clock_ns(clock: clockid_t) -> u64 {
@@ -33,7 +35,7 @@ pub fn ts_ns(ts: &timespec) -> Option<u64> {
 
 /// Monotonic deadline for an absolute time on `clock`. Err(EINVAL) for a bad timespec
 /// or clock.
-pub fn abs_deadline(clock: clockid_t, ts: *const timespec) -> Result<u64, c_int> {
+pub unsafe fn abs_deadline(clock: clockid_t, ts: *const timespec) -> Result<u64, c_int> {
     if ts.is_null() {
         return Err(libc::EINVAL);
     }
@@ -50,7 +52,7 @@ pub fn abs_deadline(clock: clockid_t, ts: *const timespec) -> Result<u64, c_int>
 }
 
 /// Monotonic deadline `rel` from now.
-pub fn rel_deadline(ts: *const timespec) -> Result<u64, c_int> {
+pub unsafe fn rel_deadline(ts: *const timespec) -> Result<u64, c_int> {
     if ts.is_null() {
         return Err(libc::EFAULT);
     }
@@ -72,6 +74,11 @@ mod tests {
 
     #[test]
     fn deadlines() {
+        // SAFETY: valid timespecs throughout.
+        unsafe { deadlines_inner() }
+    }
+
+    unsafe fn deadlines_inner() {
         let bad = timespec {
             tv_sec: 1,
             tv_nsec: 2_000_000_000,

@@ -54,6 +54,12 @@ pub struct WaitQueues {
     waiting: AtomicUsize,
 }
 
+impl Default for WaitQueues {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl WaitQueues {
     pub const fn new() -> Self {
         WaitQueues {

@@ -11,6 +11,8 @@
 //! broadcast wake ours and then fall through to glibc for any real thread that was
 //! already waiting inside it before we engaged.
 
+#![allow(clippy::missing_safety_doc)] // C callers' pointers, taken as they come
+
 use super::{mutex, COND_WAITERS};
 use crate::fiber;
 use crate::waitq::{futex_wait, Slot};
@@ -43,7 +45,7 @@ fn clock_of(abi: Abi, c: *mut c_void) -> clockid_t {
     }
 }
 
-pub fn init(abi: Abi, c: *mut c_void, attr: *const c_void) -> c_int {
+pub unsafe fn init(abi: Abi, c: *mut c_void, attr: *const c_void) -> c_int {
     // SAFETY: forwarding the caller's arguments to the matching ABI.
     unsafe {
         match abi {
@@ -53,7 +55,7 @@ pub fn init(abi: Abi, c: *mut c_void, attr: *const c_void) -> c_int {
     }
 }
 
-pub fn destroy(abi: Abi, c: *mut c_void) -> c_int {
+pub unsafe fn destroy(abi: Abi, c: *mut c_void) -> c_int {
     // SAFETY: as above.
     unsafe {
         match abi {
@@ -63,7 +65,7 @@ pub fn destroy(abi: Abi, c: *mut c_void) -> c_int {
     }
 }
 
-pub fn signal(abi: Abi, c: *mut c_void) -> c_int {
+pub unsafe fn signal(abi: Abi, c: *mut c_void) -> c_int {
     if ours(abi, c) && COND_WAITERS.wake_one(c as usize) {
         return 0;
     }
@@ -76,7 +78,7 @@ pub fn signal(abi: Abi, c: *mut c_void) -> c_int {
     }
 }
 
-pub fn broadcast(abi: Abi, c: *mut c_void) -> c_int {
+pub unsafe fn broadcast(abi: Abi, c: *mut c_void) -> c_int {
     if ours(abi, c) {
         COND_WAITERS.wake_all(c as usize);
     }
@@ -92,7 +94,7 @@ pub fn broadcast(abi: Abi, c: *mut c_void) -> c_int {
 /// Absolute timeout of a timed wait: the clock (None = the cond's own) and the time.
 pub type Timeout = Option<(Option<clockid_t>, *const timespec)>;
 
-pub fn wait(abi: Abi, c: *mut c_void, m: *mut pthread_mutex_t, timeout: Timeout) -> c_int {
+pub unsafe fn wait(abi: Abi, c: *mut c_void, m: *mut pthread_mutex_t, timeout: Timeout) -> c_int {
     if !ours(abi, c) {
         return real_wait(abi, c, m, timeout);
     }

@@ -4,6 +4,8 @@
 //! the owning fiber ourselves: otherwise a second fiber would "recursively" acquire a
 //! mutex that another fiber holds.
 
+#![allow(clippy::missing_safety_doc)] // C callers' pointers, taken as they come
+
 use super::{LOCK_WAITERS, RECHECK_NS};
 use crate::fiber::{self, Fiber};
 use crate::spinlock::SpinLock;
@@ -66,7 +68,7 @@ fn try_acquire(m: *mut pthread_mutex_t, f: &Fiber) -> c_int {
 }
 
 /// lock / timedlock for a fiber. `deadline` in monotonic ns.
-pub fn lock(m: *mut pthread_mutex_t, f: &Fiber, deadline: Option<u64>) -> c_int {
+pub unsafe fn lock(m: *mut pthread_mutex_t, f: &Fiber, deadline: Option<u64>) -> c_int {
     loop {
         let r = try_acquire(m, f);
         if r != libc::EBUSY {
@@ -97,12 +99,12 @@ pub fn lock(m: *mut pthread_mutex_t, f: &Fiber, deadline: Option<u64>) -> c_int 
     }
 }
 
-pub fn trylock(m: *mut pthread_mutex_t, f: &Fiber) -> c_int {
+pub unsafe fn trylock(m: *mut pthread_mutex_t, f: &Fiber) -> c_int {
     try_acquire(m, f)
 }
 
 /// unlock from a fiber.
-pub fn unlock_fiber(m: *mut pthread_mutex_t, f: &Fiber) -> c_int {
+pub unsafe fn unlock_fiber(m: *mut pthread_mutex_t, f: &Fiber) -> c_int {
     if tracked(m) {
         let me = f as *const Fiber as usize;
         let mut owners = OWNERS.lock();
@@ -128,7 +130,7 @@ pub fn unlock_fiber(m: *mut pthread_mutex_t, f: &Fiber) -> c_int {
 }
 
 /// unlock from a real thread (once fibers exist, a fiber may be parked on it).
-pub fn unlock_thread(m: *mut pthread_mutex_t) -> c_int {
+pub unsafe fn unlock_thread(m: *mut pthread_mutex_t) -> c_int {
     // SAFETY: the application's mutex.
     let r = unsafe { (real::pthread_mutex_unlock())(m) };
     wake_waiter(m, r);

@@ -2,13 +2,15 @@
 //! wakes every parked waiter on that lock (readers may all proceed; a writer that loses
 //! the race parks again).
 
+#![allow(clippy::missing_safety_doc)] // C callers' pointers, taken as they come
+
 use super::{LOCK_WAITERS, RECHECK_NS};
 use crate::fiber::{self, Fiber};
 use crate::waitq::Slot;
 use crate::{real, time};
 use libc::{c_int, pthread_rwlock_t};
 
-pub fn lock(l: *mut pthread_rwlock_t, f: &Fiber, write: bool, deadline: Option<u64>) -> c_int {
+pub unsafe fn lock(l: *mut pthread_rwlock_t, f: &Fiber, write: bool, deadline: Option<u64>) -> c_int {
     let attempt = || {
         // SAFETY: the application's rwlock.
         unsafe {
@@ -41,7 +43,7 @@ pub fn lock(l: *mut pthread_rwlock_t, f: &Fiber, write: bool, deadline: Option<u
     }
 }
 
-pub fn unlock(l: *mut pthread_rwlock_t) -> c_int {
+pub unsafe fn unlock(l: *mut pthread_rwlock_t) -> c_int {
     // SAFETY: the application's rwlock.
     let r = unsafe { (real::pthread_rwlock_unlock())(l) };
     if r == 0 && LOCK_WAITERS.anyone_waiting() {
