@@ -401,6 +401,34 @@ pub unsafe extern "C" fn clock_nanosleep(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn epoll_wait(ep: c_int, evs: *mut libc::epoll_event, max: c_int, timeout: c_int) -> c_int {
+    match on_fiber_io() {
+        Some(f) if timeout != 0 => {
+            let d = (timeout > 0).then(|| time::now_ns() + timeout as u64 * 1_000_000);
+            io::epoll_wait(f, ep, evs, max, d)
+        }
+        _ => (real::epoll_wait())(ep, evs, max, timeout),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(
+    ep: c_int,
+    evs: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    match on_fiber_io() {
+        Some(f) if timeout != 0 => {
+            let d = (timeout > 0).then(|| time::now_ns() + timeout as u64 * 1_000_000);
+            io::epoll_wait(f, ep, evs, max, d)
+        }
+        _ => (real::epoll_pwait())(ep, evs, max, timeout, mask),
+    }
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn sched_yield() -> c_int {
     match fiber::current() {
         Some(f) => {
@@ -426,7 +454,21 @@ pub unsafe extern "C" fn __toffload_pthread_create(
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_join(t: pthread_t, ret: *mut *mut c_void) -> c_int {
-    thread::join(t, ret, None, false).unwrap_or_else(|| (real::pthread_join())(t, ret))
+    if let Some(r) = thread::join(t, ret, None, false) {
+        return r;
+    }
+    match on_fiber_sync() {
+        // A fiber joining a real thread: poll it, parking in between, rather than
+        // block the carrier (and every fiber on it) inside glibc.
+        Some(f) => loop {
+            let r = (real::pthread_tryjoin_np())(t, ret);
+            if r != libc::EBUSY {
+                return r;
+            }
+            fiber::park_until(f, Some(time::now_ns() + 1_000_000));
+        },
+        None => (real::pthread_join())(t, ret),
+    }
 }
 
 #[no_mangle]

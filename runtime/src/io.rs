@@ -505,3 +505,27 @@ pub unsafe fn select(
 pub fn sleep_until(f: &Fiber, deadline: u64) {
     while !fiber::park_until(f, Some(deadline)) {}
 }
+
+/// epoll_wait on a fiber (a thread-per-connection server with its own epoll set): the
+/// epoll fd is itself pollable, so park on it.
+pub unsafe fn epoll_wait(
+    f: &Fiber,
+    ep: c_int,
+    evs: *mut libc::epoll_event,
+    max: c_int,
+    deadline: Option<u64>,
+) -> c_int {
+    loop {
+        let r = (real::epoll_wait())(ep, evs, max, 0);
+        if r != 0 || deadline.is_some_and(|d| time::now_ns() >= d) {
+            return r;
+        }
+        match wait_fd(f, ep, IN, deadline) {
+            Ok(_) => {}
+            Err(_) => {
+                let ms = deadline.map_or(-1, |d| (d.saturating_sub(time::now_ns()) / 1_000_000) as c_int);
+                return (real::epoll_wait())(ep, evs, max, ms);
+            }
+        }
+    }
+}

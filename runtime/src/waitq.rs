@@ -186,3 +186,56 @@ pub fn futex_wait(w: &AtomicU32, val: u32, deadline: Option<u64>) {
         )
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn wake_one_is_fifo_and_remove_sees_it() {
+        let q = WaitQueues::new();
+        let (a, b) = (Slot::thread(), Slot::thread());
+        q.push(0x1000, &a);
+        q.push(0x1000, &b);
+        assert!(q.anyone_waiting());
+        assert!(q.wake_one(0x1000));
+        assert!(a.was_signaled() && !b.was_signaled());
+        // a was taken by the waker: remove says so; b is still queued.
+        assert!(!q.remove(0x1000, &a));
+        assert!(q.remove(0x1000, &b));
+        assert!(!q.anyone_waiting());
+        assert!(!q.wake_one(0x1000));
+    }
+
+    #[test]
+    fn wake_all_only_that_address() {
+        let q = WaitQueues::new();
+        let s: Vec<Slot> = (0..5).map(|_| Slot::thread()).collect();
+        for (i, x) in s.iter().enumerate() {
+            q.push(if i < 3 { 0x2000 } else { 0x3000 }, x);
+        }
+        assert_eq!(q.wake_all(0x2000), 3);
+        assert!(s[..3].iter().all(|x| x.was_signaled()));
+        assert!(!s[3].was_signaled() && !s[4].was_signaled());
+        assert_eq!(q.wake_all(0x3000), 2);
+    }
+
+    #[test]
+    fn a_sleeping_thread_is_woken() {
+        let q = Arc::new(WaitQueues::new());
+        let q2 = q.clone();
+        let t = std::thread::spawn(move || {
+            let s = Slot::thread();
+            q2.push(0x4000, &s);
+            while !s.was_signaled() {
+                futex_wait(&s.signaled, 0, None);
+            }
+        });
+        while !q.anyone_waiting() {
+            std::thread::yield_now();
+        }
+        assert!(q.wake_one(0x4000));
+        t.join().unwrap();
+    }
+}
