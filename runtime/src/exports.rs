@@ -401,7 +401,12 @@ pub unsafe extern "C" fn clock_nanosleep(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn epoll_wait(ep: c_int, evs: *mut libc::epoll_event, max: c_int, timeout: c_int) -> c_int {
+pub unsafe extern "C" fn epoll_wait(
+    ep: c_int,
+    evs: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
     match on_fiber_io() {
         Some(f) if timeout != 0 => {
             let d = (timeout > 0).then(|| time::now_ns() + timeout as u64 * 1_000_000);

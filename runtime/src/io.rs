@@ -400,7 +400,12 @@ fn poll_events(ev: libc::c_short) -> u32 {
 
 /// poll/ppoll on a fiber: a zero-timeout poll, and if nothing is ready, park on every
 /// fd (and the deadline) and look again.
-pub unsafe fn poll(f: &Fiber, fds: *mut libc::pollfd, n: libc::nfds_t, deadline: Option<u64>) -> c_int {
+pub unsafe fn poll(
+    f: &Fiber,
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    deadline: Option<u64>,
+) -> c_int {
     loop {
         // SAFETY: caller's array.
         let r = unsafe { (real::poll())(fds, n, 0) };
@@ -523,7 +528,9 @@ pub unsafe fn epoll_wait(
         match wait_fd(f, ep, IN, deadline) {
             Ok(_) => {}
             Err(_) => {
-                let ms = deadline.map_or(-1, |d| (d.saturating_sub(time::now_ns()) / 1_000_000) as c_int);
+                let ms = deadline.map_or(-1, |d| {
+                    (d.saturating_sub(time::now_ns()) / 1_000_000) as c_int
+                });
                 return (real::epoll_wait())(ep, evs, max, ms);
             }
         }

@@ -10,7 +10,12 @@ use crate::waitq::Slot;
 use crate::{real, time};
 use libc::{c_int, pthread_rwlock_t};
 
-pub unsafe fn lock(l: *mut pthread_rwlock_t, f: &Fiber, write: bool, deadline: Option<u64>) -> c_int {
+pub unsafe fn lock(
+    l: *mut pthread_rwlock_t,
+    f: &Fiber,
+    write: bool,
+    deadline: Option<u64>,
+) -> c_int {
     let attempt = || {
         // SAFETY: the application's rwlock.
         unsafe {
