@@ -273,7 +273,9 @@ impl Carrier {
         if !cfg.disabled.errno {
             real::set_errno(f.errno.get());
         }
+        crate::guard::switch_in(f);
         let r = f.resume();
+        crate::guard::switch_out(f);
         if !cfg.disabled.errno {
             f.errno.set(real::errno());
         }
@@ -483,7 +485,7 @@ fn ensure_started() -> bool {
         let Some(c) = Carrier::alloc(list.len()) else {
             break;
         };
-        crate::stack::install_overflow_handler();
+        crate::signals::install();
         let mut t: libc::pthread_t = 0;
         // SAFETY: real pthread_create with a static carrier as argument.
         let r = unsafe {

@@ -16,6 +16,31 @@ pub enum Fiberize {
     Off,
 }
 
+/// TOFFLOAD_GUARD.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuardMode {
+    Off,
+    Detect,
+    Enforce,
+}
+
+/// TOFFLOAD_GUARD_MECH: how detect mode sees writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuardMech {
+    /// userfaultfd write-protect, mprotect where it cannot register.
+    Auto,
+    Uffd,
+    Mprotect,
+}
+
+/// One TOFFLOAD_GUARD_REGIONS entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RegionSpec {
+    Symbol(String),
+    /// [start, end)
+    Range(usize, usize),
+}
+
 /// One row of the offload table: a blocking entry point and the non-blocking triple
 /// that replaces it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,6 +73,9 @@ pub struct Config {
     pub log: u8,
     pub stats: Option<String>,
     pub disabled: Disabled,
+    pub guard: GuardMode,
+    pub guard_mech: GuardMech,
+    pub guard_regions: Vec<RegionSpec>,
 }
 
 impl Default for Config {
@@ -60,6 +88,9 @@ impl Default for Config {
             log: crate::log::OFF,
             stats: None,
             disabled: Disabled::default(),
+            guard: GuardMode::Off,
+            guard_mech: GuardMech::Auto,
+            guard_regions: Vec::new(),
         }
     }
 }
@@ -135,6 +166,35 @@ fn parse_rows(s: &str) -> Option<Vec<OffloadRow>> {
     (rows.len() <= MAX_EXTRA_ROWS).then_some(rows)
 }
 
+const GUARD_FORM: &str = "`off`, `detect` or `enforce`";
+const MECH_FORM: &str = "`auto`, `uffd` or `mprotect`";
+const REGIONS_FORM: &str =
+    "comma-separated symbol names or address ranges 0xSTART-0xEND or 0xSTART+LEN";
+
+fn hex(s: &str) -> Option<usize> {
+    usize::from_str_radix(s.strip_prefix("0x")?, 16).ok()
+}
+
+fn parse_regions(s: &str) -> Option<Vec<RegionSpec>> {
+    s.split(',')
+        .map(|w| {
+            let w = w.trim();
+            if let Some((a, b)) = w.split_once('-') {
+                let (a, b) = (hex(a)?, hex(b)?);
+                (b > a).then_some(RegionSpec::Range(a, b))
+            } else if let Some((a, n)) = w.split_once('+') {
+                let a = hex(a)?;
+                let n: usize = n.parse().ok().filter(|&n| n > 0)?;
+                Some(RegionSpec::Range(a, a.checked_add(n)?))
+            } else if is_symbol(w) {
+                Some(RegionSpec::Symbol(w.into()))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
 fn parse_disabled(s: &str) -> Option<Disabled> {
     let mut d = Disabled::default();
     for w in s.split(',') {
@@ -196,6 +256,26 @@ impl Config {
         }
         if let Some(v) = val("TOFFLOAD_STATS") {
             c.stats = Some(v);
+        }
+        if let Some(v) = val("TOFFLOAD_GUARD") {
+            c.guard = match v.trim() {
+                "off" => GuardMode::Off,
+                "detect" => GuardMode::Detect,
+                "enforce" => GuardMode::Enforce,
+                _ => return Err(bad("TOFFLOAD_GUARD", v, GUARD_FORM)),
+            };
+        }
+        if let Some(v) = val("TOFFLOAD_GUARD_MECH") {
+            c.guard_mech = match v.trim() {
+                "auto" => GuardMech::Auto,
+                "uffd" => GuardMech::Uffd,
+                "mprotect" => GuardMech::Mprotect,
+                _ => return Err(bad("TOFFLOAD_GUARD_MECH", v, MECH_FORM)),
+            };
+        }
+        if let Some(v) = val("TOFFLOAD_GUARD_REGIONS") {
+            c.guard_regions = parse_regions(v.trim())
+                .ok_or_else(|| bad("TOFFLOAD_GUARD_REGIONS", v.clone(), REGIONS_FORM))?;
         }
         if let Some(v) = val("TOFFLOAD_TEST_DISABLE") {
             c.disabled = parse_disabled(v.trim())
@@ -264,12 +344,40 @@ mod tests {
             ("TOFFLOAD_OFFLOAD", "a:b:c:1d"),
             ("TOFFLOAD_LOG", "loud"),
             ("TOFFLOAD_TEST_DISABLE", "everything"),
+            ("TOFFLOAD_GUARD", "on"),
+            ("TOFFLOAD_GUARD_MECH", "ebpf"),
+            ("TOFFLOAD_GUARD_REGIONS", "0x2000-0x1000"),
+            ("TOFFLOAD_GUARD_REGIONS", "not a symbol"),
         ] {
             let e = cfg(&[(var, v)]).unwrap_err();
             assert_eq!(e.var, var);
             let msg = e.to_string();
             assert!(msg.contains(var) && msg.contains("expected"), "{msg}");
         }
+    }
+
+    #[test]
+    fn guard_knobs() {
+        let c = cfg(&[
+            ("TOFFLOAD_GUARD", "enforce"),
+            ("TOFFLOAD_GUARD_MECH", "mprotect"),
+            (
+                "TOFFLOAD_GUARD_REGIONS",
+                "shared_counter, 0x1000-0x3000,0x5000+4096",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(c.guard, GuardMode::Enforce);
+        assert_eq!(c.guard_mech, GuardMech::Mprotect);
+        assert_eq!(
+            c.guard_regions,
+            vec![
+                RegionSpec::Symbol("shared_counter".into()),
+                RegionSpec::Range(0x1000, 0x3000),
+                RegionSpec::Range(0x5000, 0x6000),
+            ]
+        );
+        assert_eq!(cfg(&[]).unwrap().guard, GuardMode::Off);
     }
 
     #[test]

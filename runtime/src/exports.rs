@@ -786,6 +786,42 @@ pub unsafe extern "C" fn accel_run(buf: *mut u8, n: c_int) -> c_int {
     offload::interposed(0, [buf as usize, n as usize, 0, 0, 0, 0]) as c_int
 }
 
+// ---- signals: the application's SIGSEGV handler is chained behind ours ------------
+
+#[no_mangle]
+pub unsafe extern "C" fn sigaction(
+    sig: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> c_int {
+    if sig == libc::SIGSEGV && crate::signals::installed() {
+        return crate::signals::app_sigaction(act, old);
+    }
+    (real::sigaction())(sig, act, old)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // glibc's signal() calls its internal sigaction, not ours: intercept it here too.
+    let mut act: libc::sigaction = std::mem::zeroed();
+    act.sa_sigaction = handler;
+    act.sa_flags = libc::SA_RESTART;
+    let mut old: libc::sigaction = std::mem::zeroed();
+    if sigaction(sig, &act, &mut old) < 0 {
+        return libc::SIG_ERR;
+    }
+    old.sa_sigaction
+}
+
+// ---- the conflict guard's cooperative entry point -------------------------------------
+
+/// Adds [ptr, ptr+len) to the memory the guard watches (no-op when TOFFLOAD_GUARD=off).
+/// 0, or -EINVAL.
+#[no_mangle]
+pub extern "C" fn toffload_guard_region(ptr: *mut c_void, len: usize) -> c_int {
+    crate::guard::add_region(ptr as usize, len)
+}
+
 // ---- introspection ------------------------------------------------------------------
 
 /// > 0 inside a fiber (its id), 0 on a real thread.

@@ -73,6 +73,7 @@ pub struct Fiber {
     pub timer_fired: Cell<bool>,
     pub timer_key: Cell<Option<(u64, u64)>>,
     pub name: UnsafeCell<[u8; 16]>,
+    pub guard: crate::guard::FiberGuard,
 }
 
 // SAFETY: cross-thread access is limited to `state`, `join` (locked), `exited` and
@@ -117,6 +118,7 @@ impl Fiber {
             timer_fired: Cell::new(false),
             timer_key: Cell::new(None),
             name: UnsafeCell::new([0; 16]),
+            guard: Default::default(),
         }));
         let fp = f as usize;
         let co = Co::with_stack(st, move |y: &Yielder<(), Yield>, ()| {

@@ -18,6 +18,7 @@ extern "C" fn in_child() {
         crate::carrier::after_fork_child();
     }
     crate::offload::after_fork_child();
+    crate::guard::after_fork_child();
     crate::stats::CARRIERS.store(crate::carrier::all().len(), Relaxed);
     crate::log_at!(
         crate::log::INFO,

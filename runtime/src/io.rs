@@ -94,6 +94,7 @@ pub unsafe fn read(f: &Fiber, fd: c_int, buf: *mut c_void, n: usize) -> isize {
         // SAFETY: caller's arguments.
         return unsafe { (real::read())(fd, buf, n) };
     }
+    crate::guard::handler_end(f);
     // SAFETY (all calls below): caller's arguments, forwarded.
     let r = unsafe { (real::recv())(fd, buf, n, libc::MSG_DONTWAIT) };
     if r < 0 && real::errno() == libc::ENOTSOCK {
@@ -120,6 +121,7 @@ pub unsafe fn recvfrom(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> isize {
+    crate::guard::handler_end(f);
     // SAFETY (all calls below): caller's arguments, forwarded.
     let call = |fl: c_int| unsafe { (real::recvfrom())(fd, buf, n, fl, addr, alen) };
     if flags & libc::MSG_DONTWAIT != 0 {
@@ -165,6 +167,7 @@ pub unsafe fn sendto(
     addr: *const sockaddr,
     alen: socklen_t,
 ) -> isize {
+    crate::guard::handler_end(f);
     // SAFETY (all calls below): caller's arguments, forwarded.
     if flags & libc::MSG_DONTWAIT != 0 {
         return unsafe { (real::sendto())(fd, buf, n, flags, addr, alen) };
@@ -194,6 +197,7 @@ pub unsafe fn write(f: &Fiber, fd: c_int, buf: *const c_void, n: usize) -> isize
         // SAFETY: caller's arguments.
         return unsafe { (real::write())(fd, buf, n) };
     }
+    crate::guard::handler_end(f);
     // SAFETY (all calls below): caller's arguments, forwarded.
     let r = unsafe { (real::send())(fd, buf, n, libc::MSG_DONTWAIT) };
     if r < 0 && real::errno() == libc::ENOTSOCK {
@@ -224,6 +228,7 @@ pub unsafe fn write(f: &Fiber, fd: c_int, buf: *const c_void, n: usize) -> isize
 }
 
 pub unsafe fn recvmsg(f: &Fiber, fd: c_int, msg: *mut msghdr, flags: c_int) -> isize {
+    crate::guard::handler_end(f);
     // SAFETY (all calls below): caller's arguments, forwarded.
     let call = |fl: c_int| unsafe { (real::recvmsg())(fd, msg, fl) };
     if flags & libc::MSG_DONTWAIT != 0 {
@@ -239,6 +244,7 @@ pub unsafe fn recvmsg(f: &Fiber, fd: c_int, msg: *mut msghdr, flags: c_int) -> i
 }
 
 pub unsafe fn sendmsg(f: &Fiber, fd: c_int, msg: *const msghdr, flags: c_int) -> isize {
+    crate::guard::handler_end(f);
     // SAFETY (all calls below): caller's arguments, forwarded.
     let call = |fl: c_int| unsafe { (real::sendmsg())(fd, msg, fl) };
     if flags & libc::MSG_DONTWAIT != 0 {
@@ -266,6 +272,7 @@ pub unsafe fn readv(f: &Fiber, fd: c_int, iov: *const iovec, cnt: c_int) -> isiz
         // SAFETY: caller's arguments.
         return unsafe { (real::readv())(fd, iov, cnt) };
     }
+    crate::guard::handler_end(f);
     let mut m = iov_msg(iov, cnt);
     // SAFETY (all calls below): caller's arguments, forwarded.
     let r = unsafe { (real::recvmsg())(fd, &mut m, libc::MSG_DONTWAIT) };
@@ -283,6 +290,7 @@ pub unsafe fn writev(f: &Fiber, fd: c_int, iov: *const iovec, cnt: c_int) -> isi
         // SAFETY: caller's arguments.
         return unsafe { (real::writev())(fd, iov, cnt) };
     }
+    crate::guard::handler_end(f);
     // SAFETY: caller's iovec array of `cnt` entries.
     let v: Vec<iovec> = unsafe { std::slice::from_raw_parts(iov, cnt as usize) }.to_vec();
     let total: usize = v.iter().map(|x| x.iov_len).sum();

@@ -18,11 +18,13 @@ pub mod fiber;
 pub mod fmt_buf;
 pub mod fork;
 pub mod got;
+pub mod guard;
 pub mod io;
 pub mod keys;
 pub mod log;
 pub mod offload;
 pub mod real;
+pub mod signals;
 pub mod spinlock;
 pub mod stack;
 pub mod stats;
@@ -89,6 +91,7 @@ pub fn engaged() -> bool {
 pub fn engage() {
     if !ENGAGED.swap(true, AcqRel) {
         log_at!(log::INFO, "engaged: first fiber created");
+        guard::arm();
     }
 }
 

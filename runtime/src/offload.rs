@@ -211,9 +211,11 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
                 submitted: t0,
                 result: &result,
             });
+            crate::guard::offload_park(f);
             while result.get() == 0 {
                 fiber::park(f);
             }
+            crate::guard::offload_resume(f);
             if fd < 0 {
                 POLLED_INFLIGHT.fetch_sub(1, Relaxed);
             }

@@ -77,6 +77,7 @@ real! {
     nanosleep = "nanosleep": fn(Ts, *mut libc::timespec) -> c_int;
     clock_nanosleep = "clock_nanosleep": fn(libc::clockid_t, c_int, Ts, *mut libc::timespec) -> c_int;
     sched_yield = "sched_yield": fn() -> c_int;
+    sigaction = "sigaction": fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int;
     epoll_wait = "epoll_wait": fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int;
     epoll_pwait = "epoll_pwait": fn(c_int, *mut libc::epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int;
 

@@ -8,7 +8,6 @@
 
 use crate::spinlock::SpinLock;
 use corosensei::stack::{Stack, StackPointer};
-use std::sync::atomic::{AtomicBool, Ordering::*};
 
 pub const GUARD: usize = 64 << 10;
 const POOL_MAX: usize = 256;
@@ -110,29 +109,8 @@ pub unsafe fn after_fork_child() {
     POOL.force_unlock();
 }
 
-// ---- overflow detection ---------------------------------------------------
-
-static HANDLER_SET: AtomicBool = AtomicBool::new(false);
-static mut PREVIOUS: std::mem::MaybeUninit<libc::sigaction> = std::mem::MaybeUninit::uninit();
-
-/// Installs the SIGSEGV/SIGBUS handler once (when the first carrier starts).
-pub fn install_overflow_handler() {
-    if HANDLER_SET.swap(true, AcqRel) {
-        return;
-    }
-    // SAFETY: plain sigaction calls; PREVIOUS is written once, before the handler can run.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_fault as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-        libc::sigemptyset(&mut sa.sa_mask);
-        let prev = &raw mut PREVIOUS;
-        libc::sigaction(libc::SIGSEGV, &sa, (*prev).as_mut_ptr());
-    }
-}
-
-/// Gives the calling carrier thread an alternate signal stack, so that the handler
-/// can run when the fault is the fiber's stack running out.
+/// Gives the calling carrier thread an alternate signal stack, so that the SIGSEGV
+/// handler can run when the fault is the fiber's stack running out.
 pub fn install_altstack() {
     let size = 64 << 10;
     // SAFETY: a fresh mapping handed to sigaltstack; never freed (the carrier lives as
@@ -158,41 +136,21 @@ pub fn install_altstack() {
     }
 }
 
-extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
-    let addr = unsafe { (*info).si_addr() } as usize;
-    if let Some((lo, hi, kb)) = crate::fiber::current_guard() {
-        if addr >= lo && addr < hi + 4096 {
-            let mut buf = [0u8; 160];
-            let msg = crate::fmt_buf::format(
-                &mut buf,
-                format_args!(
-                    "toffload: fiber stack overflow (fault at {addr:#x}, stack {kb} KiB): raise TOFFLOAD_STACK_KB\n"
-                ),
-            );
-            crate::real::raw_write(2, msg);
-            // Die of SIGSEGV, as the program would have.
-            // SAFETY: resetting to the default action and returning re-raises the fault.
-            unsafe {
-                libc::signal(libc::SIGSEGV, libc::SIG_DFL);
-            }
-            return;
-        }
+/// If `addr` is in the running fiber's guard, says so on stderr and returns true.
+pub fn report_overflow(addr: usize) -> bool {
+    let Some((lo, hi, kb)) = crate::fiber::current_guard() else {
+        return false;
+    };
+    if addr < lo || addr >= hi + 4096 {
+        return false;
     }
-    // Not ours: hand it to whoever was there before us.
-    // SAFETY: PREVIOUS was initialised before this handler was installed.
-    unsafe {
-        let prev = PREVIOUS.assume_init();
-        if prev.sa_flags & libc::SA_SIGINFO != 0 && prev.sa_sigaction > 1 {
-            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                std::mem::transmute(prev.sa_sigaction);
-            f(sig, info, ctx);
-        } else if prev.sa_sigaction == libc::SIG_IGN || prev.sa_sigaction == libc::SIG_DFL {
-            // Re-raise with the old disposition: returning re-executes the fault.
-            libc::sigaction(sig, &prev, std::ptr::null_mut());
-        } else {
-            let f: extern "C" fn(libc::c_int) = std::mem::transmute(prev.sa_sigaction);
-            f(sig);
-        }
-    }
+    let mut buf = [0u8; 160];
+    let msg = crate::fmt_buf::format(
+        &mut buf,
+        format_args!(
+            "toffload: fiber stack overflow (fault at {addr:#x}, stack {kb} KiB): raise TOFFLOAD_STACK_KB\n"
+        ),
+    );
+    crate::real::raw_write(2, msg);
+    true
 }

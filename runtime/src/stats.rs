@@ -26,6 +26,8 @@ fn sum() -> usize {
         &PARKS,
         &OFFLOADS,
         &IO_PARKS,
+        &crate::guard::FAULTS,
+        &crate::guard::SERIALIZED,
     ]
     .iter()
     .map(|c| c.load(Relaxed))
@@ -34,7 +36,7 @@ fn sum() -> usize {
 
 pub fn json() -> String {
     format!(
-        "{{\"pid\":{},\"engaged\":{},\"carriers\":{},\"fibers_created\":{},\"fibers_live\":{},\"parks\":{},\"offloads\":{},\"offloads_parked\":{},\"offloads_inline\":{},\"io_parks\":{},\"park_cost_ns\":{}}}\n",
+        "{{\"pid\":{},\"engaged\":{},\"carriers\":{},\"fibers_created\":{},\"fibers_live\":{},\"parks\":{},\"offloads\":{},\"offloads_parked\":{},\"offloads_inline\":{},\"io_parks\":{},\"park_cost_ns\":{},\"guard\":\"{}\",\"guard_pages\":{},\"guard_faults\":{},\"guard_conflicts\":{},\"guard_serialized\":{},\"guard_released\":{}}}\n",
         // SAFETY: getpid cannot fail.
         unsafe { libc::getpid() },
         crate::engaged(),
@@ -47,6 +49,12 @@ pub fn json() -> String {
         OFFLOADS_INLINE.load(Relaxed),
         IO_PARKS.load(Relaxed),
         crate::offload::PARK_COST_NS.load(Relaxed),
+        crate::guard::mechanism(),
+        crate::guard::GUARDED_PAGES.load(Relaxed),
+        crate::guard::FAULTS.load(Relaxed),
+        crate::guard::CONFLICTS.load(Relaxed),
+        crate::guard::SERIALIZED.load(Relaxed),
+        crate::guard::RELEASED.load(Relaxed),
     )
 }
 

@@ -138,6 +138,7 @@ pub unsafe fn create(
 /// Fiber side, when its start routine returns (or it calls pthread_exit): the thread's
 /// end as glibc would run it, minus unwinding.
 pub fn on_fiber_return(f: &Fiber, ret: *mut c_void) {
+    crate::guard::handler_end(f);
     f.retval.set(ret);
     keys::run_destructors(f);
 }

@@ -2,12 +2,15 @@
  * hostile_server: like conn_server, but every request does an unlocked
  * read-modify-write of a global counter across the offload:
  *
- *     long v = shared_counter; rc = accel_run(buf, size); shared_counter = v + 1;
+ *     long v = shared_state.counter; rc = accel_run(buf, size); shared_state.counter = v + 1;
  *
  * With real threads, or with fibers that do not migrate the window, updates
  * can be lost; `total` (atomic) counts what should have been counted. With
- * LOCKED=1 a global mutex is held across the whole read-offload-write, so
- * nothing may be lost. On SIGTERM/SIGINT it prints
+ * LOCKED=1 a global mutex is held across every request's offload (a coarse
+ * lock: it cannot know which requests touch the counter), so nothing may be
+ * lost. SHARED_EVERY=N makes only the requests whose first byte is a multiple
+ * of N touch the counter (about 1/N of random requests: the contention knob);
+ * default 1, every request. On SIGTERM/SIGINT it prints
  *     shared=<S> total=<T> lost=<T-S>
  * on stdout and exits 0.
  */
@@ -24,18 +27,25 @@
 
 static const char PROG[] = "hostile_server";
 
-/* Deliberately a plain, non-static long in the executable's .bss: the test is
+/* Deliberately plain, non-static data in the executable's .bss: the test is
  * about what happens to such data across an offload. accel_run is an external
- * call that could read or write it, so the compiler must load it before the
- * call and store it after. */
-long shared_counter;
+ * call that could read or write it, so the compiler must load the counter
+ * before the call and store it after. On a page of its own: the conflict guard
+ * works per page, and sharing one with read-mostly data (opts) would make it
+ * serialize handlers that only read that. */
+struct shared_state {
+    long counter; /* the unlocked read-modify-write */
+    long total;   /* successful counted offloads; only touched atomically */
+    char rest_of_the_page[4096 - 2 * sizeof(long)];
+};
+struct shared_state shared_state __attribute__((aligned(4096)));
 
-static long total; /* successful accel_runs; only touched atomically */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Set once in main before the first thread is created; read-only after. */
 static struct server_opts opts;
 static int locked;
+static unsigned shared_every = 1;
 
 static void must(int e, const char *what)
 {
@@ -50,13 +60,18 @@ static int counted_offload(unsigned char *buf, int n)
 {
     if (locked)
         must(pthread_mutex_lock(&lock), "pthread_mutex_lock");
-    long v = shared_counter;
-    int rc = accel_run(buf, n);
-    if (rc == 0) {
-        /* total first: a report that reads shared, then total, never sees
-         * more updates than were counted (lost >= 0 even mid-flight). */
-        __atomic_fetch_add(&total, 1, __ATOMIC_SEQ_CST);
-        shared_counter = v + 1;
+    int rc;
+    if (n > 0 && buf[0] % shared_every != 0) {
+        rc = accel_run(buf, n); /* this request touches no shared state */
+    } else {
+        long v = shared_state.counter;
+        rc = accel_run(buf, n);
+        if (rc == 0) {
+            /* total first: a report that reads shared, then total, never sees
+             * more updates than were counted (lost >= 0 even mid-flight). */
+            __atomic_fetch_add(&shared_state.total, 1, __ATOMIC_SEQ_CST);
+            shared_state.counter = v + 1;
+        }
     }
     if (locked)
         must(pthread_mutex_unlock(&lock), "pthread_mutex_unlock");
@@ -88,9 +103,9 @@ static void *signal_thread(void *p)
         dl.tv_sec += 2;
         have_lock = pthread_mutex_timedlock(&lock, &dl) == 0;
     }
-    s = __atomic_load_n(&shared_counter, __ATOMIC_SEQ_CST);
+    s = __atomic_load_n(&shared_state.counter, __ATOMIC_SEQ_CST);
     /* Read under the lock too, so a locked run reports a consistent pair. */
-    long t = __atomic_load_n(&total, __ATOMIC_SEQ_CST);
+    long t = __atomic_load_n(&shared_state.total, __ATOMIC_SEQ_CST);
     if (have_lock)
         must(pthread_mutex_unlock(&lock), "pthread_mutex_unlock");
     if (printf("shared=%ld total=%ld lost=%ld\n", s, t, t - s) < 0 || fflush(stdout) == EOF)
@@ -103,6 +118,16 @@ int main(int argc, char **argv)
     server_setup(PROG, argc, argv, &opts);
     const char *l = getenv("LOCKED");
     locked = l && strcmp(l, "1") == 0;
+    const char *e = getenv("SHARED_EVERY");
+    if (e && *e) {
+        char *end;
+        unsigned long v = strtoul(e, &end, 10);
+        if (*end || v < 1 || v > 256) {
+            fprintf(stderr, "%s: SHARED_EVERY=%s: expected an integer 1..256\n", PROG, e);
+            return 2;
+        }
+        shared_every = (unsigned)v;
+    }
 
     /* Block before any thread exists so every thread inherits the mask and
      * only signal_thread ever receives SIGTERM/SIGINT. */

@@ -36,8 +36,18 @@ fn tracked(m: *mut pthread_mutex_t) -> bool {
     matches!(kind(m), KIND_RECURSIVE | KIND_ERRORCHECK)
 }
 
+fn lock_word(m: *mut pthread_mutex_t) -> c_int {
+    // SAFETY: as owner_tid.
+    unsafe { std::ptr::read_volatile(m as *const c_int) }
+}
+
 /// One attempt to take `m` for fiber `f`: 0, EBUSY, or another error.
 fn try_acquire(m: *mut pthread_mutex_t, f: &Fiber) -> c_int {
+    // Look before trying: a failed trylock is still a locked write to the mutex's
+    // page, which the conflict guard would count as a modification by a waiter.
+    if lock_word(m) != 0 && !tracked(m) {
+        return libc::EBUSY;
+    }
     if !tracked(m) {
         // SAFETY: the application's mutex.
         return unsafe { (real::pthread_mutex_trylock())(m) };

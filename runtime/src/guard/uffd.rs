@@ -1,0 +1,184 @@
+//! userfaultfd write-protect: the guard's primary way to see writes. The four ioctls
+//! are written out here rather than taken from the userfaultfd crate, whose
+//! write-protect support needs bindgen and libclang at build time.
+//!
+//! A write to a protected page blocks the writing thread until our handler thread (a
+//! real thread that never touches guarded memory) records it and lifts the protection
+//! of that page, which wakes the writer. The executable's .data is a file-backed
+//! private mapping, which uffd-wp cannot register: it is first moved to anonymous
+//! memory with mremap (atomic, so the GOT and stdio state in it stay valid).
+
+use super::regions::{Range, PAGE};
+use libc::{c_int, c_void};
+
+const UFFD_API: u64 = 0xAA;
+const UFFDIO_API: u64 = 0xC018_AA3F;
+const UFFDIO_REGISTER: u64 = 0xC020_AA00;
+const UFFDIO_WRITEPROTECT: u64 = 0xC018_AA06;
+const MODE_WP: u64 = 2;
+const WP_MODE_WP: u64 = 1;
+const FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
+const FEATURE_THREAD_ID: u64 = 1 << 8;
+const EVENT_PAGEFAULT: u8 = 0x12;
+const PAGEFAULT_FLAG_WP: u64 = 2;
+const USER_MODE_ONLY: c_int = 1;
+
+#[repr(C)]
+struct Api {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+struct Register {
+    start: u64,
+    len: u64,
+    mode: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+struct WriteProtect {
+    start: u64,
+    len: u64,
+    mode: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Msg {
+    event: u8,
+    _r1: u8,
+    _r2: u16,
+    _r3: u32,
+    flags: u64,
+    address: u64,
+    ptid: u32,
+    _pad: u32,
+}
+
+/// Opens a userfaultfd with write-protect faults and thread ids. Err(errno).
+pub fn open() -> Result<c_int, c_int> {
+    // SAFETY: plain syscalls and ioctls on our own fd.
+    unsafe {
+        let fd = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | USER_MODE_ONLY) as c_int;
+        if fd < 0 {
+            return Err(crate::real::errno());
+        }
+        let mut api = Api {
+            api: UFFD_API,
+            features: FEATURE_PAGEFAULT_FLAG_WP | FEATURE_THREAD_ID,
+            ioctls: 0,
+        };
+        if libc::ioctl(fd, UFFDIO_API as _, &mut api) < 0 {
+            let e = crate::real::errno();
+            libc::close(fd);
+            return Err(e);
+        }
+        Ok(fd)
+    }
+}
+
+fn register(fd: c_int, r: Range) -> bool {
+    let mut reg = Register {
+        start: r.start as u64,
+        len: (r.end - r.start) as u64,
+        mode: MODE_WP,
+        ioctls: 0,
+    };
+    // SAFETY: ioctl on our uffd with a valid struct.
+    unsafe { libc::ioctl(fd, UFFDIO_REGISTER as _, &mut reg) == 0 }
+}
+
+/// Moves [start, end) onto anonymous memory, keeping its contents: mmap a copy
+/// elsewhere, then mremap it over the original in one step.
+fn make_anonymous(r: Range) -> bool {
+    let len = r.end - r.start;
+    // SAFETY: a fresh mapping, filled from the range and moved over it atomically.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return false;
+        }
+        std::ptr::copy_nonoverlapping(r.start as *const u8, p as *mut u8, len);
+        let q = libc::mremap(
+            p,
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            r.start as *mut c_void,
+        );
+        if q == libc::MAP_FAILED {
+            libc::munmap(p, len);
+            return false;
+        }
+        true
+    }
+}
+
+/// Registers `r` for write-protect faults (moving it to anonymous memory if needed).
+pub fn watch(fd: c_int, r: Range) -> bool {
+    register(fd, r) || (make_anonymous(r) && register(fd, r))
+}
+
+/// Write-protects (`wp`) or releases pages; releasing also wakes a blocked writer.
+pub fn protect(fd: c_int, start: usize, len: usize, wp: bool) -> bool {
+    let mut w = WriteProtect {
+        start: start as u64,
+        len: len as u64,
+        mode: if wp { WP_MODE_WP } else { 0 },
+    };
+    // SAFETY: ioctl on our uffd with a valid struct.
+    unsafe { libc::ioctl(fd, UFFDIO_WRITEPROTECT as _, &mut w) == 0 }
+}
+
+/// The handler thread: for each write fault, `on_write(page, tid)` records it; then
+/// the page is released and the writer resumes.
+pub fn serve(fd: c_int, on_write: fn(usize, i32)) -> ! {
+    let mut msgs = [Msg {
+        event: 0,
+        _r1: 0,
+        _r2: 0,
+        _r3: 0,
+        flags: 0,
+        address: 0,
+        ptid: 0,
+        _pad: 0,
+    }; 16];
+    loop {
+        // SAFETY: reading whole messages into our buffer (raw syscall: read is ours).
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_read,
+                fd,
+                msgs.as_mut_ptr(),
+                std::mem::size_of_val(&msgs),
+            )
+        };
+        if n <= 0 {
+            if crate::real::errno() == libc::EINTR {
+                continue;
+            }
+            // The fd is gone (exec, or an unrecoverable error): nothing left to guard.
+            // SAFETY: ends only this thread.
+            unsafe { libc::syscall(libc::SYS_exit, 0) };
+            unreachable!();
+        }
+        for m in msgs.iter().take(n as usize / std::mem::size_of::<Msg>()) {
+            if m.event != EVENT_PAGEFAULT || m.flags & PAGEFAULT_FLAG_WP == 0 {
+                continue;
+            }
+            let page = m.address as usize & !(PAGE - 1);
+            on_write(page, m.ptid as i32);
+            protect(fd, page, PAGE, false);
+        }
+    }
+}
