@@ -1,0 +1,229 @@
+//! The conflict guard (TOFFLOAD_GUARD), each case showing the hazard first:
+//! hostile_server under the runtime loses updates unguarded; detect reports conflicts
+//! (and still loses: it only watches); enforce loses nothing over 100,000 requests. A
+//! server with only safe patterns gets zero conflicts. Faults that are not the guard's
+//! keep their meaning: a bad pointer still kills with SIGSEGV, and a program's own
+//! SIGSEGV handler still runs. Both write-tracking mechanisms are tested (uffd, and
+//! mprotect forced with TOFFLOAD_GUARD_MECH).
+
+use std::sync::Mutex;
+use std::time::Duration;
+use toffload_tests::harness::ServerSpec;
+use toffload_tests::load::{self, Config, Report};
+use toffload_tests::preload::{self, RtServer, Run, TempDir};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+struct Outcome {
+    shared: u64,
+    total: u64,
+    lost: u64,
+    report: Report,
+    stats: serde_json::Value,
+}
+
+fn stat(v: &serde_json::Value, k: &str) -> u64 {
+    v.get(k)
+        .and_then(|x| x.as_u64())
+        .unwrap_or_else(|| panic!("no {k} in {v}"))
+}
+
+/// hostile_server under the runtime with `env`, loaded until `min_total` counted
+/// requests (or `secs` of load when min_total is 0).
+fn hostile(env: &[(&str, &str)], lat_us: u32, secs: f64, min_total: u64) -> Outcome {
+    let dir = TempDir::new("guard");
+    let stats_path = dir.join("stats.json");
+    let mut spec = preload::server_under_runtime(
+        ServerSpec::new("hostile_server")
+            .env("TOFFLOAD_EMU_LAT_US", lat_us.to_string())
+            .env("TOFFLOAD_STATS", stats_path.display().to_string()),
+    );
+    for (k, v) in env {
+        spec = spec.env(k, *v);
+    }
+    let s = RtServer::start(&spec).unwrap_or_else(|e| panic!("{e}"));
+    let mut cfg = Config::new(s.port);
+    cfg.conns = 16;
+    cfg.duration = Duration::from_secs_f64(secs);
+    cfg.warmup = Duration::from_millis(100);
+    let mut report = load::run(&cfg).expect("load");
+    let mut completed = report.completed;
+    let t0 = std::time::Instant::now();
+    while min_total > 0 && completed < min_total && t0.elapsed() < Duration::from_secs(60) {
+        let r = load::run(&cfg).expect("load");
+        completed += r.completed;
+        assert_eq!(r.wrong, 0);
+        report.errors += r.errors;
+    }
+    report.completed = completed;
+    let out = s.terminate().unwrap_or_else(|e| panic!("{e}"));
+    let field = |name: &str| -> u64 {
+        out.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name}= in {out:?}"))
+    };
+    let stats = preload::stats(&stats_path).expect("stats file");
+    Outcome {
+        shared: field("shared"),
+        total: field("total"),
+        lost: field("lost"),
+        report,
+        stats,
+    }
+}
+
+fn clean(what: &str, o: &Outcome) {
+    println!(
+        "{what}: {:.0} req/s, shared={} total={} lost={}, stats {}",
+        o.report.requests_per_sec, o.shared, o.total, o.lost, o.stats
+    );
+    assert!(o.report.completed > 0, "{what}: nothing completed");
+    assert_eq!(o.report.wrong, 0, "{what}: wrong answers");
+    assert_eq!(o.report.errors, 0, "{what}: errors");
+    assert_eq!(o.shared + o.lost, o.total, "{what}");
+    assert!(stat(&o.stats, "fibers_created") > 0, "{what}: never fiberized");
+}
+
+#[test]
+fn hostile_server_loses_unguarded_detect_reports_enforce_prevents() {
+    let _s = serial();
+    // The hazard: overlap across the offload loses updates.
+    let off = hostile(&[("TOFFLOAD_GUARD", "off")], 200, 1.0, 0);
+    clean("unguarded", &off);
+    assert!(off.lost > 0, "unguarded overlap lost nothing");
+    assert_eq!(stat(&off.stats, "guard_conflicts"), 0);
+
+    // detect sees it, with either mechanism, and (by design) does not stop it.
+    for mech in ["uffd", "mprotect"] {
+        let d = hostile(
+            &[("TOFFLOAD_GUARD", "detect"), ("TOFFLOAD_GUARD_MECH", mech)],
+            200,
+            1.0,
+            0,
+        );
+        clean(&format!("detect/{mech}"), &d);
+        assert_eq!(d.stats["guard"], mech, "{}", d.stats);
+        assert!(stat(&d.stats, "guard_conflicts") > 0, "detect/{mech}: no conflict reported");
+        assert!(d.lost > 0, "detect/{mech} lost nothing: is it enforcing?");
+    }
+
+    // enforce: not one update lost over 100,000 requests.
+    let e = hostile(&[("TOFFLOAD_GUARD", "enforce")], 20, 3.0, 100_000);
+    clean("enforce", &e);
+    assert!(e.total >= 100_000, "only {} requests", e.total);
+    assert_eq!(e.lost, 0, "enforce lost updates");
+    assert!(stat(&e.stats, "guard_serialized") > 0, "enforce never serialized a handler");
+}
+
+#[test]
+fn enforce_serializes_only_the_handlers_that_touch_the_page() {
+    let _s = serial();
+    // With 1 request in 8 touching the counter, the others never wait for its page.
+    let e = hostile(
+        &[("TOFFLOAD_GUARD", "enforce"), ("SHARED_EVERY", "8")],
+        200,
+        1.5,
+        0,
+    );
+    clean("enforce, 1/8 shared", &e);
+    assert_eq!(e.lost, 0);
+    let serialized = stat(&e.stats, "guard_serialized");
+    // At most one wait per counted request (each waits at most once per page).
+    assert!(
+        serialized <= e.total + 16,
+        "{serialized} waits for {} counted requests of {}",
+        e.total,
+        e.report.completed
+    );
+    assert!(e.total * 4 < e.report.completed, "the knob did not reduce sharing");
+}
+
+#[test]
+fn safe_patterns_give_zero_conflicts() {
+    let _s = serial();
+    for mech in ["uffd", "mprotect"] {
+        let dir = TempDir::new("safe");
+        let stats_path = dir.join("stats.json");
+        let spec = preload::server_under_runtime(
+            ServerSpec::new("safe_server")
+                .env("TOFFLOAD_EMU_LAT_US", "200")
+                .env("TOFFLOAD_GUARD", "detect")
+                .env("TOFFLOAD_GUARD_MECH", mech)
+                .env("TOFFLOAD_STATS", stats_path.display().to_string()),
+        );
+        let s = RtServer::start(&spec).unwrap_or_else(|e| panic!("{e}"));
+        let mut cfg = Config::new(s.port);
+        cfg.conns = 16;
+        cfg.duration = Duration::from_secs(1);
+        cfg.warmup = Duration::from_millis(100);
+        let r = load::run(&cfg).expect("load");
+        let out = s.terminate().unwrap_or_else(|e| panic!("{e}"));
+        let st = preload::stats(&stats_path).expect("stats");
+        println!("safe_server detect/{mech}: {:.0} req/s, {out}, stats {st}", r.requests_per_sec);
+        assert_eq!((r.wrong, r.errors), (0, 0));
+        assert!(stat(&st, "fibers_created") > 0);
+        // The guard did watch: it saw the counter's writes ...
+        assert!(stat(&st, "guard_faults") > 0, "detect/{mech} saw no write at all");
+        // ... and none of them was a conflict.
+        assert_eq!(stat(&st, "guard_conflicts"), 0, "detect/{mech}: false conflicts");
+    }
+}
+
+fn fault(mode: &str, env: &[(&str, &str)], runtime: bool) -> preload::Outcome {
+    let mut run = Run::bin("guard_fault")
+        .unwrap_or_else(|e| panic!("{e}"))
+        .arg(mode)
+        .env("TOFFLOAD_FIBERIZE", "all")
+        .timeout(Duration::from_secs(20));
+    for (k, v) in env {
+        run = run.env(k, *v);
+    }
+    if runtime {
+        run = run.runtime();
+    }
+    run.run()
+}
+
+#[test]
+fn real_faults_keep_their_meaning_under_the_guard() {
+    let _s = serial();
+    let guards: [&[(&str, &str)]; 3] = [
+        &[("TOFFLOAD_GUARD", "detect"), ("TOFFLOAD_GUARD_MECH", "uffd")],
+        &[("TOFFLOAD_GUARD", "detect"), ("TOFFLOAD_GUARD_MECH", "mprotect")],
+        &[("TOFFLOAD_GUARD", "enforce")],
+    ];
+    // Stock first: what the program does without us.
+    let stock = fault("null", &[], false);
+    assert_eq!(stock.signal(), Some(libc::SIGSEGV), "{}", stock.report());
+    let stock = fault("handler", &[], false);
+    assert_eq!(stock.status.code(), Some(42), "{}", stock.report());
+    for env in guards {
+        let o = fault("null", env, true);
+        assert!(o.num("fiber") > 0.0, "not on a fiber: {}", o.report());
+        assert_eq!(o.signal(), Some(libc::SIGSEGV), "{env:?}: {}", o.report());
+        for mode in ["handler", "signal"] {
+            let o = fault(mode, env, true);
+            assert!(o.num("fiber") > 0.0, "not on a fiber: {}", o.report());
+            assert_eq!(o.status.code(), Some(42), "{env:?} {mode}: {}", o.report());
+            assert!(o.stdout.contains("caught"), "{}", o.report());
+        }
+    }
+}
+
+#[test]
+fn malformed_guard_knob_is_reported_and_the_program_runs() {
+    let o = fault("handler", &[("TOFFLOAD_GUARD", "paranoid")], true);
+    assert!(
+        o.stderr.contains("TOFFLOAD_GUARD") && o.stderr.contains("`off`, `detect` or `enforce`"),
+        "{}",
+        o.report()
+    );
+    // The runtime stays out of the way: no fiber, the program's own behaviour.
+    assert_eq!(o.num("fiber"), 0.0);
+    assert_eq!(o.status.code(), Some(42), "{}", o.report());
+}
