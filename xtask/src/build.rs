@@ -8,7 +8,12 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-pub const SERVERS: &[&str] = &["conn_server", "evloop_server", "hostile_server", "safe_server"];
+pub const SERVERS: &[&str] = &[
+    "conn_server",
+    "evloop_server",
+    "hostile_server",
+    "safe_server",
+];
 /// Test programs (tests/programs/NAME.c, one file each, plus common.c of the servers):
 /// the runtime's correctness suite and benchmarks run them under LD_PRELOAD.
 fn programs() -> Result<Vec<String>> {
@@ -27,7 +32,7 @@ fn programs() -> Result<Vec<String>> {
     v.sort();
     Ok(v)
 }
-const RUST_BINS: &[&str] = &["toffload-load", "toffload-demo"];
+const RUST_BINS: &[&str] = &["toffload-load", "toffload-demo", "toffload-guard-bench"];
 
 pub struct Dist {
     pub bin: PathBuf,
