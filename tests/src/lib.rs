@@ -4,5 +4,6 @@
 
 pub mod harness;
 pub mod loadgen;
+pub mod preload;
 /// The load generator (short name).
 pub use loadgen as load;

@@ -86,7 +86,10 @@ fn clean(what: &str, o: &Outcome) {
     assert_eq!(o.report.wrong, 0, "{what}: wrong answers");
     assert_eq!(o.report.errors, 0, "{what}: errors");
     assert_eq!(o.shared + o.lost, o.total, "{what}");
-    assert!(stat(&o.stats, "fibers_created") > 0, "{what}: never fiberized");
+    assert!(
+        stat(&o.stats, "fibers_created") > 0,
+        "{what}: never fiberized"
+    );
 }
 
 #[test]
@@ -108,7 +111,10 @@ fn hostile_server_loses_unguarded_detect_reports_enforce_prevents() {
         );
         clean(&format!("detect/{mech}"), &d);
         assert_eq!(d.stats["guard"], mech, "{}", d.stats);
-        assert!(stat(&d.stats, "guard_conflicts") > 0, "detect/{mech}: no conflict reported");
+        assert!(
+            stat(&d.stats, "guard_conflicts") > 0,
+            "detect/{mech}: no conflict reported"
+        );
         assert!(d.lost > 0, "detect/{mech} lost nothing: is it enforcing?");
     }
 
@@ -117,7 +123,10 @@ fn hostile_server_loses_unguarded_detect_reports_enforce_prevents() {
     clean("enforce", &e);
     assert!(e.total >= 100_000, "only {} requests", e.total);
     assert_eq!(e.lost, 0, "enforce lost updates");
-    assert!(stat(&e.stats, "guard_serialized") > 0, "enforce never serialized a handler");
+    assert!(
+        stat(&e.stats, "guard_serialized") > 0,
+        "enforce never serialized a handler"
+    );
 }
 
 #[test]
@@ -140,7 +149,10 @@ fn enforce_serializes_only_the_handlers_that_touch_the_page() {
         e.total,
         e.report.completed
     );
-    assert!(e.total * 4 < e.report.completed, "the knob did not reduce sharing");
+    assert!(
+        e.total * 4 < e.report.completed,
+        "the knob did not reduce sharing"
+    );
 }
 
 #[test]
@@ -164,13 +176,23 @@ fn safe_patterns_give_zero_conflicts() {
         let r = load::run(&cfg).expect("load");
         let out = s.terminate().unwrap_or_else(|e| panic!("{e}"));
         let st = preload::stats(&stats_path).expect("stats");
-        println!("safe_server detect/{mech}: {:.0} req/s, {out}, stats {st}", r.requests_per_sec);
+        println!(
+            "safe_server detect/{mech}: {:.0} req/s, {out}, stats {st}",
+            r.requests_per_sec
+        );
         assert_eq!((r.wrong, r.errors), (0, 0));
         assert!(stat(&st, "fibers_created") > 0);
         // The guard did watch: it saw the counter's writes ...
-        assert!(stat(&st, "guard_faults") > 0, "detect/{mech} saw no write at all");
+        assert!(
+            stat(&st, "guard_faults") > 0,
+            "detect/{mech} saw no write at all"
+        );
         // ... and none of them was a conflict.
-        assert_eq!(stat(&st, "guard_conflicts"), 0, "detect/{mech}: false conflicts");
+        assert_eq!(
+            stat(&st, "guard_conflicts"),
+            0,
+            "detect/{mech}: false conflicts"
+        );
     }
 }
 
@@ -193,8 +215,14 @@ fn fault(mode: &str, env: &[(&str, &str)], runtime: bool) -> preload::Outcome {
 fn real_faults_keep_their_meaning_under_the_guard() {
     let _s = serial();
     let guards: [&[(&str, &str)]; 3] = [
-        &[("TOFFLOAD_GUARD", "detect"), ("TOFFLOAD_GUARD_MECH", "uffd")],
-        &[("TOFFLOAD_GUARD", "detect"), ("TOFFLOAD_GUARD_MECH", "mprotect")],
+        &[
+            ("TOFFLOAD_GUARD", "detect"),
+            ("TOFFLOAD_GUARD_MECH", "uffd"),
+        ],
+        &[
+            ("TOFFLOAD_GUARD", "detect"),
+            ("TOFFLOAD_GUARD_MECH", "mprotect"),
+        ],
         &[("TOFFLOAD_GUARD", "enforce")],
     ];
     // Stock first: what the program does without us.
