@@ -78,21 +78,24 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    if a.json {
-        println!("{}", serde_json::to_string(&r).expect("report serializes"));
+    // Written as one block, and a closed stdout (`| head`) is not a crash.
+    let text = if a.json {
+        format!("{}\n", serde_json::to_string(&r).expect("report serializes"))
     } else {
-        println!("requests/s   {:.0}", r.requests_per_sec);
+        let mut t = format!("requests/s   {:.0}\n", r.requests_per_sec);
         if let Some(o) = r.offered_rate {
-            println!("offered/s    {o:.0}");
+            t.push_str(&format!("offered/s    {o:.0}\n"));
         }
-        println!("completed    {}", r.completed);
-        println!(
-            "latency us   p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
+        t.push_str(&format!("completed    {}\n", r.completed));
+        t.push_str(&format!(
+            "latency us   p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}\n",
             r.p50_us, r.p99_us, r.p999_us, r.max_us
-        );
-        println!("wrong        {}", r.wrong);
-        println!("errors       {} {:?}", r.errors, r.errors_by_kind);
-    }
+        ));
+        t.push_str(&format!("wrong        {}\n", r.wrong));
+        t.push_str(&format!("errors       {} {:?}\n", r.errors, r.errors_by_kind));
+        t
+    };
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
     if r.completed == 0 {
         eprintln!("toffload-load: no request completed");
         return ExitCode::from(1);
