@@ -36,8 +36,36 @@ pub fn wait_fd(f: &Fiber, fd: c_int, events: u32, deadline: Option<u64>) -> Resu
     Ok(timed_out)
 }
 
+/// SO_RCVTIMEO / SO_SNDTIMEO of a socket, as a deadline from now (None: no timeout).
+fn sock_deadline(fd: c_int, events: u32) -> Option<u64> {
+    let opt = if events & OUT != 0 {
+        libc::SO_SNDTIMEO
+    } else {
+        libc::SO_RCVTIMEO
+    };
+    let mut tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 0,
+    };
+    let mut len = std::mem::size_of::<libc::timeval>() as socklen_t;
+    // SAFETY: a valid out-buffer for a timeval option.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            opt,
+            &mut tv as *mut libc::timeval as *mut c_void,
+            &mut len,
+        )
+    };
+    (r == 0 && (tv.tv_sec > 0 || tv.tv_usec > 0))
+        .then(|| time::now_ns() + tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1000)
+}
+
 /// Runs the non-blocking attempt `op` until it does not return EAGAIN, parking on
-/// `events` in between. `blocking` is the plain libc call, for fds we cannot wait on.
+/// `events` in between, with the socket's own timeout (SO_RCVTIMEO / SO_SNDTIMEO)
+/// honoured: EAGAIN when it passes, as the kernel would say. `blocking` is the plain
+/// libc call, for fds we cannot wait on.
 fn retry(
     f: &Fiber,
     fd: c_int,
@@ -45,6 +73,7 @@ fn retry(
     mut op: impl FnMut() -> isize,
     blocking: impl FnOnce() -> isize,
 ) -> isize {
+    let mut deadline = None;
     loop {
         let r = op();
         if !would_block(r) {
@@ -53,10 +82,60 @@ fn retry(
         if app_nonblocking(fd) {
             return r;
         }
-        if wait_fd(f, fd, events, None).is_err() {
-            return blocking();
+        let d = *deadline.get_or_insert_with(|| sock_deadline(fd, events));
+        match wait_fd(f, fd, events, d) {
+            Ok(true) => {
+                real::set_errno(libc::EAGAIN);
+                return -1;
+            }
+            Ok(false) => {}
+            Err(_) => return blocking(),
         }
     }
+}
+
+/// A blocking write to a pipe (or another pollable non-socket) on a fiber: everything
+/// is written, as a blocking pipe would, but the waits park the fiber. O_NONBLOCK is
+/// set for the duration (there is no per-call flag for write) and restored.
+unsafe fn nonsocket_write(
+    f: &Fiber,
+    fd: c_int,
+    call: impl Fn(usize) -> isize,
+    total: usize,
+) -> isize {
+    let fl = libc::fcntl(fd, libc::F_GETFL);
+    if fl < 0 || fl & libc::O_NONBLOCK != 0 {
+        return call(0);
+    }
+    libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+    let mut put = 0usize;
+    let r = loop {
+        let r = call(put);
+        if r >= 0 {
+            put += r as usize;
+            if put >= total {
+                break put as isize;
+            }
+            continue;
+        }
+        if !would_block(r) {
+            break if put > 0 { put as isize } else { r };
+        }
+        if wait_fd(f, fd, OUT, None).is_err() {
+            // Cannot watch it: finish the blocking way.
+            libc::fcntl(fd, libc::F_SETFL, fl);
+            let r = call(put);
+            return if r < 0 && put > 0 {
+                put as isize
+            } else {
+                r.max(0) + put as isize
+            };
+        }
+    };
+    let e = real::errno();
+    libc::fcntl(fd, libc::F_SETFL, fl);
+    real::set_errno(e);
+    r
 }
 
 /// Non-sockets: wait for readiness first (there is no per-call non-blocking flag).
@@ -201,7 +280,12 @@ pub unsafe fn write(f: &Fiber, fd: c_int, buf: *const c_void, n: usize) -> isize
     // SAFETY (all calls below): caller's arguments, forwarded.
     let r = unsafe { (real::send())(fd, buf, n, libc::MSG_DONTWAIT) };
     if r < 0 && real::errno() == libc::ENOTSOCK {
-        return nonsocket(f, fd, OUT, || unsafe { (real::write())(fd, buf, n) });
+        return nonsocket_write(
+            f,
+            fd,
+            |off| (real::write())(fd, (buf as *const u8).add(off) as *const c_void, n - off),
+            n,
+        );
     }
     if r >= 0 && r as usize == n || (r < 0 && !would_block(r)) {
         return r;
@@ -298,7 +382,15 @@ pub unsafe fn writev(f: &Fiber, fd: c_int, iov: *const iovec, cnt: c_int) -> isi
     // SAFETY: a valid msghdr over the caller's buffers.
     let r = unsafe { (real::sendmsg())(fd, &m, libc::MSG_DONTWAIT) };
     if r < 0 && real::errno() == libc::ENOTSOCK {
-        return nonsocket(f, fd, OUT, || unsafe { (real::writev())(fd, iov, cnt) });
+        return nonsocket_write(
+            f,
+            fd,
+            |off| {
+                let rest = advance(&v, off);
+                (real::writev())(fd, rest.as_ptr(), rest.len() as c_int)
+            },
+            total,
+        );
     }
     if (r >= 0 && r as usize == total) || (r < 0 && !would_block(r)) {
         return r;
