@@ -5,7 +5,10 @@
 //! (end). A write by that fiber, after it resumed and before it parks again, to a page
 //! that another fiber (or thread) wrote inside the window is a conflict: the fiber is
 //! writing back something it read before the other write happened (the unlocked
-//! read-modify-write across the offload that overlap breaks).
+//! read-modify-write across the offload that overlap breaks). Only other fibers count:
+//! a real thread racing a fiber races it with or without the runtime, and the one it
+//! meets most (a thread blocking on a mutex a parked fiber holds) writes the lock word,
+//! not the data.
 
 use std::collections::HashMap;
 
@@ -39,7 +42,7 @@ impl Ledger {
         let conflict = window.is_some_and(|(s, r)| {
             log.writes
                 .iter()
-                .any(|&(v, w)| v > s && v <= r && w != writer)
+                .any(|&(v, w)| v > s && v <= r && w != writer && w != 0)
         });
         self.clock += 1;
         if log.writes.len() == HISTORY {
@@ -78,6 +81,15 @@ mod tests {
         let r2 = l.clock();
         assert!(!l.write(P, 3, None)); // after the window closed
         assert!(!l.write(P, 1, Some((s2, r2))));
+    }
+
+    #[test]
+    fn real_threads_do_not_make_conflicts() {
+        let mut l = Ledger::default();
+        let s = l.clock();
+        assert!(!l.write(P, 0, None)); // a real thread writes during the park
+        let r = l.clock();
+        assert!(!l.write(P, 1, Some((s, r))));
     }
 
     #[test]

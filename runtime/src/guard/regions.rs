@@ -34,6 +34,7 @@ struct Found {
     rw: Vec<(usize, usize)>,
     relro: Option<(usize, usize)>,
     pltgot: usize,
+    pltrelsz: usize,
 }
 
 unsafe extern "C" fn first_object(
@@ -56,10 +57,15 @@ unsafe extern "C" fn first_object(
             libc::PT_DYNAMIC => {
                 let mut d = s as *const [u64; 2];
                 while (*d)[0] != 0 {
-                    if (*d)[0] == 3 {
+                    match (*d)[0] {
                         // DT_PLTGOT
-                        let v = (*d)[1] as usize;
-                        out.pltgot = if v < base { v + base } else { v };
+                        3 => {
+                            let v = (*d)[1] as usize;
+                            out.pltgot = if v < base { v + base } else { v };
+                        }
+                        // DT_PLTRELSZ
+                        2 => out.pltrelsz = (*d)[1] as usize,
+                        _ => {}
                     }
                     d = d.add(1);
                 }
@@ -70,12 +76,13 @@ unsafe extern "C" fn first_object(
     1 // the first object is the executable: stop
 }
 
-/// The executable's guardable data: (ranges, pages that hold its .got.plt).
+/// The executable's guardable data: (ranges, pages that hold part of its .got.plt).
 pub fn executable_data() -> (Vec<Range>, Vec<usize>) {
     let mut f = Found {
         rw: Vec::new(),
         relro: None,
         pltgot: 0,
+        pltrelsz: 0,
     };
     // SAFETY: the callback only reads program headers and the dynamic section.
     unsafe { libc::dl_iterate_phdr(Some(first_object), &mut f as *mut Found as *mut c_void) };
@@ -88,11 +95,16 @@ pub fn executable_data() -> (Vec<Range>, Vec<usize>) {
             out.push(r);
         }
     }
-    let got = if f.pltgot != 0 {
-        vec![f.pltgot & !(PAGE - 1)]
-    } else {
-        Vec::new()
-    };
+    // .got.plt: 3 reserved entries, then one per PLT relocation (24-byte Elf64_Rela).
+    let mut got = Vec::new();
+    if f.pltgot != 0 {
+        let end = f.pltgot + 8 * (3 + f.pltrelsz / 24);
+        let mut p = f.pltgot & !(PAGE - 1);
+        while p < end {
+            got.push(p);
+            p += PAGE;
+        }
+    }
     (out, got)
 }
 

@@ -19,6 +19,8 @@ const MODE_WP: u64 = 2;
 const WP_MODE_WP: u64 = 1;
 const FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
 const FEATURE_THREAD_ID: u64 = 1 << 8;
+/// Without it, write-protecting a page not yet populated does nothing (6.4+).
+const FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
 const EVENT_PAGEFAULT: u8 = 0x12;
 const PAGEFAULT_FLAG_WP: u64 = 2;
 const USER_MODE_ONLY: c_int = 1;
@@ -66,17 +68,50 @@ pub fn open() -> Result<c_int, c_int> {
         if fd < 0 {
             return Err(crate::real::errno());
         }
+        // Ask for WP_UNPOPULATED where the kernel has it; a kernel without it refuses
+        // the whole handshake (which can be tried once per fd), so then start over
+        // without it: pages are populated before being protected anyway (`watch`).
         let mut api = Api {
             api: UFFD_API,
-            features: FEATURE_PAGEFAULT_FLAG_WP | FEATURE_THREAD_ID,
+            features: FEATURE_PAGEFAULT_FLAG_WP | FEATURE_THREAD_ID | FEATURE_WP_UNPOPULATED,
             ioctls: 0,
         };
-        if libc::ioctl(fd, UFFDIO_API as _, &mut api) < 0 {
-            let e = crate::real::errno();
-            libc::close(fd);
-            return Err(e);
+        if libc::ioctl(fd, UFFDIO_API as _, &mut api) == 0 {
+            return Ok(fd);
         }
-        Ok(fd)
+        libc::close(fd);
+        let fd = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | USER_MODE_ONLY) as c_int;
+        if fd < 0 {
+            return Err(crate::real::errno());
+        }
+        retry_plain(fd)
+    }
+}
+
+unsafe fn retry_plain(fd: c_int) -> Result<c_int, c_int> {
+    let mut api = Api {
+        api: UFFD_API,
+        features: FEATURE_PAGEFAULT_FLAG_WP | FEATURE_THREAD_ID,
+        ioctls: 0,
+    };
+    if libc::ioctl(fd, UFFDIO_API as _, &mut api) < 0 {
+        let e = crate::real::errno();
+        libc::close(fd);
+        return Err(e);
+    }
+    Ok(fd)
+}
+
+/// Populates every page of `r` writable without changing a byte (an atomic add of 0),
+/// so that write protection has a page to mark.
+fn populate(r: Range) {
+    let mut p = r.start;
+    while p < r.end {
+        // SAFETY: a page of the program's own writable data; adding 0 atomically
+        // changes nothing even if another thread writes it at the same moment.
+        unsafe { std::sync::atomic::AtomicU8::from_ptr(p as *mut u8) }
+            .fetch_add(0, std::sync::atomic::Ordering::Relaxed);
+        p += PAGE;
     }
 }
 
@@ -126,6 +161,7 @@ fn make_anonymous(r: Range) -> bool {
 
 /// Registers `r` for write-protect faults (moving it to anonymous memory if needed).
 pub fn watch(fd: c_int, r: Range) -> bool {
+    populate(r);
     register(fd, r) || (make_anonymous(r) && register(fd, r))
 }
 
