@@ -11,6 +11,8 @@ extern "C" fn in_child() {
     }
     // SAFETY: we are the only thread of the child.
     unsafe {
+        #[cfg(feature = "preload")]
+        crate::ALLOC.after_fork_child();
         crate::stack::after_fork_child();
         crate::keys::after_fork_child();
         crate::sync::after_fork_child();

@@ -25,11 +25,24 @@ pub unsafe fn create(key: *mut pthread_key_t, dtor: Option<Dtor>) -> c_int {
     if r == 0 {
         // SAFETY: glibc wrote the key.
         let k = unsafe { *key } as usize;
-        let mut d = DTORS.lock();
-        if d.len() <= k {
-            d.resize(k + 1, None);
+        loop {
+            let mut d = DTORS.lock();
+            if d.len() > k {
+                d[k] = dtor;
+                break;
+            }
+            // Grow outside the lock: allocating may call back into pthread_key_create.
+            let mut bigger = Vec::with_capacity((k + 1).max(2 * d.len()));
+            drop(d);
+            bigger.resize(k + 1, None);
+            let mut d = DTORS.lock();
+            if d.len() < bigger.len() {
+                bigger[..d.len()].copy_from_slice(&d);
+                std::mem::swap(&mut *d, &mut bigger);
+            }
+            drop(d);
+            drop(bigger);
         }
-        d[k] = dtor;
     }
     r
 }

@@ -12,6 +12,7 @@
 //! `carrier` (the scheduler: run queues, epoll, deadlines), `stack`, `waitq`. `real`
 //! resolves libc's own functions; `config` parses the knobs; `fork` handles children.
 
+pub mod alloc;
 pub mod carrier;
 pub mod config;
 pub mod fiber;
@@ -35,6 +36,11 @@ pub mod waitq;
 
 #[cfg(feature = "preload")]
 mod exports;
+
+/// Inside a host process, never its malloc (see alloc.rs).
+#[cfg(feature = "preload")]
+#[global_allocator]
+pub static ALLOC: alloc::Allocator = alloc::Allocator::new();
 
 use config::{Config, Fiberize};
 use std::sync::atomic::{AtomicBool, Ordering::*};
