@@ -303,7 +303,7 @@ impl Carrier {
             Some(Yield::Exit) | None => {
                 f.release_stack();
                 self.live.fetch_sub(1, Relaxed);
-                stats::FIBERS_LIVE.fetch_sub(1, Relaxed);
+                stats::COUNTERS.fibers_live.fetch_sub(1, Relaxed);
                 crate::thread::on_fiber_finished(f);
             }
         }
@@ -506,7 +506,7 @@ fn ensure_started() -> bool {
         c.pthread.set(t);
         list.push(c as *const Carrier as usize);
     }
-    stats::CARRIERS.store(list.len(), Relaxed);
+    stats::COUNTERS.carriers.store(list.len(), Relaxed);
     !list.is_empty()
 }
 
@@ -551,5 +551,5 @@ pub unsafe fn after_fork_child() {
         c.reset_in_child(keep);
         list.push(c as *const Carrier as usize);
     }
-    stats::CARRIERS.store(list.len(), Relaxed);
+    stats::COUNTERS.carriers.store(list.len(), Relaxed);
 }

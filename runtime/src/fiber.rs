@@ -237,7 +237,7 @@ pub fn wake(f: &Fiber) {
 /// Parks the running fiber until woken. Callers loop on their own condition: wake-ups
 /// can be spurious.
 pub fn park(f: &Fiber) {
-    crate::stats::PARKS.fetch_add(1, Relaxed);
+    crate::stats::COUNTERS.parks.fetch_add(1, Relaxed);
     f.suspend(Yield::Park);
 }
 

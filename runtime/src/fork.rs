@@ -21,7 +21,9 @@ extern "C" fn in_child() {
     }
     crate::offload::after_fork_child();
     crate::guard::after_fork_child();
-    crate::stats::CARRIERS.store(crate::carrier::all().len(), Relaxed);
+    crate::stats::COUNTERS
+        .carriers
+        .store(crate::carrier::all().len(), Relaxed);
     crate::log_at!(
         crate::log::INFO,
         "forked: carriers re-established in the child"

@@ -30,7 +30,7 @@ fn app_nonblocking(fd: c_int) -> bool {
 pub fn wait_fd(f: &Fiber, fd: c_int, events: u32, deadline: Option<u64>) -> Result<bool, c_int> {
     let c = f.carrier();
     c.watch_fd(f, fd, events)?;
-    stats::IO_PARKS.fetch_add(1, Relaxed);
+    stats::COUNTERS.io_parks.fetch_add(1, Relaxed);
     let timed_out = fiber::park_until(f, deadline);
     c.unwatch_fd(f, fd);
     Ok(timed_out)
@@ -529,7 +529,7 @@ pub unsafe fn poll(
             // SAFETY: caller's array.
             return unsafe { (real::poll())(fds, n, -1) };
         }
-        stats::IO_PARKS.fetch_add(1, Relaxed);
+        stats::COUNTERS.io_parks.fetch_add(1, Relaxed);
         fiber::park_until(f, deadline);
         for fd in watched {
             c.unwatch_fd(f, fd);

@@ -166,7 +166,7 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
     let submit: SubmitFn = std::mem::transmute(r.submit);
     let done: DoneFn = std::mem::transmute(r.done);
     let release: ReleaseFn = std::mem::transmute(r.release);
-    stats::OFFLOADS.fetch_add(1, Relaxed);
+    stats::COUNTERS.offloads.fetch_add(1, Relaxed);
     let t0 = time::now_ns();
     let h = loop {
         let h = submit(a[0], a[1], a[2], a[3], a[4], a[5]);
@@ -184,7 +184,7 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
     let result = Cell::new(0);
     if lat != 0 && lat < PARK_COST_NS.load(Relaxed).max(200) {
         // Cheaper to wait than to switch away and back.
-        stats::OFFLOADS_INLINE.fetch_add(1, Relaxed);
+        stats::COUNTERS.offloads_inline.fetch_add(1, Relaxed);
         loop {
             result.set(done(h));
             if result.get() != 0 {
@@ -193,7 +193,7 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
             std::hint::spin_loop();
         }
     } else {
-        stats::OFFLOADS_PARKED.fetch_add(1, Relaxed);
+        stats::COUNTERS.offloads_parked.fetch_add(1, Relaxed);
         result.set(done(h));
         if result.get() == 0 {
             let c = f.carrier();

@@ -5,29 +5,70 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 
-pub static FIBERS_CREATED: AtomicUsize = AtomicUsize::new(0);
-pub static FIBERS_LIVE: AtomicUsize = AtomicUsize::new(0);
-pub static CARRIERS: AtomicUsize = AtomicUsize::new(0);
-pub static PARKS: AtomicUsize = AtomicUsize::new(0);
-pub static OFFLOADS: AtomicUsize = AtomicUsize::new(0);
-pub static OFFLOADS_PARKED: AtomicUsize = AtomicUsize::new(0);
-pub static OFFLOADS_INLINE: AtomicUsize = AtomicUsize::new(0);
-pub static IO_PARKS: AtomicUsize = AtomicUsize::new(0);
+/// The counters, in one exported, C-laid-out block: a watcher (toffload-watch) reads
+/// it from the target's memory (process_vm_readv at the address of the
+/// `toffload_counters` symbol), so the runtime's numbers are visible without any
+/// environment variable or file.
+#[repr(C)]
+pub struct Counters {
+    /// COUNTERS_MAGIC: says the block is what the watcher expects.
+    pub magic: AtomicU64,
+    pub version: AtomicU64,
+    pub fibers_created: AtomicUsize,
+    pub fibers_live: AtomicUsize,
+    pub carriers: AtomicUsize,
+    pub parks: AtomicUsize,
+    pub offloads: AtomicUsize,
+    pub offloads_parked: AtomicUsize,
+    pub offloads_inline: AtomicUsize,
+    pub io_parks: AtomicUsize,
+    /// 0 off, 1 detect, 2 enforce.
+    pub guard_mode: AtomicUsize,
+    pub guard_pages: AtomicUsize,
+    pub guard_faults: AtomicUsize,
+    pub guard_conflicts: AtomicUsize,
+    pub guard_serialized: AtomicUsize,
+    pub guard_released: AtomicUsize,
+}
+
+/// "TOFFLOAD" in little-endian ASCII.
+pub const COUNTERS_MAGIC: u64 = u64::from_le_bytes(*b"TOFFLOAD");
+
+#[export_name = "toffload_counters"]
+pub static COUNTERS: Counters = Counters {
+    magic: AtomicU64::new(COUNTERS_MAGIC),
+    version: AtomicU64::new(1),
+    fibers_created: AtomicUsize::new(0),
+    fibers_live: AtomicUsize::new(0),
+    carriers: AtomicUsize::new(0),
+    parks: AtomicUsize::new(0),
+    offloads: AtomicUsize::new(0),
+    offloads_parked: AtomicUsize::new(0),
+    offloads_inline: AtomicUsize::new(0),
+    io_parks: AtomicUsize::new(0),
+    guard_mode: AtomicUsize::new(0),
+    guard_pages: AtomicUsize::new(0),
+    guard_faults: AtomicUsize::new(0),
+    guard_conflicts: AtomicUsize::new(0),
+    guard_serialized: AtomicUsize::new(0),
+    guard_released: AtomicUsize::new(0),
+};
 
 const EVERY_NS: u64 = 50_000_000;
 static LAST_FLUSH: AtomicU64 = AtomicU64::new(0);
 static LAST_SUM: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 fn sum() -> usize {
+    let c = &COUNTERS;
     [
-        &FIBERS_CREATED,
-        &FIBERS_LIVE,
-        &CARRIERS,
-        &PARKS,
-        &OFFLOADS,
-        &IO_PARKS,
-        &crate::guard::FAULTS,
-        &crate::guard::SERIALIZED,
+        &c.fibers_created,
+        &c.fibers_live,
+        &c.carriers,
+        &c.parks,
+        &c.offloads,
+        &c.io_parks,
+        &c.guard_faults,
+        &c.guard_serialized,
     ]
     .iter()
     .map(|c| c.load(Relaxed))
@@ -40,21 +81,21 @@ pub fn json() -> String {
         // SAFETY: getpid cannot fail.
         unsafe { libc::getpid() },
         crate::engaged(),
-        CARRIERS.load(Relaxed),
-        FIBERS_CREATED.load(Relaxed),
-        FIBERS_LIVE.load(Relaxed),
-        PARKS.load(Relaxed),
-        OFFLOADS.load(Relaxed),
-        OFFLOADS_PARKED.load(Relaxed),
-        OFFLOADS_INLINE.load(Relaxed),
-        IO_PARKS.load(Relaxed),
+        COUNTERS.carriers.load(Relaxed),
+        COUNTERS.fibers_created.load(Relaxed),
+        COUNTERS.fibers_live.load(Relaxed),
+        COUNTERS.parks.load(Relaxed),
+        COUNTERS.offloads.load(Relaxed),
+        COUNTERS.offloads_parked.load(Relaxed),
+        COUNTERS.offloads_inline.load(Relaxed),
+        COUNTERS.io_parks.load(Relaxed),
         crate::offload::PARK_COST_NS.load(Relaxed),
         crate::guard::mechanism(),
-        crate::guard::GUARDED_PAGES.load(Relaxed),
-        crate::guard::FAULTS.load(Relaxed),
-        crate::guard::CONFLICTS.load(Relaxed),
-        crate::guard::SERIALIZED.load(Relaxed),
-        crate::guard::RELEASED.load(Relaxed),
+        crate::stats::COUNTERS.guard_pages.load(Relaxed),
+        crate::stats::COUNTERS.guard_faults.load(Relaxed),
+        crate::stats::COUNTERS.guard_conflicts.load(Relaxed),
+        crate::stats::COUNTERS.guard_serialized.load(Relaxed),
+        crate::stats::COUNTERS.guard_released.load(Relaxed),
     )
 }
 

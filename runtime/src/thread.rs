@@ -128,8 +128,8 @@ pub unsafe fn create(
         *out = (*f).handle();
     }
     crate::engage();
-    stats::FIBERS_CREATED.fetch_add(1, Relaxed);
-    stats::FIBERS_LIVE.fetch_add(1, Relaxed);
+    stats::COUNTERS.fibers_created.fetch_add(1, Relaxed);
+    stats::COUNTERS.fibers_live.fetch_add(1, Relaxed);
     c.live.fetch_add(1, Relaxed);
     c.enqueue(&*f);
     0
@@ -356,5 +356,7 @@ pub unsafe fn after_fork_child() {
     if let Some(set) = s.as_mut() {
         set.retain(|&h| Some(h) == keep);
     }
-    stats::FIBERS_LIVE.store(keep.is_some() as usize, Relaxed);
+    stats::COUNTERS
+        .fibers_live
+        .store(keep.is_some() as usize, Relaxed);
 }

@@ -29,12 +29,6 @@ use regions::{Range, PAGE};
 use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 
-pub static FAULTS: AtomicUsize = AtomicUsize::new(0);
-pub static CONFLICTS: AtomicUsize = AtomicUsize::new(0);
-pub static SERIALIZED: AtomicUsize = AtomicUsize::new(0);
-pub static RELEASED: AtomicUsize = AtomicUsize::new(0);
-pub static GUARDED_PAGES: AtomicUsize = AtomicUsize::new(0);
-
 /// How writes are seen in detect mode: 0 not armed, 1 userfaultfd, 2 mprotect.
 static MECH: AtomicU8 = AtomicU8::new(0);
 const MECH_UFFD: u8 = 1;
@@ -88,26 +82,30 @@ pub fn in_guarded(addr: usize) -> bool {
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn toffload_guard_conflict(page: usize, fiber: u64) {
-    std::hint::black_box((page, fiber));
+    // Distinct bodies: identical ones would be folded into one address.
+    LAST_CONFLICT.store(page ^ fiber as usize, Relaxed);
 }
+
+static LAST_CONFLICT: AtomicUsize = AtomicUsize::new(0);
+static LAST_SERIALIZED: AtomicUsize = AtomicUsize::new(0);
 
 /// A marker for each handler made to wait for a page another handler owns.
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn toffload_guard_serialized(page: usize, fiber: u64) {
-    std::hint::black_box((page, fiber));
+    LAST_SERIALIZED.store(page ^ fiber as usize, Relaxed);
 }
 
 /// Records a write of `page` by `f` (None: a real thread) and applies the rule.
 fn record_write(page: usize, f: Option<&Fiber>) {
-    FAULTS.fetch_add(1, Relaxed);
+    crate::stats::COUNTERS.guard_faults.fetch_add(1, Relaxed);
     let (writer, window) = f.map_or((0, None), |f| (f.id, f.guard.window()));
     let conflict = LEDGER
         .lock()
         .get_or_insert_with(Ledger::default)
         .write(page, writer, window);
     if conflict {
-        CONFLICTS.fetch_add(1, Relaxed);
+        crate::stats::COUNTERS.guard_conflicts.fetch_add(1, Relaxed);
         toffload_guard_conflict(page, writer);
         crate::log_at!(
             crate::log::DEBUG,
@@ -165,7 +163,13 @@ pub fn arm() {
     // neither is a handler's shared state.
     let ranges = split_out(ranges, &got);
     let pages: usize = ranges.iter().map(|r| (r.end - r.start) / PAGE).sum();
-    GUARDED_PAGES.store(pages, Relaxed);
+    crate::stats::COUNTERS.guard_pages.store(pages, Relaxed);
+    let m = if cfg.guard == GuardMode::Enforce {
+        2
+    } else {
+        1
+    };
+    crate::stats::COUNTERS.guard_mode.store(m, Relaxed);
     *RANGES.lock() = ranges.clone();
     crate::signals::install();
     match cfg.guard {
@@ -357,7 +361,9 @@ pub fn add_region(start: usize, len: usize) -> c_int {
     }
     // Armed already: guard it now with the mprotect mechanism of this mode.
     RANGES.lock().push(r);
-    GUARDED_PAGES.fetch_add((r.end - r.start) / PAGE, Relaxed);
+    crate::stats::COUNTERS
+        .guard_pages
+        .fetch_add((r.end - r.start) / PAGE, Relaxed);
     match mode() {
         GuardMode::Enforce => own::arm(&[r]),
         _ => {

@@ -13,7 +13,6 @@
 //! it is released from the guard for good, and counted.
 
 use super::regions::{Range, PAGE};
-use super::{RELEASED, SERIALIZED};
 use crate::fiber::{self, Fiber};
 use crate::spinlock::SpinLock;
 use crate::waitq::{Slot, WaitQueues};
@@ -65,7 +64,7 @@ pub unsafe fn on_fault(page: usize, ctx: *mut libc::c_void) -> bool {
     let uc = ctx as *mut libc::ucontext_t;
     // x86 page-fault error code: bit 1 = write access.
     let write = (*uc).uc_mcontext.gregs[libc::REG_ERR as usize] & 2 != 0;
-    super::FAULTS.fetch_add(1, Relaxed);
+    crate::stats::COUNTERS.guard_faults.fetch_add(1, Relaxed);
     let mut g = PAGES.lock();
     let Some(st) = g.as_mut().and_then(|m| m.get_mut(&page)) else {
         return false;
@@ -74,7 +73,7 @@ pub unsafe fn on_fault(page: usize, ctx: *mut libc::c_void) -> bool {
         // A real thread: it cannot wait for a fiber's handler. Stop guarding the page.
         if !st.released {
             st.released = true;
-            RELEASED.fetch_add(1, Relaxed);
+            crate::stats::COUNTERS.guard_released.fetch_add(1, Relaxed);
         }
         prot(page, libc::PROT_READ | libc::PROT_WRITE);
         return true;
@@ -109,7 +108,9 @@ pub unsafe fn on_fault(page: usize, ctx: *mut libc::c_void) -> bool {
     }
     drop(g);
     // Owned by another handler: wait for it, then retry the access.
-    SERIALIZED.fetch_add(1, Relaxed);
+    crate::stats::COUNTERS
+        .guard_serialized
+        .fetch_add(1, Relaxed);
     super::toffload_guard_serialized(page, f.id);
     f.guard.wait_page.set(page);
     super::trampoline::redirect(uc);
@@ -140,7 +141,7 @@ pub fn wait_for_page(f: &Fiber) {
             if let Some(st) = g.as_mut().and_then(|m| m.get_mut(&page)) {
                 if st.owner != 0 && st.owner != me && !st.released {
                     st.released = true;
-                    RELEASED.fetch_add(1, Relaxed);
+                    crate::stats::COUNTERS.guard_released.fetch_add(1, Relaxed);
                     crate::log::line(format_args!(
                         "guard: page {page:#x} waited for over 1 s (handlers owning pages each other wants?); no longer guarded"
                     ));
