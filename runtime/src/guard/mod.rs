@@ -83,7 +83,8 @@ pub fn in_guarded(addr: usize) -> bool {
 #[inline(never)]
 pub extern "C" fn toffload_guard_conflict(page: usize, fiber: u64) {
     // Distinct bodies: identical ones would be folded into one address.
-    LAST_CONFLICT.store(page ^ fiber as usize, Relaxed);
+    // SAFETY: a plain volatile store to our own static (volatile: never optimised out).
+    unsafe { std::ptr::write_volatile(LAST_CONFLICT.as_ptr(), page ^ fiber as usize) };
 }
 
 static LAST_CONFLICT: AtomicUsize = AtomicUsize::new(0);
@@ -93,7 +94,10 @@ static LAST_SERIALIZED: AtomicUsize = AtomicUsize::new(0);
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn toffload_guard_serialized(page: usize, fiber: u64) {
-    LAST_SERIALIZED.store(page ^ fiber as usize, Relaxed);
+    // SAFETY: as in toffload_guard_conflict.
+    unsafe {
+        std::ptr::write_volatile(LAST_SERIALIZED.as_ptr(), page.wrapping_add(fiber as usize))
+    };
 }
 
 /// Records a write of `page` by `f` (None: a real thread) and applies the rule.
