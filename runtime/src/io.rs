@@ -313,34 +313,85 @@ pub unsafe fn write(f: &Fiber, fd: c_int, buf: *const c_void, n: usize) -> isize
 
 pub unsafe fn recvmsg(f: &Fiber, fd: c_int, msg: *mut msghdr, flags: c_int) -> isize {
     crate::guard::handler_end(f);
-    // SAFETY (all calls below): caller's arguments, forwarded.
-    let call = |fl: c_int| unsafe { (real::recvmsg())(fd, msg, fl) };
+    let call = |m: *mut msghdr, fl: c_int| unsafe { (real::recvmsg())(fd, m, fl) };
     if flags & libc::MSG_DONTWAIT != 0 {
-        return call(flags);
+        return call(msg, flags);
     }
-    retry(
-        f,
-        fd,
-        IN,
-        || call(flags | libc::MSG_DONTWAIT),
-        || call(flags),
-    )
+    if flags & libc::MSG_WAITALL == 0 {
+        return retry(
+            f,
+            fd,
+            IN,
+            || call(msg, flags | libc::MSG_DONTWAIT),
+            || call(msg, flags),
+        );
+    }
+    // MSG_WAITALL: keep receiving into what is left of the iovecs.
+    let iov: Vec<iovec> = std::slice::from_raw_parts((*msg).msg_iov, (*msg).msg_iovlen).to_vec();
+    let total: usize = iov.iter().map(|x| x.iov_len).sum();
+    let mut got = 0usize;
+    while got < total {
+        let rest = advance(&iov, got);
+        let mut m = *msg;
+        m.msg_iov = rest.as_ptr() as *mut iovec;
+        m.msg_iovlen = rest.len();
+        let mp: *mut msghdr = &mut m;
+        let r = retry(
+            f,
+            fd,
+            IN,
+            || call(mp, flags | libc::MSG_DONTWAIT),
+            || call(mp, flags),
+        );
+        if got == 0 {
+            // The control data and flags are the first call's.
+            (*msg).msg_controllen = m.msg_controllen;
+            (*msg).msg_flags = m.msg_flags;
+            (*msg).msg_namelen = m.msg_namelen;
+        }
+        if r <= 0 {
+            return if got > 0 { got as isize } else { r };
+        }
+        got += r as usize;
+    }
+    got as isize
 }
 
+/// Blocking stream semantics: everything is sent (datagrams go whole or not at all).
 pub unsafe fn sendmsg(f: &Fiber, fd: c_int, msg: *const msghdr, flags: c_int) -> isize {
     crate::guard::handler_end(f);
-    // SAFETY (all calls below): caller's arguments, forwarded.
-    let call = |fl: c_int| unsafe { (real::sendmsg())(fd, msg, fl) };
+    let call = |m: *const msghdr, fl: c_int| unsafe { (real::sendmsg())(fd, m, fl) };
     if flags & libc::MSG_DONTWAIT != 0 {
-        return call(flags);
+        return call(msg, flags);
     }
-    retry(
-        f,
-        fd,
-        OUT,
-        || call(flags | libc::MSG_DONTWAIT),
-        || call(flags),
-    )
+    let iov: Vec<iovec> = std::slice::from_raw_parts((*msg).msg_iov, (*msg).msg_iovlen).to_vec();
+    let total: usize = iov.iter().map(|x| x.iov_len).sum();
+    let mut put = 0usize;
+    loop {
+        let rest = advance(&iov, put);
+        let mut m = *msg;
+        m.msg_iov = rest.as_ptr() as *mut iovec;
+        m.msg_iovlen = rest.len();
+        if put > 0 {
+            // Ancillary data goes with the first piece only.
+            m.msg_control = std::ptr::null_mut();
+            m.msg_controllen = 0;
+        }
+        let r = retry(
+            f,
+            fd,
+            OUT,
+            || call(&m, flags | libc::MSG_DONTWAIT),
+            || call(&m, flags),
+        );
+        if r < 0 {
+            return if put > 0 { put as isize } else { r };
+        }
+        put += r as usize;
+        if put >= total || r == 0 {
+            return put as isize;
+        }
+    }
 }
 
 fn iov_msg(iov: *const iovec, cnt: c_int) -> msghdr {
@@ -437,9 +488,30 @@ pub unsafe fn accept4(
     alen: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
-    // SAFETY (all calls below): caller's arguments, forwarded.
-    let call = || unsafe { (real::accept4())(fd, addr, alen, flags) } as isize;
-    nonsocket(f, fd, IN, call) as c_int
+    let call = || unsafe { (real::accept4())(fd, addr, alen, flags) };
+    if app_nonblocking(fd) {
+        return call();
+    }
+    // Ready first (accept has no per-call non-blocking flag), with SO_RCVTIMEO.
+    let deadline = sock_deadline(fd, IN);
+    loop {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        if (real::poll())(&mut p, 1, 0) != 0 {
+            return call();
+        }
+        match wait_fd(f, fd, IN, deadline) {
+            Ok(true) => {
+                real::set_errno(libc::EAGAIN);
+                return -1;
+            }
+            Ok(false) => {}
+            Err(_) => return call(),
+        }
+    }
 }
 
 pub unsafe fn connect(f: &Fiber, fd: c_int, addr: *const sockaddr, alen: socklen_t) -> c_int {
@@ -452,8 +524,13 @@ pub unsafe fn connect(f: &Fiber, fd: c_int, addr: *const sockaddr, alen: socklen
     let mut r = unsafe { (real::connect())(fd, addr, alen) };
     let mut err = real::errno();
     if r < 0 && err == libc::EINPROGRESS {
-        match wait_fd(f, fd, OUT, None) {
-            Ok(_) => {
+        match wait_fd(f, fd, OUT, sock_deadline(fd, OUT)) {
+            // SO_SNDTIMEO passed: Linux says EINPROGRESS (the attempt goes on).
+            Ok(true) => {
+                r = -1;
+                err = libc::EINPROGRESS;
+            }
+            Ok(false) => {
                 let mut so: c_int = 0;
                 let mut len = std::mem::size_of::<c_int>() as socklen_t;
                 unsafe {
