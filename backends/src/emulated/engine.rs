@@ -4,7 +4,7 @@
 
 use super::aes::CtrEngine;
 use super::lanes::Lanes;
-use super::slots::{Slots, CANCELLED, WAITER};
+use crate::slots::{Slots, CANCELLED, WAITER};
 use super::{DeviceStats, EmuConfig};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

@@ -1,0 +1,427 @@
+//! The cuda backend: AES-128-CTR on an NVIDIA GPU, bit-identical to the emulated
+//! device, through cudarc with the driver and NVRTC loaded at run time (the crate
+//! builds and tests on machines without CUDA).
+//!
+//! Each submit copies the caller's bytes into its lane's pinned buffer, queues
+//! H2D copy, kernel, D2H copy, an event and a host callback on a stream from the pool,
+//! and returns. `done` is cuEventQuery; the first poll that sees the event complete
+//! copies the pinned result into the caller's buffer (on the polling thread), then
+//! reports done. `wait` sleeps in cuEventSynchronize (blocking-sync events). The
+//! completion fd is written by the host callback (notify.rs), so nothing spins.
+//!
+//! driver.rs finds the driver and the device, kernel.rs compiles aes_ctr.cu,
+//! pool.rs holds lanes and streams, notify.rs the completion fd.
+
+pub mod driver;
+pub mod kernel;
+mod notify;
+mod pool;
+
+use crate::config::{self, knob, ConfigError};
+use crate::slots::{Claimed, Slots, CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITER};
+use crate::{AccelError, Accelerator, OpId, OpState};
+use cudarc::driver::sys;
+pub use driver::{CuError, DeviceInfo};
+use kernel::{AesParams, Kernel};
+use pool::{Lane, Streams};
+use std::ffi::c_void;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::sync::Arc;
+
+/// The largest operation accepted, as the emulated device's (64 MiB).
+pub const MAX_BYTES: usize = crate::emulated::MAX_BYTES;
+
+/// The backend's knobs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CudaConfig {
+    /// Device ordinal (TOFFLOAD_CUDA_DEVICE, default 0).
+    pub device: i32,
+    /// Streams in the pool (TOFFLOAD_CUDA_STREAMS, default 16).
+    pub streams: usize,
+    /// Operations in flight before submit fails with EAGAIN; one lane (pinned and
+    /// device buffers, grown on demand) each (TOFFLOAD_CUDA_MAX_INFLIGHT, default 1024).
+    pub max_inflight: usize,
+    /// Largest operation accepted, bytes.
+    pub max_bytes: usize,
+}
+
+impl Default for CudaConfig {
+    fn default() -> Self {
+        CudaConfig {
+            device: 0,
+            streams: 16,
+            max_inflight: 1024,
+            max_bytes: MAX_BYTES,
+        }
+    }
+}
+
+impl CudaConfig {
+    /// Reads the TOFFLOAD_CUDA_* knobs through `get`.
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let d = CudaConfig::default();
+        let device = knob(get, "TOFFLOAD_CUDA_DEVICE", "a device ordinal, e.g. 0", |s| {
+            config::parse_range(s, 0, 1023)
+        })?
+        .map_or(d.device, |v| v as i32);
+        let streams = knob(
+            get,
+            "TOFFLOAD_CUDA_STREAMS",
+            "an integer from 1 to 1024",
+            |s| config::parse_range(s, 1, 1024),
+        )?
+        .map_or(d.streams, |v| v as usize);
+        let max_inflight = knob(
+            get,
+            "TOFFLOAD_CUDA_MAX_INFLIGHT",
+            "an integer from 1 to 65536",
+            |s| config::parse_range(s, 1, 65536),
+        )?
+        .map_or(d.max_inflight, |v| v as usize);
+        Ok(CudaConfig {
+            device,
+            streams,
+            max_inflight,
+            max_bytes: d.max_bytes,
+        })
+    }
+
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(&config::from_env)
+    }
+}
+
+/// Loads the driver and checks the configured device, without creating a context:
+/// what the C ABI runs when the library loads, so that a machine with no GPU is
+/// reported at start-up.
+pub fn check_device(cfg: &CudaConfig) -> Result<DeviceInfo, CuError> {
+    driver::init(cfg.device).map(|(_, info)| info)
+}
+
+struct Inner {
+    cfg: CudaConfig,
+    info: DeviceInfo,
+    // Field order is drop order: CUDA objects before the context that owns them.
+    kernel: Kernel,
+    streams: Streams,
+    lanes: Box<[Lane]>,
+    ctx: driver::Context,
+    slots: Slots<(usize, usize)>,
+    notifier: notify::Notifier,
+    params: AesParams,
+    completed: AtomicU64,
+    /// CuError kinds already logged: each cause gets one line, not one per call.
+    logged: AtomicU32,
+}
+
+impl Inner {
+    fn log_once(&self, e: &CuError) {
+        let bit = 1 << e.kind();
+        if self.logged.fetch_or(bit, Relaxed) & bit == 0 {
+            eprintln!("toffload_accel: cuda: {e}");
+        }
+    }
+
+    /// The stream passed an op's callback: signal, and drop the stream's reference.
+    fn gpu_finished(&self, index: u32) {
+        self.notifier.signal();
+        self.drop_ref(index);
+    }
+
+    fn drop_ref(&self, index: u32) {
+        if self.lanes[index as usize].refs.fetch_sub(1, AcqRel) == 1 {
+            self.slots.free(index);
+        }
+    }
+}
+
+/// The cuda accelerator.
+pub struct Cuda {
+    inner: Arc<Inner>,
+}
+
+fn to_accel(e: &CuError) -> AccelError {
+    match e {
+        CuError::OutOfMemory(_) => AccelError::OutOfMemory,
+        CuError::Missing(_) | CuError::NoDevice(_) => AccelError::NoDevice,
+        CuError::Kernel(_) | CuError::Driver(_) => AccelError::DeviceFault,
+    }
+}
+
+impl Cuda {
+    /// Loads the driver, opens the device, compiles the kernel. Errors name the cause
+    /// (no driver, no device, NVRTC missing or failing, out of memory).
+    pub fn new(cfg: CudaConfig) -> Result<Cuda, CuError> {
+        let (dev, info) = driver::init(cfg.device)?;
+        let ctx = driver::Context::retain(dev)?;
+        let kernel = kernel::build(info.cc)?;
+        // SAFETY: context current (retain made it so on this thread).
+        let streams = unsafe { Streams::new(cfg.streams)? };
+        let notifier = notify::Notifier::new()
+            .map_err(|e| CuError::Driver(format!("creating the completion eventfd: {e}")))?;
+        let lanes = (0..cfg.max_inflight).map(|_| Lane::empty()).collect();
+        Ok(Cuda {
+            inner: Arc::new(Inner {
+                slots: Slots::new(cfg.max_inflight),
+                cfg,
+                info,
+                kernel,
+                streams,
+                lanes,
+                ctx,
+                notifier,
+                params: AesParams::device(),
+                completed: AtomicU64::new(0),
+                logged: AtomicU32::new(0),
+            }),
+        })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.inner.info
+    }
+
+    pub fn config(&self) -> &CudaConfig {
+        &self.inner.cfg
+    }
+
+    /// Operations completed so far.
+    pub fn completed(&self) -> u64 {
+        self.inner.completed.load(Acquire)
+    }
+
+    /// Queues op `index` (its slot RUNNING, owned by us): copy in, H2D, kernel, D2H,
+    /// event, callback. On error nothing of it is left in flight.
+    fn enqueue(&self, index: u32, buf: *const u8, len: usize) -> Result<(), CuError> {
+        let inner = &self.inner;
+        inner.ctx.make_current()?;
+        let lane = &inner.lanes[index as usize];
+        // SAFETY: we own the slot, and its previous op drained (the slot was free).
+        let res = unsafe { lane.ensure(len)? };
+        if len > 0 {
+            // SAFETY: caller's buffer valid for len bytes; the lane holds >= len.
+            unsafe { std::ptr::copy_nonoverlapping(buf, res.host, len) };
+        }
+        let stream = inner.streams.pick();
+        let queued = (|| -> Result<(), CuError> {
+            // SAFETY: context current; buffers sized above; stream live.
+            unsafe {
+                if len > 0 {
+                    driver::check(
+                        sys::cuMemcpyHtoDAsync_v2(res.dev, res.host as *const c_void, len, stream),
+                        "queueing the copy to the device",
+                    )?;
+                    let mut data = res.dev;
+                    let mut n = len as u64;
+                    let mut p = inner.params;
+                    let mut args = [
+                        &mut data as *mut _ as *mut c_void,
+                        &mut n as *mut _ as *mut c_void,
+                        &mut p as *mut _ as *mut c_void,
+                    ];
+                    driver::check(
+                        sys::cuLaunchKernel(
+                            inner.kernel.func,
+                            kernel::grid_for(len),
+                            1,
+                            1,
+                            kernel::THREADS,
+                            1,
+                            1,
+                            0,
+                            stream,
+                            args.as_mut_ptr(),
+                            std::ptr::null_mut(),
+                        ),
+                        "launching the AES kernel",
+                    )
+                    .map_err(|e| match e {
+                        CuError::Driver(m) => CuError::Kernel(m),
+                        other => other,
+                    })?;
+                    driver::check(
+                        sys::cuMemcpyDtoHAsync_v2(res.host as *mut c_void, res.dev, len, stream),
+                        "queueing the copy from the device",
+                    )?;
+                }
+                driver::check(
+                    sys::cuEventRecord(res.event, stream),
+                    "recording the completion event",
+                )?;
+                lane.refs.store(2, Release);
+                let me = Arc::clone(inner);
+                notify::after(stream, Box::new(move || me.gpu_finished(index)))
+            }
+        })();
+        if queued.is_err() {
+            // Whatever was queued must finish before the lane can be reused.
+            // SAFETY: live stream, context current.
+            unsafe { sys::cuStreamSynchronize(stream) };
+            lane.refs.store(0, Release);
+        }
+        queued
+    }
+
+    /// Polls a published op: on completion, copies the result out (once) and marks it DONE.
+    fn poll(&self, c: &Claimed<'_, (usize, usize)>) -> Result<OpState, AccelError> {
+        let inner = &self.inner;
+        loop {
+            let s = c.slot.state.load(Acquire);
+            let out = match s & !WAITER {
+                RUNNING => Ok(OpState::Pending),
+                DONE => Ok(OpState::Done),
+                FAILED => Err(AccelError::DeviceFault),
+                PENDING => {
+                    let lane = &inner.lanes[c.index as usize];
+                    if let Err(e) = inner.ctx.make_current() {
+                        inner.log_once(&e);
+                        return Err(to_accel(&e));
+                    }
+                    // SAFETY: event created before the op was published.
+                    let r = unsafe { sys::cuEventQuery(lane.res().event) };
+                    if r == sys::CUresult::CUDA_ERROR_NOT_READY {
+                        Ok(OpState::Pending)
+                    } else if !c.slot.start() {
+                        continue; // someone else claimed, or released, it meanwhile
+                    } else if let Err(e) = driver::check(r, "running the AES operation") {
+                        inner.log_once(&e);
+                        c.slot.finish(false);
+                        Err(AccelError::DeviceFault)
+                    } else {
+                        let (buf, len) = c.slot.op();
+                        if len > 0 {
+                            // SAFETY: the op's buffer stays valid until released, and
+                            // release waits while we are RUNNING; the D2H copy is
+                            // complete (event passed).
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    lane.res().host,
+                                    buf as *mut u8,
+                                    len,
+                                )
+                            };
+                        }
+                        inner.completed.fetch_add(1, Release);
+                        c.slot.finish(true);
+                        Ok(OpState::Done)
+                    }
+                }
+                _ => Err(AccelError::BadHandle),
+            };
+            // The slot may have been released and reused since the lookup.
+            if inner.slots.generation_of(c.index) != c.generation {
+                return Err(AccelError::BadHandle);
+            }
+            return out;
+        }
+    }
+}
+
+impl Drop for Cuda {
+    fn drop(&mut self) {
+        let inner = &self.inner;
+        if inner.ctx.make_current().is_err() {
+            return;
+        }
+        // Drain every stream: copies, kernels and callbacks (which hold Arcs of
+        // `inner` and must not be the last to drop it: its Drop calls CUDA).
+        for &s in inner.streams.all() {
+            // SAFETY: live streams, context current.
+            unsafe { sys::cuStreamSynchronize(s) };
+        }
+        for lane in inner.lanes.iter() {
+            // SAFETY: streams drained: nothing in flight.
+            unsafe { lane.destroy() };
+        }
+        // SAFETY: module loaded in Cuda::new; nothing uses it any more.
+        unsafe { sys::cuModuleUnload(inner.kernel.module) };
+    }
+}
+
+impl Accelerator for Cuda {
+    unsafe fn submit(&self, buf: *mut u8, len: usize) -> Result<OpId, AccelError> {
+        if buf.is_null() && len > 0 {
+            return Err(AccelError::NullBuffer);
+        }
+        let max = self.inner.cfg.max_bytes;
+        if len > max {
+            return Err(AccelError::TooLarge { len, max });
+        }
+        // RUNNING until queued: a poll of a guessed handle must not query the lane's
+        // previous event.
+        let c = self.inner.slots.allocate_as((buf as usize, len), RUNNING)?;
+        let id = Slots::handle(&c);
+        if let Err(e) = self.enqueue(c.index, buf, len) {
+            self.inner.log_once(&e);
+            self.inner.slots.free(c.index);
+            return Err(to_accel(&e));
+        }
+        if c.slot.state.swap(PENDING, AcqRel) & WAITER != 0 {
+            crate::futex::wake_all(&c.slot.state);
+        }
+        Ok(OpId(id))
+    }
+
+    fn done(&self, id: OpId) -> Result<OpState, AccelError> {
+        let c = self.inner.slots.lookup(id.0)?;
+        self.poll(&c)
+    }
+
+    fn wait(&self, id: OpId) -> Result<(), AccelError> {
+        loop {
+            let c = self.inner.slots.lookup(id.0)?;
+            if self.poll(&c)? == OpState::Done {
+                return Ok(());
+            }
+            match c.slot.state.load(Acquire) & !WAITER {
+                PENDING => {
+                    let ev = self.inner.lanes[c.index as usize].res().event;
+                    // SAFETY: a live event (lanes are never destroyed while the
+                    // backend lives). A failure shows up in the next cuEventQuery.
+                    unsafe { sys::cuEventSynchronize(ev) };
+                }
+                // Another thread is copying the result out.
+                RUNNING => {
+                    c.slot.wait_terminal();
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn release(&self, id: OpId) -> Result<(), AccelError> {
+        let c = self.inner.slots.lookup(id.0)?;
+        let state = &c.slot.state;
+        loop {
+            let s = state.load(Acquire);
+            match s & !WAITER {
+                // Pending: cancelled; the GPU's work lands in the lane, never in the
+                // caller's buffer, and the slot is freed once the stream is past it.
+                // Done/failed: the same, the handle is just retired.
+                PENDING | DONE | FAILED => {
+                    if state.compare_exchange(s, CANCELLED, AcqRel, Acquire).is_ok() {
+                        if s & WAITER != 0 {
+                            crate::futex::wake_all(state);
+                        }
+                        self.inner.drop_ref(c.index);
+                        return Ok(());
+                    }
+                }
+                // A poller is copying the result into the buffer: wait until whole.
+                RUNNING => std::thread::yield_now(),
+                _ => return Err(AccelError::BadHandle),
+            }
+            if self.inner.slots.generation_of(c.index) != c.generation {
+                return Err(AccelError::BadHandle);
+            }
+        }
+    }
+
+    fn completion_fd(&self) -> RawFd {
+        self.inner.notifier.fd()
+    }
+}
+
+#[cfg(test)]
+mod tests;
