@@ -67,6 +67,7 @@ fn malformed_knob_is_reported_at_load_and_calls_fail() {
         ("TOFFLOAD_EMU_LAT_US", "abc"),
         ("TOFFLOAD_WAIT", "sleepy"),
         ("TOFFLOAD_BACKEND", "quantum"),
+        ("TOFFLOAD_CUDA_STREAMS", "0"),
     ] {
         let out = Command::new(&bin)
             .arg("badknob")
@@ -82,6 +83,45 @@ fn malformed_knob_is_reported_at_load_and_calls_fail() {
         );
         // Reported once, at load, not once per call.
         assert_eq!(stderr.matches(var).count(), 1, "{stderr}");
+    }
+    let _ = std::fs::remove_file(bin);
+}
+
+/// TOFFLOAD_BACKEND=cuda through the C ABI. Without a GPU (this machine, CI): one
+/// message at load naming the missing driver, then -ENODEV from every call, promptly.
+/// With one: the same C checks as the emulated device passes (a GPU test: on machines
+/// without a GPU this is the no-GPU half, which is the expected state of CI).
+#[test]
+fn cuda_backend_through_the_c_abi() {
+    use toffload_accel::cuda::{check_device, CudaConfig};
+    let bin = build_abi_test("cuda");
+    let gpu = check_device(&CudaConfig::default());
+    let t = std::time::Instant::now();
+    let mode = if gpu.is_ok() { "normal" } else { "nodevice" };
+    let out = Command::new(&bin)
+        .arg(mode)
+        .env("TOFFLOAD_BACKEND", "cuda")
+        .env("TOFFLOAD_CUDA_MAX_INFLIGHT", "4")
+        .output()
+        .unwrap();
+    let elapsed = t.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    print!("{stdout}");
+    eprint!("{stderr}");
+    assert!(out.status.success(), "abi_test {mode} under cuda:\n{stdout}\n{stderr}");
+    match gpu {
+        Ok(info) => eprintln!("ran the C ABI checks on {}", info.name),
+        Err(e) => {
+            let lines: Vec<&str> = stderr.lines().collect();
+            assert_eq!(lines.len(), 1, "exactly one message: {stderr}");
+            assert!(lines[0].contains("TOFFLOAD_BACKEND=cuda"), "{stderr}");
+            assert!(lines[0].contains("ENODEV"), "{stderr}");
+            if matches!(e, toffload_accel::cuda::CuError::Missing(_)) {
+                assert!(lines[0].contains("libcuda"), "names the driver: {stderr}");
+            }
+            assert!(elapsed.as_secs() < 10, "took {elapsed:?}");
+        }
     }
     let _ = std::fs::remove_file(bin);
 }
