@@ -50,6 +50,15 @@ pub struct Args {
 }
 
 const BENCH_BIN: &str = "toffload-cuda-bench";
+/// What --prebuilt needs from target/toffload.
+const CARRY: &[&str] = &[
+    "bin/xtask",
+    "bin/toffload-cuda-bench",
+    "bin/conn_server",
+    "bin/toffload-load",
+    "lib/libtoffload_accel.so",
+    "lib/libtoffload.so",
+];
 
 pub fn run(a: &Args) -> Result {
     let t0 = Instant::now();
@@ -103,9 +112,20 @@ pub fn run(a: &Args) -> Result {
     if a.build_only {
         let me = std::env::current_exe().map_err(|e| e.to_string())?;
         install(&me, &dist.join("bin").join("xtask"))?;
+        // What travels to a GPU machine must be small: drop the debug info.
+        for f in CARRY {
+            let p = dist.join(f);
+            if p.is_file() {
+                let _ = Command::new("strip").arg("--strip-debug").arg(&p).status();
+            }
+        }
         eprintln!(
-            "xtask: built into {}; on the GPU machine run `target/toffload/bin/xtask gpu-check --prebuilt` from the repository root",
-            dist.display()
+            "xtask: built; carry {} and run `target/toffload/bin/xtask gpu-check --prebuilt` from the repository root",
+            CARRY
+                .iter()
+                .map(|f| format!("target/toffload/{f}"))
+                .collect::<Vec<_>>()
+                .join(" ")
         );
         return Ok(());
     }
