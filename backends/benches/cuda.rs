@@ -281,6 +281,8 @@ fn main() {
     // Fail fast on a machine without a GPU, with the driver's or loader's reason.
     let info = check_device(&cfg)
         .unwrap_or_else(|e| die(&format!("no usable CUDA device: {e}")));
+    // The kernel is compiled at run time: NVRTC is as necessary as the driver.
+    toffload_accel::cuda::driver::probe_nvrtc().unwrap_or_else(|e| die(&e.to_string()));
     if a.probe {
         println!(
             "CUDA device {}: {} (compute {}.{}, driver {}.{})",

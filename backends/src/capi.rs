@@ -2,13 +2,13 @@
 //! TOFFLOAD_BACKEND; knobs are checked when the library loads, so a malformed one is
 //! reported at start-up, and every call then fails with -EINVAL rather than guessing.
 //! The device itself starts on first use and again in a forked child, whose copy of
-//! the device thread does not exist. With TOFFLOAD_BACKEND=cuda the driver and the
-//! device are also checked at load, so a machine without a GPU is reported at start-up
-//! and every call then fails with -ENODEV (a CUDA context does not survive fork: a
-//! forked child that uses the cuda backend gets the driver's error, reported once).
+//! the device thread does not exist. With TOFFLOAD_BACKEND=cuda the device starts at
+//! load, so a machine without a GPU is reported at start-up and every call then fails
+//! with -ENODEV (a CUDA context does not survive fork: a forked child that uses the
+//! cuda backend starts again, and gets the driver's error, reported once).
 
 use crate::config::{self, BackendKind, WaitStyle};
-use crate::cuda::{self, Cuda, CudaConfig};
+use crate::cuda::{Cuda, CudaConfig};
 use crate::{AccelError, Accelerator, EmuConfig, Emulated, OpId, OpState};
 use std::ffi::{c_int, c_long};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -68,11 +68,13 @@ fn unusable_error() -> AccelError {
 extern "C" fn on_load() {
     match settings() {
         Err(e) => unusable(&e, libc::EINVAL),
-        // Loading the driver and finding the device is cheap; the context and the
-        // kernel's compilation wait for the first call, as the emulated device does.
+        // The cuda device starts now, not on first use: a machine without a GPU is
+        // reported at start-up, and the driver's helper threads are created before
+        // the server's first accept (under the fiber runtime, threads created after it
+        // become fibers, and a driver thread must not).
         Ok(s) if s.backend == BackendKind::Cuda => {
-            if let Err(e) = cuda::check_device(&s.cuda) {
-                unusable(&format_args!("TOFFLOAD_BACKEND=cuda: {e}"), e.errno());
+            if STATE.compare_exchange(UNINIT, STARTING, AcqRel, Acquire).is_ok() {
+                start();
             }
         }
         Ok(_) => {}
@@ -132,12 +134,7 @@ fn start() {
         },
         BackendKind::Cuda => match Cuda::new(s.cuda) {
             Ok(d) => Box::new(d),
-            Err(e) => {
-                return unusable(
-                    &format_args!("TOFFLOAD_BACKEND=cuda: cannot start: {e}"),
-                    e.errno(),
-                )
-            }
+            Err(e) => return unusable(&format_args!("TOFFLOAD_BACKEND=cuda: {e}"), e.errno()),
         },
     };
     DEVICE.store(Box::into_raw(Box::new(dev)), Release);

@@ -73,6 +73,7 @@ pub fn run(a: &Args) -> Result {
         paths::dist()
     };
     let bench = dist.join("bin").join(BENCH_BIN);
+    add_nvrtc_to_library_path();
     if a.rehearse {
         return rehearse(a);
     }
@@ -386,4 +387,62 @@ fn rehearse(a: &Args) -> Result {
     } else {
         Err("a server run had wrong answers or errors".into())
     }
+}
+
+/// NVRTC ships with the CUDA toolkit or as a Python wheel (nvidia-cuda-nvrtc), often in
+/// a folder the dynamic loader does not search: add the usual ones that hold it to
+/// LD_LIBRARY_PATH for everything this check starts.
+fn add_nvrtc_to_library_path() {
+    let mut roots: Vec<PathBuf> = vec![
+        "/usr/local/cuda/lib64".into(),
+        "/usr/local/cuda/targets/x86_64-linux/lib".into(),
+    ];
+    let subdirs = |p: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(p)
+            .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default()
+    };
+    // Toolkits installed side by side: /usr/local/cuda-13.0/lib64, ...
+    for d in subdirs(Path::new("/usr/local")) {
+        if d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("cuda-")) {
+            roots.push(d.join("lib64"));
+        }
+    }
+    // Python wheels: <prefix>/lib/python3.X/{site,dist}-packages/nvidia/*/lib.
+    for prefix in ["/opt/torch/.venv/lib", "/usr/local/lib", "/usr/lib"] {
+        for py in subdirs(Path::new(prefix)) {
+            if !py.file_name().is_some_and(|n| n.to_string_lossy().starts_with("python3")) {
+                continue;
+            }
+            for pk in ["site-packages", "dist-packages"] {
+                for d in subdirs(&py.join(pk).join("nvidia")) {
+                    roots.push(d.join("lib"));
+                }
+            }
+        }
+    }
+    let has_nvrtc = |d: &Path| {
+        subdirs(d).iter().any(|f| {
+            f.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("libnvrtc.so"))
+        })
+    };
+    let found: Vec<String> = roots
+        .iter()
+        .filter(|d| has_nvrtc(d))
+        .map(|d| d.display().to_string())
+        .collect();
+    if found.is_empty() {
+        return;
+    }
+    let mut path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    for d in &found {
+        if !path.is_empty() {
+            path.push(':');
+        }
+        path.push_str(d);
+    }
+    eprintln!("xtask: NVRTC found in {}", found.join(", "));
+    // Single-threaded here: nothing else reads the environment concurrently.
+    std::env::set_var("LD_LIBRARY_PATH", path);
 }

@@ -92,9 +92,8 @@ impl CudaConfig {
     }
 }
 
-/// Loads the driver and checks the configured device, without creating a context:
-/// what the C ABI runs when the library loads, so that a machine with no GPU is
-/// reported at start-up.
+/// Loads the driver and checks the configured device, without creating a context or
+/// compiling anything: a cheap "is there a GPU here" for tests and the GPU check.
 pub fn check_device(cfg: &CudaConfig) -> Result<DeviceInfo, CuError> {
     driver::init(cfg.device).map(|(_, info)| info)
 }
@@ -161,7 +160,7 @@ impl Cuda {
         let notifier = notify::Notifier::new()
             .map_err(|e| CuError::Driver(format!("creating the completion eventfd: {e}")))?;
         let lanes = (0..cfg.max_inflight).map(|_| Lane::empty()).collect();
-        Ok(Cuda {
+        let dev = Cuda {
             inner: Arc::new(Inner {
                 slots: Slots::new(cfg.max_inflight),
                 cfg,
@@ -175,7 +174,61 @@ impl Cuda {
                 completed: AtomicU64::new(0),
                 logged: AtomicU32::new(0),
             }),
-        })
+        };
+        dev.self_test()?;
+        Ok(dev)
+    }
+
+    /// One known-answer operation through the whole path (copies, kernel, event,
+    /// callback), at start: a kernel that compiles but computes wrong answers is
+    /// reported here rather than in the first client's data, and the driver's helper
+    /// threads exist before the server accepts its first connection (the fiber
+    /// runtime turns threads created after that into fibers). Polls with a deadline:
+    /// never a hang, even in a library constructor.
+    fn self_test(&self) -> Result<(), CuError> {
+        // SP 800-38A's first plaintext block under the device key and counter.
+        const PLAIN: [u8; 16] = [
+            0x6b, 0xc1, 0xbe, 0xe2, 0x2e, 0x40, 0x9f, 0x96, 0xe9, 0x3d, 0x7e, 0x11, 0x73, 0x93,
+            0x17, 0x2a,
+        ];
+        const CIPHER: [u8; 16] = [
+            0x0d, 0x66, 0x79, 0x0a, 0x1a, 0x12, 0xae, 0xde, 0x7e, 0x6c, 0xa0, 0x16, 0x40, 0x85,
+            0xba, 0x87,
+        ];
+        let mut buf = PLAIN;
+        let c = self
+            .inner
+            .slots
+            .allocate_as((buf.as_mut_ptr() as usize, 16), RUNNING)
+            .map_err(|e| CuError::Driver(format!("self-test: {e}")))?;
+        if let Err(e) = self.enqueue(c.index, buf.as_ptr(), 16) {
+            self.inner.slots.free(c.index);
+            return Err(e);
+        }
+        c.slot.state.store(PENDING, Release);
+        let id = OpId(Slots::handle(&c));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let state = loop {
+            match self.done(id) {
+                Ok(OpState::Pending) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_micros(200))
+                }
+                other => break other,
+            }
+        };
+        let _ = self.release(id);
+        match state {
+            Ok(OpState::Done) if buf == CIPHER => Ok(()),
+            Ok(OpState::Done) => Err(CuError::Kernel(format!(
+                "the AES kernel's self-test gave {buf:02x?}, expected {CIPHER:02x?}"
+            ))),
+            Ok(OpState::Pending) => Err(CuError::Driver(
+                "the self-test operation did not complete within 20 s".into(),
+            )),
+            Err(e) => Err(CuError::Kernel(format!(
+                "the AES kernel's self-test failed: {e}"
+            ))),
+        }
     }
 
     pub fn info(&self) -> &DeviceInfo {
