@@ -238,7 +238,12 @@ fn throughput(dev: &Cuda, secs: f64, md: &mut String) {
             let mut bufs: Vec<Vec<u8>> = (0..k).map(|_| vec![3u8; n]).collect();
             let mut ops: Vec<(OpId, Instant)> = bufs
                 .iter_mut()
-                .map(|b| (unsafe { dev.submit(b.as_mut_ptr(), n) }.unwrap(), Instant::now()))
+                .map(|b| {
+                    (
+                        unsafe { dev.submit(b.as_mut_ptr(), n) }.unwrap(),
+                        Instant::now(),
+                    )
+                })
                 .collect();
             let mut lats = Vec::new();
             let start = Instant::now();
@@ -267,7 +272,11 @@ fn throughput(dev: &Cuda, secs: f64, md: &mut String) {
                 size_name(n),
                 rate,
                 rate * n as f64 / 1e9,
-                if lats.is_empty() { 0.0 } else { pct(&mut lats, 0.5) }
+                if lats.is_empty() {
+                    0.0
+                } else {
+                    pct(&mut lats, 0.5)
+                }
             );
             eprint!(".");
         }
@@ -279,8 +288,7 @@ fn main() {
     let a = parse_args();
     let cfg = CudaConfig::from_env().unwrap_or_else(|e| die(&e.to_string()));
     // Fail fast on a machine without a GPU, with the driver's or loader's reason.
-    let info = check_device(&cfg)
-        .unwrap_or_else(|e| die(&format!("no usable CUDA device: {e}")));
+    let info = check_device(&cfg).unwrap_or_else(|e| die(&format!("no usable CUDA device: {e}")));
     // The kernel is compiled at run time: NVRTC is as necessary as the driver.
     toffload_accel::cuda::driver::probe_nvrtc().unwrap_or_else(|e| die(&e.to_string()));
     if a.probe {
@@ -296,7 +304,8 @@ fn main() {
         return;
     }
     let t = Instant::now();
-    let dev = Cuda::new(cfg).unwrap_or_else(|e| die(&format!("cannot start the cuda backend: {e}")));
+    let dev =
+        Cuda::new(cfg).unwrap_or_else(|e| die(&format!("cannot start the cuda backend: {e}")));
     let startup = t.elapsed();
     let mut md = String::new();
     let _ = writeln!(

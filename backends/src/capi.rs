@@ -73,7 +73,10 @@ extern "C" fn on_load() {
         // the server's first accept (under the fiber runtime, threads created after it
         // become fibers, and a driver thread must not).
         Ok(s) if s.backend == BackendKind::Cuda => {
-            if STATE.compare_exchange(UNINIT, STARTING, AcqRel, Acquire).is_ok() {
+            if STATE
+                .compare_exchange(UNINIT, STARTING, AcqRel, Acquire)
+                .is_ok()
+            {
                 start();
             }
         }

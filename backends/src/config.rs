@@ -87,15 +87,13 @@ pub fn wait_style(get: &dyn Fn(&str) -> Option<String>) -> Result<WaitStyle, Con
 
 /// TOFFLOAD_BACKEND, default emulated.
 pub fn backend(get: &dyn Fn(&str) -> Option<String>) -> Result<BackendKind, ConfigError> {
-    Ok(
-        knob(
-            get,
-            "TOFFLOAD_BACKEND",
-            "`emulated` or `cuda`",
-            parse_backend,
-        )?
-            .unwrap_or(BackendKind::Emulated),
-    )
+    Ok(knob(
+        get,
+        "TOFFLOAD_BACKEND",
+        "`emulated` or `cuda`",
+        parse_backend,
+    )?
+    .unwrap_or(BackendKind::Emulated))
 }
 
 /// A non-negative, finite decimal (`100`, `12.5`).

@@ -109,7 +109,10 @@ fn cuda_backend_through_the_c_abi() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     print!("{stdout}");
     eprint!("{stderr}");
-    assert!(out.status.success(), "abi_test {mode} under cuda:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "abi_test {mode} under cuda:\n{stdout}\n{stderr}"
+    );
     match gpu {
         Ok(info) => eprintln!("ran the C ABI checks on {}", info.name),
         Err(e) => {

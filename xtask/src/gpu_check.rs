@@ -359,7 +359,13 @@ fn one_run(
     let out = load
         .args(["--port", &port.to_string(), "--size", &size.to_string()])
         .args(["--conns", &a.conns.to_string()])
-        .args(["--duration", &format!("{}s", a.secs), "--warmup", "1s", "--json"])
+        .args([
+            "--duration",
+            &format!("{}s", a.secs),
+            "--warmup",
+            "1s",
+            "--json",
+        ])
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| format!("toffload-load: {e}"))?;
@@ -404,14 +410,19 @@ fn add_nvrtc_to_library_path() {
     };
     // Toolkits installed side by side: /usr/local/cuda-13.0/lib64, ...
     for d in subdirs(Path::new("/usr/local")) {
-        if d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("cuda-")) {
+        if d.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("cuda-"))
+        {
             roots.push(d.join("lib64"));
         }
     }
     // Python wheels: <prefix>/lib/python3.X/{site,dist}-packages/nvidia/*/lib.
     for prefix in ["/opt/torch/.venv/lib", "/usr/local/lib", "/usr/lib"] {
         for py in subdirs(Path::new(prefix)) {
-            if !py.file_name().is_some_and(|n| n.to_string_lossy().starts_with("python3")) {
+            if !py
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("python3"))
+            {
                 continue;
             }
             for pk in ["site-packages", "dist-packages"] {

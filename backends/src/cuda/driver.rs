@@ -208,9 +208,10 @@ pub fn check(r: sys::CUresult, what: &str) -> Result<(), CuError> {
             "out of memory {what}: {}",
             error_name(r)
         ))),
-        R::CUDA_ERROR_NO_DEVICE | R::CUDA_ERROR_INVALID_DEVICE => {
-            Err(CuError::NoDevice(format!("no CUDA device {what}: {}", error_name(r))))
-        }
+        R::CUDA_ERROR_NO_DEVICE | R::CUDA_ERROR_INVALID_DEVICE => Err(CuError::NoDevice(format!(
+            "no CUDA device {what}: {}",
+            error_name(r)
+        ))),
         R::CUDA_ERROR_STUB_LIBRARY => Err(CuError::Missing(format!(
             "{what}: {}; the libcuda found is the toolkit's stub, not a driver",
             error_name(r)
@@ -243,7 +244,10 @@ pub fn init(ordinal: i32) -> Result<(sys::CUdevice, DeviceInfo), CuError> {
     unsafe {
         check(sys::cuInit(0), "initialising the driver (cuInit)")?;
         let mut version: c_int = 0;
-        check(sys::cuDriverGetVersion(&mut version), "reading the driver version")?;
+        check(
+            sys::cuDriverGetVersion(&mut version),
+            "reading the driver version",
+        )?;
         let mut count: c_int = 0;
         check(sys::cuDeviceGetCount(&mut count), "counting devices")?;
         if count == 0 {
@@ -266,8 +270,11 @@ pub fn init(ordinal: i32) -> Result<(sys::CUdevice, DeviceInfo), CuError> {
         let name = CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
         let attr = |a| {
             let mut v: c_int = 0;
-            check(sys::cuDeviceGetAttribute(&mut v, a, dev), "reading a device attribute")
-                .map(|_| v)
+            check(
+                sys::cuDeviceGetAttribute(&mut v, a, dev),
+                "reading a device attribute",
+            )
+            .map(|_| v)
         };
         let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
@@ -317,7 +324,10 @@ impl Context {
             return Ok(());
         }
         // SAFETY: a live context handle.
-        check(unsafe { sys::cuCtxSetCurrent(self.ctx) }, "making the context current")?;
+        check(
+            unsafe { sys::cuCtxSetCurrent(self.ctx) },
+            "making the context current",
+        )?;
         CURRENT.with(|c| c.set(me));
         Ok(())
     }
@@ -356,7 +366,12 @@ mod tests {
     fn a_missing_symbol_is_named() {
         // libc is always there; a symbol it lacks stands in for an old driver.
         let names = ["libtoffload-nope.so".to_string(), "libc.so.6".to_string()];
-        let e = probe_names("c", &names, "C library", &["malloc", "toffload_no_such_symbol"]);
+        let e = probe_names(
+            "c",
+            &names,
+            "C library",
+            &["malloc", "toffload_no_such_symbol"],
+        );
         let m = e.unwrap_err().to_string();
         assert!(m.contains("libc.so.6 lacks toffload_no_such_symbol"), "{m}");
         assert!(probe_names("c", &names, "C library", &["malloc"]).is_ok());

@@ -107,8 +107,12 @@ pub fn expand_key(key: &[u8; 16]) -> [u32; 44] {
         let mut t = w[i - 1];
         if i % 4 == 0 {
             let b = t.rotate_left(8).to_be_bytes();
-            t = u32::from_be_bytes([SBOX[b[0] as usize], SBOX[b[1] as usize], SBOX[b[2] as usize], SBOX[b[3] as usize]])
-                ^ ((rcon as u32) << 24);
+            t = u32::from_be_bytes([
+                SBOX[b[0] as usize],
+                SBOX[b[1] as usize],
+                SBOX[b[2] as usize],
+                SBOX[b[3] as usize],
+            ]) ^ ((rcon as u32) << 24);
             rcon = xtime(rcon);
         }
         w[i] = w[i - 4] ^ t;
@@ -262,8 +266,7 @@ fn compile_with(opts: &[&str]) -> Result<Vec<u8>, CuError> {
             )
         }
     } else {
-        nvrtc_check(r, "compiling aes_ctr.cu", program_log(prog))
-            .map(|_| Vec::new())
+        nvrtc_check(r, "compiling aes_ctr.cu", program_log(prog)).map(|_| Vec::new())
     };
     // SAFETY: prog created above, destroyed once.
     unsafe { nv::nvrtcDestroyProgram(&mut prog) };
@@ -341,15 +344,12 @@ mod tests {
     #[test]
     fn counter_carries_across_64_and_128_bits_like_openssl() {
         // OpenSSL's CTR increments the whole 16-byte block big-endian; so must we.
-        for iv in [
-            [0xffu8; 16],
-            {
-                let mut v = [0u8; 16];
-                v[8..].copy_from_slice(&[0xff; 8]);
-                v[15] = 0xfe;
-                v
-            },
-        ] {
+        for iv in [[0xffu8; 16], {
+            let mut v = [0u8; 16];
+            v[8..].copy_from_slice(&[0xff; 8]);
+            v[15] = 0xfe;
+            v
+        }] {
             let input = vec![0x5au8; 16 * 5 + 3];
             let want = encrypt(Cipher::aes_128_ctr(), &KEY, Some(&iv), &input).unwrap();
             let mut got = input.clone();

@@ -61,9 +61,12 @@ impl CudaConfig {
     /// Reads the TOFFLOAD_CUDA_* knobs through `get`.
     pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let d = CudaConfig::default();
-        let device = knob(get, "TOFFLOAD_CUDA_DEVICE", "a device ordinal, e.g. 0", |s| {
-            config::parse_range(s, 0, 1023)
-        })?
+        let device = knob(
+            get,
+            "TOFFLOAD_CUDA_DEVICE",
+            "a device ordinal, e.g. 0",
+            |s| config::parse_range(s, 0, 1023),
+        )?
         .map_or(d.device, |v| v as i32);
         let streams = knob(
             get,
@@ -348,11 +351,7 @@ impl Cuda {
                             // release waits while we are RUNNING; the D2H copy is
                             // complete (event passed).
                             unsafe {
-                                std::ptr::copy_nonoverlapping(
-                                    lane.res().host,
-                                    buf as *mut u8,
-                                    len,
-                                )
+                                std::ptr::copy_nonoverlapping(lane.res().host, buf as *mut u8, len)
                             };
                         }
                         inner.completed.fetch_add(1, Release);
@@ -453,7 +452,10 @@ impl Accelerator for Cuda {
                 // caller's buffer, and the slot is freed once the stream is past it.
                 // Done/failed: the same, the handle is just retired.
                 PENDING | DONE | FAILED => {
-                    if state.compare_exchange(s, CANCELLED, AcqRel, Acquire).is_ok() {
+                    if state
+                        .compare_exchange(s, CANCELLED, AcqRel, Acquire)
+                        .is_ok()
+                    {
                         if s & WAITER != 0 {
                             crate::futex::wake_all(state);
                         }

@@ -62,7 +62,10 @@ fn without_a_gpu_new_fails_promptly_naming_the_cause() {
     let t = Instant::now();
     match Cuda::new(CudaConfig::default()) {
         // A GPU machine: the GPU tests below cover it.
-        Ok(c) => eprintln!("CUDA device present ({}): covered by the GPU tests", c.info().name),
+        Ok(c) => eprintln!(
+            "CUDA device present ({}): covered by the GPU tests",
+            c.info().name
+        ),
         Err(e) => {
             let m = e.to_string();
             assert_eq!(e.errno(), libc::ENODEV, "{m}");
@@ -81,13 +84,28 @@ fn without_a_gpu_new_fails_promptly_naming_the_cause() {
 #[test]
 fn gpu_matches_the_emulated_device() {
     let Some(dev) = gpu(64) else { return };
-    for n in [0usize, 1, 15, 16, 17, 4095, 4096, 4097, 65_536 + 3, 1 << 20, 8 << 20] {
+    for n in [
+        0usize,
+        1,
+        15,
+        16,
+        17,
+        4095,
+        4096,
+        4097,
+        65_536 + 3,
+        1 << 20,
+        8 << 20,
+    ] {
         let input = pattern(n, n);
         let mut want = input.clone();
         aes_ctr_in_place(&mut want);
         let mut got = input.clone();
         dev.run(&mut got, crate::WaitStyle::Spin).unwrap();
-        assert!(got == want, "size {n}: GPU result differs from the emulated device");
+        assert!(
+            got == want,
+            "size {n}: GPU result differs from the emulated device"
+        );
         // Blocking wait, and CTR's involution back to the input.
         dev.run(&mut got, crate::WaitStyle::Block).unwrap();
         assert!(got == input, "size {n}: round trip");

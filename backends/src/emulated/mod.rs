@@ -7,9 +7,9 @@ mod engine;
 mod lanes;
 
 use crate::config::{self, knob, ConfigError};
+use crate::slots::{Slots, CANCELLED, DONE, FAILED, FREE, PENDING, RUNNING, WAITER};
 use crate::{AccelError, Accelerator, OpId, OpState};
 use engine::Engine;
-use crate::slots::{Slots, CANCELLED, DONE, FAILED, FREE, PENDING, RUNNING, WAITER};
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
