@@ -70,9 +70,9 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 }
 
 fn size_name(n: usize) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n >= 1 << 20 && n.trailing_zeros() >= 20 {
         format!("{}M", n >> 20)
-    } else if n >= KIB && n % KIB == 0 {
+    } else if n >= KIB && n.trailing_zeros() >= 10 {
         format!("{}K", n / KIB)
     } else {
         format!("{n}")

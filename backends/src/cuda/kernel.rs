@@ -370,7 +370,7 @@ mod tests {
     fn grid_covers_every_block() {
         for n in [1usize, 16, 4096, 1 << 20, 64 << 20] {
             let g = grid_for(n) as usize;
-            assert!(g >= 1 && g <= 4096);
+            assert!((1..=4096).contains(&g));
             // Grid-stride: any grid covers all blocks; small buffers get one thread each.
             if n.div_ceil(16) <= 4096 * 256 {
                 assert!(g * 256 >= n.div_ceil(16), "{n}");
