@@ -125,10 +125,13 @@ impl Inner {
         }
     }
 
-    /// The stream passed an op's callback: signal, and drop the stream's reference.
+    /// The stream passed an op's callback: drop the stream's reference, then signal,
+    /// so that a caller woken by the fd who released its op finds the slot free. (A
+    /// released op whose callback has not run yet still holds its slot: the stream is
+    /// not done with the lane. That lasts microseconds.)
     fn gpu_finished(&self, index: u32) {
-        self.notifier.signal();
         self.drop_ref(index);
+        self.notifier.signal();
     }
 
     fn drop_ref(&self, index: u32) {
