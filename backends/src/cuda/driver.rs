@@ -101,6 +101,8 @@ const NVRTC_SYMBOLS: &[&str] = &[
     "nvrtcCompileProgram",
     "nvrtcGetPTXSize",
     "nvrtcGetPTX",
+    "nvrtcGetCUBINSize",
+    "nvrtcGetCUBIN",
     "nvrtcGetProgramLogSize",
     "nvrtcGetProgramLog",
     "nvrtcDestroyProgram",
@@ -217,6 +219,7 @@ pub fn check(r: sys::CUresult, what: &str) -> Result<(), CuError> {
             error_name(r)
         ))),
         R::CUDA_ERROR_INVALID_PTX
+        | R::CUDA_ERROR_INVALID_IMAGE
         | R::CUDA_ERROR_UNSUPPORTED_PTX_VERSION
         | R::CUDA_ERROR_NO_BINARY_FOR_GPU
         | R::CUDA_ERROR_JIT_COMPILER_NOT_FOUND
@@ -296,6 +299,9 @@ pub fn init(ordinal: i32) -> Result<(sys::CUdevice, DeviceInfo), CuError> {
 pub struct Context {
     pub dev: sys::CUdevice,
     pub ctx: sys::CUcontext,
+    /// Unique per retain: a primary context released to zero and retained again may
+    /// come back at the same address, and must still be made current again.
+    id: u64,
 }
 
 // SAFETY: a CUcontext may be made current on any thread.
@@ -310,7 +316,9 @@ impl Context {
             unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
             "creating the device context",
         )?;
-        let c = Context { dev, ctx };
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let c = Context { dev, ctx, id };
         c.make_current()?;
         Ok(c)
     }
@@ -318,8 +326,8 @@ impl Context {
     /// Makes the context current on the calling thread (cached per thread: the
     /// runtime's carriers call in from a handful of threads, over and over).
     pub fn make_current(&self) -> Result<(), CuError> {
-        thread_local!(static CURRENT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) });
-        let me = self.ctx as usize;
+        thread_local!(static CURRENT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) });
+        let me = self.id;
         if CURRENT.with(|c| c.get()) == me {
             return Ok(());
         }

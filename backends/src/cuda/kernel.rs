@@ -188,19 +188,53 @@ pub struct Kernel {
 unsafe impl Send for Kernel {}
 unsafe impl Sync for Kernel {}
 
-/// Compiles aes_ctr.cu with NVRTC for compute capability `cc` (e.g. (9, 0)), loads the
-/// PTX into the current context, and looks the kernel up.
+/// Compiles aes_ctr.cu with NVRTC for compute capability `cc` (e.g. (9, 0)), loads it
+/// into the current context, and looks the kernel up. Tries, in order: a CUBIN for the
+/// device's own SM (no driver JIT, and immune to an NVRTC newer than the driver), PTX
+/// for its compute capability, then PTX for NVRTC's default target (an NVRTC older than
+/// the device does not know its architecture; the driver JIT-compiles that PTX forward).
+/// The first image that loads wins; if none does, the first error is reported.
 pub fn build(cc: (i32, i32)) -> Result<Kernel, CuError> {
-    let ptx = compile(cc)?;
+    driver::probe_nvrtc()?;
+    let sm = format!("--gpu-architecture=sm_{}{}", cc.0, cc.1);
+    let compute = format!("--gpu-architecture=compute_{}{}", cc.0, cc.1);
+    let tries: [(&[&str], Output); 3] = [
+        (&[sm.as_str()], Output::Cubin),
+        (&[compute.as_str()], Output::Ptx),
+        (&[], Output::Ptx),
+    ];
+    let mut first = None;
+    for (opts, out) in tries {
+        match compile_with(opts, out).and_then(|image| load(&image)) {
+            Ok(k) => return Ok(k),
+            Err(e) => {
+                first.get_or_insert(e);
+            }
+        }
+    }
+    Err(first.expect("at least one attempt"))
+}
+
+fn load(image: &[u8]) -> Result<Kernel, CuError> {
     let mut module: sys::CUmodule = std::ptr::null_mut();
-    // SAFETY: `ptx` is a NUL-terminated PTX image; out-pointer valid.
-    let r = unsafe { sys::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void) };
-    driver::check(r, "loading the AES kernel's PTX (cuModuleLoadData)")?;
+    // SAFETY: `image` is a CUBIN or a NUL-terminated PTX image; out-pointer valid.
+    let r = unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) };
+    driver::check(r, "loading the AES kernel (cuModuleLoadData)")?;
     let mut func: sys::CUfunction = std::ptr::null_mut();
     // SAFETY: module just loaded; ENTRY is NUL-terminated.
     let r = unsafe { sys::cuModuleGetFunction(&mut func, module, ENTRY.as_ptr()) };
-    driver::check(r, "finding aes128_ctr in the module")?;
+    if let Err(e) = driver::check(r, "finding aes128_ctr in the module") {
+        // SAFETY: loaded above, unused.
+        unsafe { sys::cuModuleUnload(module) };
+        return Err(e);
+    }
     Ok(Kernel { module, func })
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Output {
+    Cubin,
+    Ptx,
 }
 
 fn nvrtc_check(r: nv::nvrtcResult, what: &str, log: Option<String>) -> Result<(), CuError> {
@@ -218,19 +252,8 @@ fn nvrtc_check(r: nv::nvrtcResult, what: &str, log: Option<String>) -> Result<()
     Err(CuError::Kernel(msg))
 }
 
-/// NVRTC's output for the kernel: PTX, NUL-terminated.
-pub fn compile(cc: (i32, i32)) -> Result<Vec<u8>, CuError> {
-    driver::probe_nvrtc()?;
-    // Try the device's own architecture first; an NVRTC older than the device does not
-    // know it, and then its default target's PTX, which the driver JIT-compiles forward.
-    let arch = format!("--gpu-architecture=compute_{}{}", cc.0, cc.1);
-    match compile_with(&[arch.as_str(), "-default-device"]) {
-        Ok(ptx) => Ok(ptx),
-        Err(first) => compile_with(&["-default-device"]).map_err(|_| first),
-    }
-}
-
-fn compile_with(opts: &[&str]) -> Result<Vec<u8>, CuError> {
+/// NVRTC's output for the kernel: a CUBIN, or PTX (NUL-terminated).
+fn compile_with(opts: &[&str], output: Output) -> Result<Vec<u8>, CuError> {
     let src = CString::new(SOURCE).expect("kernel source has no NUL");
     let mut prog: nv::nvrtcProgram = std::ptr::null_mut();
     // SAFETY: valid C strings; no headers.
@@ -253,17 +276,20 @@ fn compile_with(opts: &[&str]) -> Result<Vec<u8>, CuError> {
         let mut size = 0usize;
         // SAFETY: prog compiled; buffer sized as NVRTC says.
         unsafe {
-            nvrtc_check(nv::nvrtcGetPTXSize(prog, &mut size), "sizing the PTX", None).and_then(
-                |_| {
-                    let mut ptx = vec![0u8; size];
-                    nvrtc_check(
-                        nv::nvrtcGetPTX(prog, ptx.as_mut_ptr() as *mut c_char),
-                        "reading the PTX",
-                        None,
-                    )?;
-                    Ok(ptx)
-                },
-            )
+            let sized = match output {
+                Output::Cubin => nv::nvrtcGetCUBINSize(prog, &mut size),
+                Output::Ptx => nv::nvrtcGetPTXSize(prog, &mut size),
+            };
+            nvrtc_check(sized, "sizing the compiled kernel", None).and_then(|_| {
+                let mut image = vec![0u8; size.max(1)];
+                let p = image.as_mut_ptr() as *mut c_char;
+                let got = match output {
+                    Output::Cubin => nv::nvrtcGetCUBIN(prog, p),
+                    Output::Ptx => nv::nvrtcGetPTX(prog, p),
+                };
+                nvrtc_check(got, "reading the compiled kernel", None)?;
+                Ok(image)
+            })
         }
     } else {
         nvrtc_check(r, "compiling aes_ctr.cu", program_log(prog)).map(|_| Vec::new())

@@ -1,6 +1,6 @@
 /* Exercises libtoffload_accel.so through its C header, as a server would.
- * Usage: abi_test [normal|badknob|nodevice]. Prints one line per check; exits 1 on a
- * failure. nodevice: TOFFLOAD_BACKEND=cuda on a machine without a GPU. */
+ * Usage: abi_test [normal|badknob|unusable ERRNO|oom]. Prints one line per check; exits 1
+ * on a failure. unusable: a backend that could not start (cuda without a GPU). */
 #include "toffload_accel.h"
 #include <errno.h>
 #include <poll.h>
@@ -92,20 +92,34 @@ static int badknob(void) {
     return failures ? 1 : 0;
 }
 
-static int nodevice(void) {
+/* The backend could not start: every call returns -expect (ENODEV, EIO, ...). */
+static int unusable(int expect) {
     unsigned char buf[16];
-    CHECK(accel_run(buf, 16) == -ENODEV, "no GPU: accel_run -> -ENODEV");
-    CHECK(accel_submit(buf, 16) == -ENODEV, "no GPU: accel_submit -> -ENODEV");
-    CHECK(accel_done(0) == -ENODEV, "no GPU: accel_done -> -ENODEV");
-    CHECK(accel_release(0) == -ENODEV, "no GPU: accel_release -> -ENODEV");
-    CHECK(accel_completion_fd() == -ENODEV, "no GPU: accel_completion_fd -> -ENODEV");
+    CHECK(accel_run(buf, 16) == -expect, "unusable: accel_run -> -%d", expect);
+    CHECK(accel_submit(buf, 16) == -expect, "unusable: accel_submit -> -%d", expect);
+    CHECK(accel_done(0) == -expect, "unusable: accel_done -> -%d", expect);
+    CHECK(accel_release(0) == -expect, "unusable: accel_release -> -%d", expect);
+    CHECK(accel_completion_fd() == -expect, "unusable: accel_completion_fd -> -%d", expect);
+    return failures ? 1 : 0;
+}
+
+/* Device memory runs out for large operations (the test's fake driver says so above
+ * 64 KiB): those fail with -ENOMEM, small ones still work. */
+static int oom(void) {
+    static unsigned char big[1 << 20];
+    unsigned char buf[16];
+    CHECK(accel_run(big, sizeof big) == -ENOMEM, "1 MiB without device memory -> -ENOMEM");
+    CHECK(accel_submit(big, sizeof big) == -ENOMEM, "again -> -ENOMEM");
+    memcpy(buf, plain, 16);
+    CHECK(accel_run(buf, 16) == 0 && memcmp(buf, cipher, 16) == 0, "a small op still works");
     return failures ? 1 : 0;
 }
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "normal";
     int rc = strcmp(mode, "badknob") == 0    ? badknob()
-             : strcmp(mode, "nodevice") == 0 ? nodevice()
+             : strcmp(mode, "unusable") == 0 ? unusable(argc > 2 ? atoi(argv[2]) : ENODEV)
+             : strcmp(mode, "oom") == 0      ? oom()
                                              : normal();
     printf("%d failures\n", failures);
     return rc;
