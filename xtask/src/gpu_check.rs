@@ -6,8 +6,10 @@
 //! 2. conn_server with TOFFLOAD_BACKEND=cuda at 64 connections under toffload-load:
 //!    stock (spin and block waits) and under the runtime (LD_PRELOAD libtoffload.so).
 //!
-//! On a machine without a GPU it stops at step 0 (a probe of the driver and device),
-//! with the reason, before building or measuring anything else.
+//! On a machine without a GPU it stops at step 0 (a probe of the driver, the device
+//! and NVRTC), with the reason, before building or measuring anything else.
+//! `--rehearse` runs the whole check on the fake driver (backends/tests/c/fake_cuda.c)
+//! instead, to test this script where there is no GPU.
 //!
 //! Where the GPU machine has no Rust toolchain: `cargo xtask gpu-check --build-only`
 //! here puts everything (this xtask included) in target/toffload; there, from the
@@ -42,10 +44,11 @@ pub struct Args {
     /// Connections for the server runs.
     #[arg(long, default_value_t = 64)]
     conns: usize,
-    /// Rehearsal without a GPU: skip the device half and run the server half on the
-    /// emulated backend, writing target/toffload/gpu-check-rehearsal.md (checks this
-    /// script itself on a machine that has no GPU).
-    #[arg(long, hide = true)]
+    /// Rehearsal without a GPU: the whole check on the fake CUDA driver of
+    /// backends/tests/c/fake_cuda.c (CPU AES behind the driver API), writing
+    /// target/toffload/gpu-check-rehearsal.md instead of the results file. Checks this
+    /// script end to end; its numbers mean nothing.
+    #[arg(long, conflicts_with_all = ["prebuilt", "build_only"])]
     rehearse: bool,
 }
 
@@ -73,9 +76,10 @@ pub fn run(a: &Args) -> Result {
         paths::dist()
     };
     let bench = dist.join("bin").join(BENCH_BIN);
-    add_nvrtc_to_library_path();
     if a.rehearse {
-        return rehearse(a);
+        use_fake_driver(&dist)?;
+    } else {
+        add_nvrtc_to_library_path();
     }
     if !a.prebuilt {
         build_bench(&bench)?;
@@ -132,6 +136,9 @@ pub fn run(a: &Args) -> Result {
     }
 
     let mut md = String::new();
+    if a.rehearse {
+        md.push_str("# REHEARSAL on the fake CUDA driver: these numbers mean nothing\n\n");
+    }
     let _ = writeln!(
         md,
         "# cuda backend on a GPU\n\n`cargo xtask gpu-check` on {} ({} CPUs), {device}.\n",
@@ -162,7 +169,11 @@ pub fn run(a: &Args) -> Result {
         t0.elapsed().as_secs_f64()
     );
 
-    let out = root.join("tests/results/cuda.md");
+    let out = if a.rehearse {
+        dist.join("gpu-check-rehearsal.md")
+    } else {
+        root.join("tests/results/cuda.md")
+    };
     if let Some(d) = out.parent() {
         let _ = std::fs::create_dir_all(d);
     }
@@ -281,13 +292,17 @@ fn servers(
                     let errors = rep["errors"].as_u64().unwrap_or(u64::MAX);
                     ok &= wrong == 0 && errors == 0;
                     let b = *base.get_or_insert(rps);
+                    let ratio = if b > 0.0 {
+                        format!("{:.2}x", rps / b)
+                    } else {
+                        "-".into()
+                    };
                     let _ = writeln!(
                         md,
-                        "| {size} | {} | {rps:.0} | {:.0} | {:.0} | {wrong} | {errors} | {:.2}x |",
+                        "| {size} | {} | {rps:.0} | {:.0} | {:.0} | {wrong} | {errors} | {ratio} |",
                         r.label,
                         rep["p50_us"].as_f64().unwrap_or(0.0),
                         rep["p99_us"].as_f64().unwrap_or(0.0),
-                        if b > 0.0 { rps / b } else { 0.0 }
                     );
                 }
                 Err(e) => {
@@ -379,20 +394,33 @@ fn one_run(
     })
 }
 
-/// The server half on the emulated device, to check this script where there is no GPU.
-fn rehearse(a: &Args) -> Result {
-    let dist = crate::build::all()?;
-    let dist = dist.bin.parent().expect("dist").to_path_buf();
-    let mut md = String::from("# gpu-check rehearsal (emulated backend, no GPU)\n\n");
-    let ok = servers(a, &dist, "emulated", &mut md)?;
-    let out = dist.join("gpu-check-rehearsal.md");
-    std::fs::write(&out, &md).map_err(|e| format!("writing {}: {e}", out.display()))?;
-    println!("{md}");
-    if ok {
-        Ok(())
-    } else {
-        Err("a server run had wrong answers or errors".into())
+/// Builds the fake driver into dist/fake-cuda as libcuda.so and libnvrtc.so and puts
+/// it first on LD_LIBRARY_PATH for everything this check starts.
+fn use_fake_driver(dist: &Path) -> Result {
+    let dir = dist.join("fake-cuda");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let lib = dir.join("libfakecuda.so");
+    proc::run(
+        Command::new("cc")
+            .args([
+                "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread",
+            ])
+            .arg(paths::root().join("backends/tests/c/fake_cuda.c"))
+            .arg("-o")
+            .arg(&lib),
+    )?;
+    for name in ["libcuda.so", "libnvrtc.so"] {
+        let link = dir.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink("libfakecuda.so", &link).map_err(|e| e.to_string())?;
     }
+    eprintln!(
+        "xtask: REHEARSAL on the fake CUDA driver in {}",
+        dir.display()
+    );
+    // Single-threaded here: nothing else reads the environment concurrently.
+    std::env::set_var("LD_LIBRARY_PATH", &dir);
+    Ok(())
 }
 
 /// NVRTC ships with the CUDA toolkit or as a Python wheel (nvidia-cuda-nvrtc), often in
