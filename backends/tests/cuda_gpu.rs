@@ -70,6 +70,47 @@ fn host_side_on_the_fake_driver() {
     let _ = std::fs::remove_dir_all(fake);
 }
 
+/// aes_ctr.cu itself, compiled as C into the fake driver and called directly: its
+/// arithmetic against OpenSSL for any key, counter block (carries across 64 and 128
+/// bits included, which the device's own counter never reaches) and thread count.
+#[test]
+fn kernel_source_on_the_cpu_matches_openssl() {
+    use openssl::symm::{encrypt, Cipher};
+    use toffload_accel::cuda::kernel::AesParams;
+    type RunKernel = unsafe extern "C" fn(*mut u8, u64, *const AesParams, u32);
+    if std::env::var_os(ON_FAKE).is_some() {
+        return; // the child of host_side_on_the_fake_driver: done in the parent
+    }
+    let fake = common::build_fake_cuda("kernel");
+    let path = std::ffi::CString::new(fake.join("libfakecuda.so").to_str().unwrap()).unwrap();
+    // SAFETY: loading our own test library and a symbol of the type it defines.
+    let run: RunKernel = unsafe {
+        let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        assert!(!h.is_null(), "dlopen the fake driver");
+        let f = libc::dlsym(h, c"fake_cuda_run_kernel".as_ptr());
+        assert!(!f.is_null());
+        std::mem::transmute::<*mut libc::c_void, RunKernel>(f)
+    };
+    let key: [u8; 16] = *b"toffload-key-128";
+    let mut near64 = [0u8; 16];
+    near64[8..].copy_from_slice(&[0xff; 8]);
+    near64[15] = 0xfd;
+    for iv in [toffload_accel::emulated::aes::IV, [0xff; 16], near64] {
+        let p = AesParams::new(&key, &iv);
+        for n in [0usize, 1, 16, 17, 100, 4096 + 5] {
+            for threads in [1u32, 7, 64] {
+                let input = pattern(n, n + threads as usize);
+                let want = encrypt(Cipher::aes_128_ctr(), &key, Some(&iv), &input).unwrap();
+                let mut got = input.clone();
+                // SAFETY: buffer of n bytes; params by pointer, copied by the callee.
+                unsafe { run(got.as_mut_ptr(), n as u64, &p, threads) };
+                assert!(got == want, "iv {iv:02x?} size {n} threads {threads}");
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(fake);
+}
+
 #[test]
 fn gpu_matches_the_emulated_device() {
     let Some(dev) = gpu(64) else { return };

@@ -405,6 +405,8 @@ fn use_fake_driver(dist: &Path) -> Result {
             .args([
                 "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread",
             ])
+            .arg("-I")
+            .arg(paths::root().join("backends/src/cuda"))
             .arg(paths::root().join("backends/tests/c/fake_cuda.c"))
             .arg("-o")
             .arg(&lib),

@@ -5,7 +5,13 @@
 // big-endian 128-bit add, as OpenSSL's CTR mode does. kernel.rs holds a Rust model of
 // this exact code path (model_ctr), unit-tested against OpenSSL on any machine.
 //
-// No headers: NVRTC has no libc, and the kernel needs none.
+// No headers: NVRTC has no libc, and the kernel needs none. Written in the subset
+// that is also C, so that the tests' fake driver (backends/tests/c/fake_cuda.c) runs
+// this very source on the CPU, with a few macros standing in for CUDA's keywords.
+
+#ifndef KERNEL_EXPORT
+#define KERNEL_EXPORT extern "C"
+#endif
 
 struct AesParams {
     unsigned int rk[44];
@@ -41,7 +47,8 @@ __device__ __forceinline__ unsigned int bswap32(unsigned int x) { return __byte_
 
 // T-tables in shared memory: constant memory serialises divergent lookups.
 // te0[x] = (2s, s, s, 3s) as a big-endian word; te1..te3 are its byte rotations.
-extern "C" __global__ void aes128_ctr(unsigned char *data, unsigned long long len, AesParams p) {
+KERNEL_EXPORT __global__ void aes128_ctr(unsigned char *data, unsigned long long len,
+                                         struct AesParams p) {
     __shared__ unsigned int te0[256];
     __shared__ unsigned char sbox[256];
     for (unsigned int i = threadIdx.x; i < 256; i += blockDim.x) {

@@ -6,11 +6,11 @@
  * really pending for a while and host functions run on a thread that is not the
  * caller's, as with the real driver.
  *
- * The "kernel" is AES-128-CTR written here independently of aes_ctr.cu and of the Rust
- * model: it takes the round keys and counter block the backend passes as kernel
- * parameters, so the key schedule, the parameter layout and the copies are checked
- * end to end against OpenSSL by the tests. What it cannot check is the CUDA C kernel
- * itself: that runs only on a GPU (cargo xtask gpu-check).
+ * The kernel is aes_ctr.cu itself, compiled here as C and run on the CPU with the
+ * round keys and counter block the backend passes as kernel parameters: the tests
+ * check its arithmetic, the key schedule, the parameter layout and the copies end to
+ * end against OpenSSL. What only a GPU can check is the kernel as CUDA runs it (NVRTC,
+ * real parallel threads, __syncthreads, 16-byte loads): cargo xtask gpu-check.
  *
  * Knobs (environment): FAKE_CUDA_DEVICES=0 (no device), FAKE_CUDA_KERNEL_US (delay per
  * kernel, default 300), FAKE_CUDA_OOM_ABOVE=N (cuMemAlloc over N bytes fails),
@@ -39,91 +39,55 @@ static long env_long(const char *name, long dflt) {
     return v && *v ? atol(v) : dflt;
 }
 
-/* ---------------------------------------------------------------- AES, by the book */
+/* ------------------------------------------- the kernel: aes_ctr.cu itself, on the CPU */
 
-static uint8_t SBOX[256];
+/* CUDA's keywords and built-ins, enough for aes_ctr.cu (which is written in the subset
+ * that is also C). Threads run one after another with blockDim.x = 1: each then fills
+ * the whole T-table itself (the fill loop strides by blockDim.x), so the kernel's
+ * __syncthreads has nothing to order, and the grid-stride loop strides by gridDim.x. */
+#define KERNEL_EXPORT
+#define __global__
+#define __device__
+#define __constant__
+#define __shared__ static
+#define __forceinline__ static inline
+typedef struct {
+    unsigned x, y, z;
+} fake_dim3;
+static fake_dim3 threadIdx, blockIdx, blockDim, gridDim;
+static void __syncthreads(void) {}
+typedef struct {
+    unsigned x, y, z, w;
+} uint4;
+static unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    unsigned long long v = ((unsigned long long)y << 32) | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+    return r;
+}
+#include "aes_ctr.cu"
 
-static uint8_t xt(uint8_t b) { return (uint8_t)((b << 1) ^ ((b & 0x80) ? 0x1b : 0)); }
+void fake_cuda_run_kernel(uint8_t *data, uint64_t len, const struct AesParams *p, unsigned threads);
 
-static uint8_t gmul(uint8_t a, uint8_t b) {
-    uint8_t p = 0;
-    while (b) {
-        if (b & 1) p ^= a;
-        a = xt(a);
-        b >>= 1;
+/* Runs the kernel over `threads` simulated threads (at most 64: the grid-stride loop is
+ * exercised, and the per-thread table fill stays cheap). One at a time: the static
+ * grid variables are shared, and each stream's worker would otherwise race on them. */
+static pthread_mutex_t kernel_lock = PTHREAD_MUTEX_INITIALIZER;
+void fake_cuda_run_kernel(uint8_t *data, uint64_t len, const struct AesParams *p, unsigned threads) {
+    pthread_mutex_lock(&kernel_lock);
+    gridDim.x = threads < 1 ? 1 : threads > 64 ? 64 : threads;
+    blockDim.x = 1;
+    threadIdx.x = 0;
+    for (unsigned b = 0; b < gridDim.x; b++) {
+        blockIdx.x = b;
+        aes128_ctr(data, len, *p);
     }
-    return p;
+    pthread_mutex_unlock(&kernel_lock);
 }
 
-static void init_sbox(void) {
-    for (int i = 0; i < 256; i++) {
-        uint8_t inv = 0;
-        for (int j = 1; j < 256 && i; j++)
-            if (gmul((uint8_t)i, (uint8_t)j) == 1) inv = (uint8_t)j;
-        uint8_t r = inv, x = inv;
-        for (int k = 0; k < 4; k++) {
-            x = (uint8_t)((x << 1) | (x >> 7));
-            r ^= x;
-        }
-        SBOX[i] = r ^ 0x63;
-    }
-}
-
-/* state as 16 bytes, column-major; round keys as big-endian words */
-static void add_key(uint8_t s[16], const uint32_t *rk) {
-    for (int c = 0; c < 4; c++)
-        for (int r = 0; r < 4; r++) s[4 * c + r] ^= (uint8_t)(rk[c] >> (24 - 8 * r));
-}
-
-static void aes_block(const uint32_t rk[44], const uint8_t in[16], uint8_t out[16]) {
-    uint8_t s[16], t[16];
-    memcpy(s, in, 16);
-    add_key(s, rk);
-    for (int round = 1; round <= 10; round++) {
-        for (int i = 0; i < 16; i++) s[i] = SBOX[s[i]];
-        for (int c = 0; c < 4; c++)
-            for (int r = 0; r < 4; r++) t[4 * c + r] = s[4 * ((c + r) % 4) + r];
-        if (round < 10) {
-            for (int c = 0; c < 4; c++) {
-                uint8_t *a = &t[4 * c];
-                uint8_t a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
-                /* 2a = xt(a), 3a = xt(a) ^ a */
-                a[0] = xt(a0) ^ xt(a1) ^ a1 ^ a2 ^ a3;
-                a[1] = a0 ^ xt(a1) ^ xt(a2) ^ a2 ^ a3;
-                a[2] = a0 ^ a1 ^ xt(a2) ^ xt(a3) ^ a3;
-                a[3] = xt(a0) ^ a0 ^ a1 ^ a2 ^ xt(a3);
-            }
-        }
-        memcpy(s, t, 16);
-        add_key(s, rk + 4 * round);
-    }
-    memcpy(out, s, 16);
-}
-
-struct AesParams {
-    uint32_t rk[44];
-    uint32_t iv[4];
-};
-
-static void fake_kernel(uint8_t *data, uint64_t len, const struct AesParams *p) {
-    uint8_t ctr[16], ks[16];
-    for (uint64_t b = 0; b * 16 < len; b++) {
-        for (int i = 0; i < 4; i++) {
-            ctr[4 * i] = (uint8_t)(p->iv[i] >> 24);
-            ctr[4 * i + 1] = (uint8_t)(p->iv[i] >> 16);
-            ctr[4 * i + 2] = (uint8_t)(p->iv[i] >> 8);
-            ctr[4 * i + 3] = (uint8_t)p->iv[i];
-        }
-        /* ctr += b, big-endian, carrying across all 16 bytes */
-        uint64_t add = b;
-        for (int i = 15; i >= 0 && add; i--) {
-            uint64_t v = ctr[i] + (add & 0xff);
-            ctr[i] = (uint8_t)v;
-            add = (add >> 8) + (v >> 8);
-        }
-        aes_block(p->rk, ctr, ks);
-        for (uint64_t j = 0; j < 16 && b * 16 + j < len; j++) data[b * 16 + j] ^= ks[j];
-    }
+/* What a launch runs; exported above for tests that call the kernel directly. */
+static void fake_kernel(uint8_t *data, uint64_t len, const struct AesParams *p, unsigned threads) {
+    fake_cuda_run_kernel(data, len, p, threads);
     if (getenv("FAKE_CUDA_WRONG") && len) data[0] ^= 1;
 }
 
@@ -142,6 +106,7 @@ struct cmd {
     const void *src;
     size_t n;
     struct AesParams params;
+    unsigned threads;
     struct event *ev;
     unsigned long seq;
     void (*fn)(void *);
@@ -175,7 +140,7 @@ static void *stream_worker(void *arg) {
             break;
         case KERNEL:
             if (kernel_us) usleep((useconds_t)kernel_us);
-            fake_kernel(c->dst, c->n, &c->params);
+            fake_kernel(c->dst, c->n, &c->params, c->threads);
             break;
         case RECORD:
             pthread_mutex_lock(&c->ev->m);
@@ -219,12 +184,10 @@ static struct cmd *new_cmd(enum kind k) {
 
 /* ---------------------------------------------------------------- the driver API */
 
-static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int context_token;
 
 CUresult cuInit(unsigned flags) {
     (void)flags;
-    pthread_once(&once, init_sbox);
     return OK;
 }
 CUresult cuDriverGetVersion(int *v) {
@@ -379,6 +342,7 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
     c->dst = (void *)(uintptr_t) * (unsigned long long *)params[0];
     c->n = (size_t) * (unsigned long long *)params[1];
     memcpy(&c->params, params[2], sizeof c->params);
+    c->threads = gx * bx;
     return enqueue(stream, c);
 }
 CUresult cuLaunchHostFunc(void *stream, void (*fn)(void *), void *user) {

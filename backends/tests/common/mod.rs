@@ -24,6 +24,9 @@ pub fn build_fake_cuda(tag: &str) -> PathBuf {
         .args([
             "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-pthread",
         ])
+        // The fake runs the real kernel source: it #includes src/cuda/aes_ctr.cu.
+        .arg("-I")
+        .arg(manifest.join("src/cuda"))
         .arg(manifest.join("tests/c/fake_cuda.c"))
         .arg("-o")
         .arg(&lib)
