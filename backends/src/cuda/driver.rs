@@ -23,6 +23,8 @@ pub enum CuError {
     Kernel(String),
     /// Any other driver failure (EIO).
     Driver(String),
+    /// The device did not finish an operation in time (EIO).
+    Hung(String),
 }
 
 impl CuError {
@@ -30,7 +32,7 @@ impl CuError {
         match self {
             CuError::Missing(_) | CuError::NoDevice(_) => libc::ENODEV,
             CuError::OutOfMemory(_) => libc::ENOMEM,
-            CuError::Kernel(_) | CuError::Driver(_) => libc::EIO,
+            CuError::Kernel(_) | CuError::Driver(_) | CuError::Hung(_) => libc::EIO,
         }
     }
 
@@ -42,6 +44,7 @@ impl CuError {
             CuError::OutOfMemory(_) => 2,
             CuError::Kernel(_) => 3,
             CuError::Driver(_) => 4,
+            CuError::Hung(_) => 5,
         }
     }
 }
@@ -53,7 +56,8 @@ impl fmt::Display for CuError {
             | CuError::NoDevice(m)
             | CuError::OutOfMemory(m)
             | CuError::Kernel(m)
-            | CuError::Driver(m) => f.write_str(m),
+            | CuError::Driver(m)
+            | CuError::Hung(m) => f.write_str(m),
         }
     }
 }
@@ -359,6 +363,7 @@ mod tests {
         assert_eq!(CuError::OutOfMemory("x".into()).errno(), libc::ENOMEM);
         assert_eq!(CuError::Kernel("x".into()).errno(), libc::EIO);
         assert_eq!(CuError::Driver("x".into()).errno(), libc::EIO);
+        assert_eq!(CuError::Hung("x".into()).errno(), libc::EIO);
     }
 
     #[test]

@@ -150,7 +150,7 @@ fn to_accel(e: &CuError) -> AccelError {
     match e {
         CuError::OutOfMemory(_) => AccelError::OutOfMemory,
         CuError::Missing(_) | CuError::NoDevice(_) => AccelError::NoDevice,
-        CuError::Kernel(_) | CuError::Driver(_) => AccelError::DeviceFault,
+        CuError::Kernel(_) | CuError::Driver(_) | CuError::Hung(_) => AccelError::DeviceFault,
     }
 }
 
@@ -181,8 +181,15 @@ impl Cuda {
                 logged: AtomicU32::new(0),
             }),
         };
-        dev.self_test()?;
-        Ok(dev)
+        match dev.self_test() {
+            Ok(()) => Ok(dev),
+            Err(e @ CuError::Hung(_)) => {
+                // Dropping would synchronise with a device that does not finish.
+                std::mem::forget(dev);
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// One known-answer operation through the whole path (copies, kernel, event,
@@ -228,7 +235,7 @@ impl Cuda {
             Ok(OpState::Done) => Err(CuError::Kernel(format!(
                 "the AES kernel's self-test gave {buf:02x?}, expected {CIPHER:02x?}"
             ))),
-            Ok(OpState::Pending) => Err(CuError::Driver(
+            Ok(OpState::Pending) => Err(CuError::Hung(
                 "the self-test operation did not complete within 20 s".into(),
             )),
             Err(e) => Err(CuError::Kernel(format!(
