@@ -194,6 +194,16 @@ fn cuda_backend_on_the_fake_driver() {
     );
     assert!(lines[0].contains("out of memory"), "{stderr}");
 
+    // A driver without NVRTC: the kernel cannot be compiled, and the message says why.
+    std::fs::remove_file(fake.join("libnvrtc.so")).unwrap();
+    let (ok, stdout, stderr) = on_fake(&bin, &fake, &["unusable", &enodev], &[]);
+    assert!(ok, "{stdout}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("NVRTC") && stderr.contains("libnvrtc"),
+        "{stderr}"
+    );
+
     let _ = std::fs::remove_file(bin);
     let _ = std::fs::remove_dir_all(fake);
 }
