@@ -80,7 +80,10 @@ fn main() -> ExitCode {
     };
     // Written as one block, and a closed stdout (`| head`) is not a crash.
     let text = if a.json {
-        format!("{}\n", serde_json::to_string(&r).expect("report serializes"))
+        format!(
+            "{}\n",
+            serde_json::to_string(&r).expect("report serializes")
+        )
     } else {
         let mut t = format!("requests/s   {:.0}\n", r.requests_per_sec);
         if let Some(o) = r.offered_rate {
@@ -92,7 +95,10 @@ fn main() -> ExitCode {
             r.p50_us, r.p99_us, r.p999_us, r.max_us
         ));
         t.push_str(&format!("wrong        {}\n", r.wrong));
-        t.push_str(&format!("errors       {} {:?}\n", r.errors, r.errors_by_kind));
+        t.push_str(&format!(
+            "errors       {} {:?}\n",
+            r.errors, r.errors_by_kind
+        ));
         t
     };
     let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
