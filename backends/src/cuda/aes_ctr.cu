@@ -37,13 +37,24 @@ __device__ __constant__ unsigned char SBOX[256] = {
     0x8c, 0xa1, 0x89, 0x0d, 0xbf, 0xe6, 0x42, 0x68, 0x41, 0x99, 0x2d, 0x0f, 0xb0, 0x54, 0xbb, 0x16,
 };
 
-__device__ __forceinline__ unsigned int ror8(unsigned int x) { return (x >> 8) | (x << 24); }
+// Only the language's own keywords and built-in variables are used (no uint4, no
+// intrinsics), so nothing depends on what a given NVRTC pre-declares.
 
-__device__ __forceinline__ unsigned char xtime(unsigned char b) {
+// A 16-byte block, aligned so that a whole block is one vector load and store.
+typedef struct __attribute__((aligned(16))) {
+    unsigned int x, y, z, w;
+} block16;
+
+__device__ inline unsigned int ror8(unsigned int x) { return (x >> 8) | (x << 24); }
+
+__device__ inline unsigned char xtime(unsigned char b) {
     return (unsigned char)((b << 1) ^ ((b & 0x80) ? 0x1b : 0x00));
 }
 
-__device__ __forceinline__ unsigned int bswap32(unsigned int x) { return __byte_perm(x, 0, 0x0123); }
+// Byte swap (the compiler emits one PRMT for it).
+__device__ inline unsigned int bswap32(unsigned int x) {
+    return (x >> 24) | ((x >> 8) & 0xff00u) | ((x << 8) & 0xff0000u) | (x << 24);
+}
 
 // T-tables in shared memory: constant memory serialises divergent lookups.
 // te0[x] = (2s, s, s, 3s) as a big-endian word; te1..te3 are its byte rotations.
@@ -103,8 +114,8 @@ KERNEL_EXPORT __global__ void aes128_ctr(unsigned char *data, unsigned long long
         unsigned long long off = b * 16;
         if (off + 16 <= len) {
             // A whole block: one 16-byte load and store (cuMemAlloc is 256-byte aligned).
-            uint4 *q = (uint4 *)(data + off);
-            uint4 v = *q;
+            block16 *q = (block16 *)(data + off);
+            block16 v = *q;
             v.x ^= bswap32(k[0]);
             v.y ^= bswap32(k[1]);
             v.z ^= bswap32(k[2]);

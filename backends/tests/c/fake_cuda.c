@@ -50,22 +50,15 @@ static long env_long(const char *name, long dflt) {
 #define __device__
 #define __constant__
 #define __shared__ static
-#define __forceinline__ static inline
 typedef struct {
     unsigned x, y, z;
 } fake_dim3;
 static fake_dim3 threadIdx, blockIdx, blockDim, gridDim;
 static void __syncthreads(void) {}
-typedef struct {
-    unsigned x, y, z, w;
-} uint4;
-static unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
-    unsigned long long v = ((unsigned long long)y << 32) | x;
-    unsigned r = 0;
-    for (int i = 0; i < 4; i++) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
-    return r;
-}
+/* `__device__ inline` functions: C99 inline needs static for a definition here. */
+#define inline static inline
 #include "aes_ctr.cu"
+#undef inline
 
 void fake_cuda_run_kernel(uint8_t *data, uint64_t len, const struct AesParams *p, unsigned threads);
 
