@@ -23,7 +23,7 @@ use crate::{AccelError, Accelerator, OpId, OpState};
 use cudarc::driver::sys;
 pub use driver::{CuError, DeviceInfo};
 use kernel::{AesParams, Kernel};
-use pool::{Lane, Streams};
+use pool::{Lane, Streams, OWNER_CANCELLED, OWNER_GPU_DONE};
 use std::ffi::c_void;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
@@ -125,18 +125,29 @@ impl Inner {
         }
     }
 
-    /// The stream passed an op's callback: drop the stream's reference, then signal,
-    /// so that a caller woken by the fd who released its op finds the slot free. (A
-    /// released op whose callback has not run yet still holds its slot: the stream is
-    /// not done with the lane. That lasts microseconds.)
-    fn gpu_finished(&self, index: u32) {
-        self.drop_ref(index);
+    /// The stream reached op (index, generation)'s callback: mark the GPU done with
+    /// the lane (freeing the slot if the op was released while pending), then signal,
+    /// so that a caller woken by the fd finds the slot free.
+    fn gpu_finished(&self, index: u32, generation: u32) {
+        self.mark(index, generation, OWNER_GPU_DONE);
         self.notifier.signal();
     }
 
-    fn drop_ref(&self, index: u32) {
-        if self.lanes[index as usize].refs.fetch_sub(1, AcqRel) == 1 {
-            self.slots.free(index);
+    /// Sets `flag` on the lane of op (index, generation); frees the slot if the other
+    /// flag was already set. A stale op (the slot since reused) changes nothing.
+    fn mark(&self, index: u32, generation: u32, flag: u64) {
+        let owner = &self.lanes[index as usize].owner;
+        let mut cur = owner.load(Acquire);
+        while cur >> 2 == generation as u64 {
+            match owner.compare_exchange_weak(cur, cur | flag, AcqRel, Acquire) {
+                Ok(_) => {
+                    if cur & (OWNER_CANCELLED | OWNER_GPU_DONE) & !flag != 0 {
+                        self.slots.free(index);
+                    }
+                    return;
+                }
+                Err(now) => cur = now,
+            }
         }
     }
 }
@@ -214,7 +225,7 @@ impl Cuda {
             .slots
             .allocate_as((buf.as_mut_ptr() as usize, 16), RUNNING)
             .map_err(|e| CuError::Driver(format!("self-test: {e}")))?;
-        if let Err(e) = self.enqueue(c.index, buf.as_ptr(), 16) {
+        if let Err(e) = self.enqueue(c.index, c.generation, buf.as_ptr(), 16) {
             self.inner.slots.free(c.index);
             return Err(e);
         }
@@ -259,7 +270,13 @@ impl Cuda {
 
     /// Queues op `index` (its slot RUNNING, owned by us): copy in, H2D, kernel, D2H,
     /// event, callback. On error nothing of it is left in flight.
-    fn enqueue(&self, index: u32, buf: *const u8, len: usize) -> Result<(), CuError> {
+    fn enqueue(
+        &self,
+        index: u32,
+        generation: u32,
+        buf: *const u8,
+        len: usize,
+    ) -> Result<(), CuError> {
         let inner = &self.inner;
         inner.ctx.make_current()?;
         let lane = &inner.lanes[index as usize];
@@ -315,16 +332,15 @@ impl Cuda {
                     sys::cuEventRecord(res.event, stream),
                     "recording the completion event",
                 )?;
-                lane.refs.store(2, Release);
+                lane.owner.store((generation as u64) << 2, Release);
                 let me = Arc::clone(inner);
-                notify::after(stream, Box::new(move || me.gpu_finished(index)))
+                notify::after(stream, Box::new(move || me.gpu_finished(index, generation)))
             }
         })();
         if queued.is_err() {
             // Whatever was queued must finish before the lane can be reused.
             // SAFETY: live stream, context current.
             unsafe { sys::cuStreamSynchronize(stream) };
-            lane.refs.store(0, Release);
         }
         queued
     }
@@ -414,7 +430,7 @@ impl Accelerator for Cuda {
         // previous event.
         let c = self.inner.slots.allocate_as((buf as usize, len), RUNNING)?;
         let id = Slots::handle(&c);
-        if let Err(e) = self.enqueue(c.index, buf, len) {
+        if let Err(e) = self.enqueue(c.index, c.generation, buf, len) {
             self.inner.log_once(&e);
             self.inner.slots.free(c.index);
             return Err(to_accel(&e));
@@ -458,10 +474,9 @@ impl Accelerator for Cuda {
         loop {
             let s = state.load(Acquire);
             match s & !WAITER {
-                // Pending: cancelled; the GPU's work lands in the lane, never in the
+                // Pending: cancelled. The GPU's work lands in the lane, never in the
                 // caller's buffer, and the slot is freed once the stream is past it.
-                // Done/failed: the same, the handle is just retired.
-                PENDING | DONE | FAILED => {
+                PENDING => {
                     if state
                         .compare_exchange(s, CANCELLED, AcqRel, Acquire)
                         .is_ok()
@@ -469,7 +484,21 @@ impl Accelerator for Cuda {
                         if s & WAITER != 0 {
                             crate::futex::wake_all(state);
                         }
-                        self.inner.drop_ref(c.index);
+                        self.inner.mark(c.index, c.generation, OWNER_CANCELLED);
+                        return Ok(());
+                    }
+                }
+                // Done or failed: the event passed, so the GPU is done with the lane
+                // (its callback may still be queued; it only signals): free now.
+                DONE | FAILED => {
+                    if state
+                        .compare_exchange(s, CANCELLED, AcqRel, Acquire)
+                        .is_ok()
+                    {
+                        if s & WAITER != 0 {
+                            crate::futex::wake_all(state);
+                        }
+                        self.inner.slots.free(c.index);
                         return Ok(());
                     }
                 }

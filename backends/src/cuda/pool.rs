@@ -2,14 +2,15 @@
 //! buffer, device buffer, completion event), grown on demand and kept for reuse, and a
 //! fixed set of streams handed out round robin.
 //!
-//! A lane belongs to its slot's operation from submit until the slot is freed, which
-//! happens only after both the caller released the handle and the stream has passed
-//! the operation's host callback, so the GPU never touches a lane that was reused.
+//! A lane belongs to its slot's operation from submit until the slot is freed: at
+//! release if the operation had completed (its event passed: the GPU is done with the
+//! lane), else once both the caller released it and the stream has reached its host
+//! callback. So the GPU never touches a lane that was reused.
 
 use super::driver::{check, CuError};
 use cudarc::driver::sys;
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 
 /// Smallest buffer a lane allocates: small ops then never regrow.
 const MIN_CAP: usize = 4096;
@@ -21,11 +22,17 @@ pub struct LaneRes {
     pub event: sys::CUevent,
 }
 
+/// `Lane::owner` flags, beside the op's generation (owner >> 2).
+pub const OWNER_CANCELLED: u64 = 1;
+pub const OWNER_GPU_DONE: u64 = 2;
+
 pub struct Lane {
     res: UnsafeCell<LaneRes>,
-    /// 2 while an op is in flight (the caller's handle and the stream's callback);
-    /// whoever drops the last one frees the slot.
-    pub refs: AtomicU32,
+    /// generation << 2 | OWNER_* of the op using the lane: the caller's release of a
+    /// pending op and the stream's callback each set their flag, and whichever comes
+    /// second frees the slot. The generation in the same word makes a late callback of
+    /// an earlier op (whose completed op was released and the slot reused) a no-op.
+    pub owner: AtomicU64,
 }
 
 // SAFETY: `res` is written only by the thread that owns the lane's slot (between
@@ -43,7 +50,7 @@ impl Lane {
                 cap: 0,
                 event: std::ptr::null_mut(),
             }),
-            refs: AtomicU32::new(0),
+            owner: AtomicU64::new(0),
         }
     }
 
