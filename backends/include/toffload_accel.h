@@ -2,7 +2,8 @@
  * toffload accelerator API (libtoffload_accel.so).
  *
  * The runtime never learns what the work is: an operation transforms a buffer in
- * place and completes later. The bundled `emulated` backend applies AES-128-CTR,
+ * place and completes later. Both backends (TOFFLOAD_BACKEND=emulated, the default,
+ * and cuda, on an NVIDIA GPU) apply the same AES-128-CTR,
  * key 000102030405060708090a0b0c0d0e0f, initial counter block
  * f0f1f2f3f4f5f6f7f8f9fafbfcfdfeff, the counter restarting for every operation,
  * so that out = in XOR keystream(len) and any client can verify a result.
@@ -23,7 +24,9 @@ extern "C" {
 
 /* Start an operation on buf[0..n). Never blocks. Handle >= 0, or:
  * -EFAULT null buf (with n > 0), -EINVAL n < 0 or the device is misconfigured,
- * -EMSGSIZE n above the device's maximum, -EAGAIN too many operations in flight. */
+ * -EMSGSIZE n above the device's maximum, -EAGAIN too many operations in flight;
+ * cuda: -ENODEV no driver or no device (every call, reported once at load),
+ * -ENOMEM device or pinned memory exhausted, -EIO a driver or kernel failure. */
 long accel_submit(unsigned char *buf, int n);
 
 /* 1 done, 0 pending, -EBADF unknown or released handle, -EIO the operation failed. */

@@ -2,13 +2,17 @@
 //! TOFFLOAD_BACKEND; knobs are checked when the library loads, so a malformed one is
 //! reported at start-up, and every call then fails with -EINVAL rather than guessing.
 //! The device itself starts on first use and again in a forked child, whose copy of
-//! the device thread does not exist.
+//! the device thread does not exist. With TOFFLOAD_BACKEND=cuda the device starts at
+//! load, so a machine without a GPU is reported at start-up and every call then fails
+//! with -ENODEV (a CUDA context does not survive fork: a forked child that uses the
+//! cuda backend starts again, and gets the driver's error, reported once).
 
 use crate::config::{self, BackendKind, WaitStyle};
+use crate::cuda::{Cuda, CudaConfig};
 use crate::{AccelError, Accelerator, EmuConfig, Emulated, OpId, OpState};
 use std::ffi::{c_int, c_long};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU8, Ordering::*};
 
 const UNINIT: u8 = 0;
 const STARTING: u8 = 1;
@@ -18,11 +22,14 @@ const UNUSABLE: u8 = 3;
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
 static DEVICE: AtomicPtr<Box<dyn Accelerator>> = AtomicPtr::new(std::ptr::null_mut());
 static WAIT_BLOCK: AtomicU8 = AtomicU8::new(0);
+/// What every call returns once the backend is unusable (EINVAL: a malformed knob).
+static UNUSABLE_ERRNO: AtomicI32 = AtomicI32::new(libc::EINVAL);
 
 struct Settings {
     backend: BackendKind,
     wait: WaitStyle,
     emu: EmuConfig,
+    cuda: CudaConfig,
 }
 
 fn settings() -> Result<Settings, config::ConfigError> {
@@ -31,19 +38,49 @@ fn settings() -> Result<Settings, config::ConfigError> {
         backend: config::backend(get)?,
         wait: config::wait_style(get)?,
         emu: EmuConfig::from_env()?,
+        cuda: CudaConfig::from_env()?,
     })
 }
 
-fn unusable(why: &dyn std::fmt::Display) {
+fn unusable(why: &dyn std::fmt::Display, errno: i32) {
+    let name = match errno {
+        libc::ENODEV => "ENODEV",
+        libc::ENOMEM => "ENOMEM",
+        libc::EIO => "EIO",
+        _ => "EINVAL",
+    };
+    UNUSABLE_ERRNO.store(errno, Release);
     // stderr only: the library lives inside other people's servers.
-    eprintln!("toffload_accel: {why}; every accelerator call will fail with EINVAL");
+    eprintln!("toffload_accel: {why}; every accelerator call will fail with {name}");
     STATE.store(UNUSABLE, Release);
+}
+
+fn unusable_error() -> AccelError {
+    match UNUSABLE_ERRNO.load(Acquire) {
+        libc::ENODEV => AccelError::NoDevice,
+        libc::ENOMEM => AccelError::OutOfMemory,
+        libc::EIO => AccelError::DeviceFault,
+        _ => AccelError::Unusable,
+    }
 }
 
 /// Runs at load: validates the knobs, and re-arms initialisation in forked children.
 extern "C" fn on_load() {
-    if let Err(e) = settings() {
-        unusable(&e);
+    match settings() {
+        Err(e) => unusable(&e, libc::EINVAL),
+        // The cuda device starts now, not on first use: a machine without a GPU is
+        // reported at start-up, and the driver's helper threads are created before
+        // the server's first accept (under the fiber runtime, threads created after it
+        // become fibers, and a driver thread must not).
+        Ok(s) if s.backend == BackendKind::Cuda => {
+            if STATE
+                .compare_exchange(UNINIT, STARTING, AcqRel, Acquire)
+                .is_ok()
+            {
+                start();
+            }
+        }
+        Ok(_) => {}
     }
     extern "C" fn in_child() {
         // The parent's device thread is gone; its table is leaked, and the child
@@ -68,7 +105,7 @@ fn device() -> Result<&'static dyn Accelerator, AccelError> {
                 // SAFETY: set before READY was published, and never freed.
                 return Ok(unsafe { &**DEVICE.load(Acquire) });
             }
-            UNUSABLE => return Err(AccelError::Unusable),
+            UNUSABLE => return Err(unusable_error()),
             UNINIT => {
                 if STATE
                     .compare_exchange(UNINIT, STARTING, AcqRel, Acquire)
@@ -85,13 +122,22 @@ fn device() -> Result<&'static dyn Accelerator, AccelError> {
 fn start() {
     let s = match settings() {
         Ok(s) => s,
-        Err(e) => return unusable(&e),
+        Err(e) => return unusable(&e, libc::EINVAL),
     };
     WAIT_BLOCK.store((s.wait == WaitStyle::Block) as u8, Relaxed);
     let dev: Box<dyn Accelerator> = match s.backend {
         BackendKind::Emulated => match Emulated::new(s.emu) {
             Ok(d) => Box::new(d),
-            Err(e) => return unusable(&format!("cannot start the emulated device: {e}")),
+            Err(e) => {
+                return unusable(
+                    &format_args!("cannot start the emulated device: {e}"),
+                    libc::EINVAL,
+                )
+            }
+        },
+        BackendKind::Cuda => match Cuda::new(s.cuda) {
+            Ok(d) => Box::new(d),
+            Err(e) => return unusable(&format_args!("TOFFLOAD_BACKEND=cuda: {e}"), e.errno()),
         },
     };
     DEVICE.store(Box::into_raw(Box::new(dev)), Release);

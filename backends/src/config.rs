@@ -16,6 +16,8 @@ pub enum WaitStyle {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
     Emulated,
+    /// AES-128-CTR on an NVIDIA GPU (backends/src/cuda).
+    Cuda,
 }
 
 /// A knob with a value we cannot accept.
@@ -73,6 +75,7 @@ pub(crate) fn parse_wait(s: &str) -> Option<WaitStyle> {
 pub(crate) fn parse_backend(s: &str) -> Option<BackendKind> {
     match s {
         "emulated" => Some(BackendKind::Emulated),
+        "cuda" => Some(BackendKind::Cuda),
         _ => None,
     }
 }
@@ -84,10 +87,13 @@ pub fn wait_style(get: &dyn Fn(&str) -> Option<String>) -> Result<WaitStyle, Con
 
 /// TOFFLOAD_BACKEND, default emulated.
 pub fn backend(get: &dyn Fn(&str) -> Option<String>) -> Result<BackendKind, ConfigError> {
-    Ok(
-        knob(get, "TOFFLOAD_BACKEND", "`emulated`", parse_backend)?
-            .unwrap_or(BackendKind::Emulated),
-    )
+    Ok(knob(
+        get,
+        "TOFFLOAD_BACKEND",
+        "`emulated` or `cuda`",
+        parse_backend,
+    )?
+    .unwrap_or(BackendKind::Emulated))
 }
 
 /// A non-negative, finite decimal (`100`, `12.5`).
@@ -134,10 +140,21 @@ mod tests {
     }
 
     #[test]
-    fn backend_rejects_unknown() {
+    fn backend_parses_and_rejects_unknown() {
         assert_eq!(backend(&env(&[])).unwrap(), BackendKind::Emulated);
-        let e = backend(&env(&[("TOFFLOAD_BACKEND", "cuda")])).unwrap_err();
-        assert_eq!(e.var, "TOFFLOAD_BACKEND");
+        assert_eq!(
+            backend(&env(&[("TOFFLOAD_BACKEND", "emulated")])).unwrap(),
+            BackendKind::Emulated
+        );
+        assert_eq!(
+            backend(&env(&[("TOFFLOAD_BACKEND", " cuda ")])).unwrap(),
+            BackendKind::Cuda
+        );
+        for bad in ["CUDA", "gpu", "quantum"] {
+            let e = backend(&env(&[("TOFFLOAD_BACKEND", bad)])).unwrap_err();
+            assert_eq!(e.var, "TOFFLOAD_BACKEND");
+            assert!(e.to_string().contains("`emulated` or `cuda`"), "{e}");
+        }
     }
 
     #[test]

@@ -17,6 +17,10 @@ pub enum AccelError {
     DeviceFault,
     /// The backend could not be configured or started (EINVAL).
     Unusable,
+    /// The backend's device or driver is missing (ENODEV).
+    NoDevice,
+    /// Device or pinned host memory is exhausted (ENOMEM).
+    OutOfMemory,
 }
 
 impl AccelError {
@@ -29,6 +33,8 @@ impl AccelError {
             AccelError::TooManyInFlight { .. } => libc::EAGAIN,
             AccelError::BadHandle => libc::EBADF,
             AccelError::DeviceFault => libc::EIO,
+            AccelError::NoDevice => libc::ENODEV,
+            AccelError::OutOfMemory => libc::ENOMEM,
         }
     }
 }
@@ -47,6 +53,8 @@ impl fmt::Display for AccelError {
             AccelError::BadHandle => write!(f, "unknown or released handle"),
             AccelError::DeviceFault => write!(f, "device fault"),
             AccelError::Unusable => write!(f, "backend unusable (see its load-time message)"),
+            AccelError::NoDevice => write!(f, "no device (see the backend's message)"),
+            AccelError::OutOfMemory => write!(f, "out of device or pinned memory"),
         }
     }
 }

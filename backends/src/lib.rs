@@ -8,9 +8,11 @@
 
 pub mod capi;
 pub mod config;
+pub mod cuda;
 pub mod emulated;
 mod error;
 mod futex;
+mod slots;
 
 pub use config::{BackendKind, ConfigError, WaitStyle};
 pub use emulated::{DeviceStats, EmuConfig, Emulated};

@@ -3,6 +3,7 @@
 mod bench;
 mod build;
 mod demo;
+mod gpu_check;
 mod paths;
 mod proc;
 mod setup;
@@ -40,6 +41,8 @@ enum Cmd {
     Demo(demo::Args),
     /// Install the system packages a fresh machine lacks (needs root).
     Setup,
+    /// The cuda backend on a GPU: device benchmark and conn_server runs -> tests/results/cuda.md.
+    GpuCheck(gpu_check::Args),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +53,7 @@ fn main() -> ExitCode {
         Cmd::Bench { which } => bench::run(which),
         Cmd::Demo(args) => demo::run(&args),
         Cmd::Setup => setup::system_packages(),
+        Cmd::GpuCheck(args) => gpu_check::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

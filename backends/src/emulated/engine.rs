@@ -4,8 +4,8 @@
 
 use super::aes::CtrEngine;
 use super::lanes::Lanes;
-use super::slots::{Slots, CANCELLED, WAITER};
 use super::{DeviceStats, EmuConfig};
+use crate::slots::{Slots, CANCELLED, WAITER};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::io;

@@ -5,12 +5,11 @@
 pub mod aes;
 mod engine;
 mod lanes;
-mod slots;
 
 use crate::config::{self, knob, ConfigError};
+use crate::slots::{Slots, CANCELLED, DONE, FAILED, FREE, PENDING, RUNNING, WAITER};
 use crate::{AccelError, Accelerator, OpId, OpState};
 use engine::Engine;
-use slots::{Slots, CANCELLED, DONE, FAILED, FREE, PENDING, RUNNING, WAITER};
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
@@ -77,7 +76,7 @@ impl EmuConfig {
             get,
             "TOFFLOAD_EMU_MAX_INFLIGHT",
             "an integer from 1 to 1048576",
-            |s| config::parse_range(s, 1, slots::MAX_SLOTS as u64),
+            |s| config::parse_range(s, 1, crate::slots::MAX_SLOTS as u64),
         )?
         .map_or(d.max_inflight, |v| v as usize);
         let cpu = knob(get, "TOFFLOAD_EMU_CPU", "a CPU number, e.g. 1", |s| {
@@ -161,7 +160,7 @@ impl Accelerator for Emulated {
         if len > max {
             return Err(AccelError::TooLarge { len, max });
         }
-        let claimed = self.slots().allocate(buf as usize, len)?;
+        let claimed = self.slots().allocate((buf as usize, len))?;
         let id = Slots::handle(&claimed);
         self.engine.schedule(
             claimed.index,

@@ -1,5 +1,6 @@
-//! The operation table: a fixed array of slots, each with a state word and a
-//! generation. Polls and waits touch only atomics; only allocation takes a lock.
+//! The operation table, shared by the backends: a fixed array of slots, each with a
+//! state word, a generation and the backend's per-operation record `T`. Polls and waits
+//! touch only atomics; only allocation takes a lock.
 //!
 //! A handle is `generation << INDEX_BITS | index`, so a released or stale handle is
 //! told apart from the slot's next operation.
@@ -22,37 +23,37 @@ pub const FAILED: u32 = 4;
 pub const CANCELLED: u32 = 5;
 pub const WAITER: u32 = 0x100;
 
-pub struct Slot {
+pub struct Slot<T> {
     pub state: AtomicU32,
     generation: AtomicU32,
     /// Written by the submitter before the op is published, read by the device after.
-    op: UnsafeCell<(usize, usize)>,
+    op: UnsafeCell<T>,
 }
 
 // SAFETY: `op` is written only by the thread that owns a FREE slot, before it
 // publishes PENDING with release ordering, and read only after observing that.
-unsafe impl Sync for Slot {}
+unsafe impl<T: Send> Sync for Slot<T> {}
 
-pub struct Slots {
-    slots: Box<[Slot]>,
+pub struct Slots<T = (usize, usize)> {
+    slots: Box<[Slot<T>]>,
     free: Mutex<Vec<u32>>,
 }
 
 /// A handle decoded against the table.
-pub struct Claimed<'a> {
+pub struct Claimed<'a, T> {
     pub index: u32,
     pub generation: u32,
-    pub slot: &'a Slot,
+    pub slot: &'a Slot<T>,
 }
 
-impl Slots {
+impl<T: Copy + Default> Slots<T> {
     pub fn new(capacity: usize) -> Self {
         assert!((1..=MAX_SLOTS).contains(&capacity));
         let slots = (0..capacity)
             .map(|_| Slot {
                 state: AtomicU32::new(FREE),
                 generation: AtomicU32::new(0),
-                op: UnsafeCell::new((0, 0)),
+                op: UnsafeCell::new(T::default()),
             })
             .collect();
         Slots {
@@ -66,8 +67,14 @@ impl Slots {
         self.slots.len()
     }
 
-    /// Takes a free slot for an operation on `buf[..len]` and publishes it PENDING.
-    pub fn allocate(&self, buf: usize, len: usize) -> Result<Claimed<'_>, AccelError> {
+    /// Takes a free slot for operation `op` and publishes it PENDING.
+    pub fn allocate(&self, op: T) -> Result<Claimed<'_, T>, AccelError> {
+        self.allocate_as(op, PENDING)
+    }
+
+    /// Takes a free slot for `op` and publishes it in `state` (a backend that must set
+    /// the operation up before it can be polled publishes RUNNING, then PENDING).
+    pub fn allocate_as(&self, op: T, state: u32) -> Result<Claimed<'_, T>, AccelError> {
         let index = self
             .free
             .lock()
@@ -81,8 +88,8 @@ impl Slots {
         let generation = slot.generation.load(Relaxed) % 0x7fff_ffff + 1;
         slot.generation.store(generation, Relaxed);
         // SAFETY: we own this FREE slot; nobody reads `op` until PENDING is published.
-        unsafe { *slot.op.get() = (buf, len) };
-        slot.state.store(PENDING, Release);
+        unsafe { *slot.op.get() = op };
+        slot.state.store(state, Release);
         Ok(Claimed {
             index,
             generation,
@@ -90,12 +97,12 @@ impl Slots {
         })
     }
 
-    pub fn handle(c: &Claimed<'_>) -> i64 {
+    pub fn handle(c: &Claimed<'_, T>) -> i64 {
         ((c.generation as i64) << INDEX_BITS) | c.index as i64
     }
 
     /// Decodes a handle; the generation must match the slot's current one.
-    pub fn lookup(&self, id: i64) -> Result<Claimed<'_>, AccelError> {
+    pub fn lookup(&self, id: i64) -> Result<Claimed<'_, T>, AccelError> {
         if id < 0 {
             return Err(AccelError::BadHandle);
         }
@@ -116,7 +123,7 @@ impl Slots {
     }
 
     /// The slot by index, for the device side.
-    pub fn get(&self, index: u32) -> &Slot {
+    pub fn get(&self, index: u32) -> &Slot<T> {
         &self.slots[index as usize]
     }
 
@@ -134,9 +141,9 @@ impl Slots {
     }
 }
 
-impl Slot {
-    /// The buffer of a PENDING or RUNNING op.
-    pub fn op(&self) -> (usize, usize) {
+impl<T: Copy> Slot<T> {
+    /// The record of a live op.
+    pub fn op(&self) -> T {
         // SAFETY: see `unsafe impl Sync`.
         unsafe { *self.op.get() }
     }
