@@ -684,6 +684,65 @@ pub unsafe extern "C" fn pthread_rwlock_unlock(l: *mut pthread_rwlock_t) -> c_in
     }
 }
 
+// ---- semaphores and pthread_once ------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn sem_wait(s: *mut libc::sem_t) -> c_int {
+    match on_fiber_sync() {
+        Some(f) => crate::sync::sem::wait(s, f, None),
+        None => (real::sem_wait())(s),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sem_timedwait(s: *mut libc::sem_t, ts: *const timespec) -> c_int {
+    match on_fiber_sync() {
+        Some(f) => match time::abs_deadline(libc::CLOCK_REALTIME, ts) {
+            Ok(d) => crate::sync::sem::wait(s, f, Some(d)),
+            Err(e) => {
+                real::set_errno(e);
+                -1
+            }
+        },
+        None => (real::sem_timedwait())(s, ts),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sem_clockwait(
+    s: *mut libc::sem_t,
+    clock: clockid_t,
+    ts: *const timespec,
+) -> c_int {
+    match on_fiber_sync() {
+        Some(f) => match time::abs_deadline(clock, ts) {
+            Ok(d) => crate::sync::sem::wait(s, f, Some(d)),
+            Err(e) => {
+                real::set_errno(e);
+                -1
+            }
+        },
+        None => (real::sem_clockwait())(s, clock, ts),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sem_post(s: *mut libc::sem_t) -> c_int {
+    if crate::engaged() && !crate::settings().disabled.sync {
+        crate::sync::sem::post(s)
+    } else {
+        (real::sem_post())(s)
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_once(ctl: *mut c_int, init: unsafe extern "C" fn()) -> c_int {
+    match on_fiber_sync() {
+        Some(f) => crate::sync::once::once(ctl, init, f),
+        None => (real::pthread_once())(ctl, init),
+    }
+}
+
 // ---- condition variables (versioned entry points in csrc/shim.c) ----------------
 
 fn abi(v: c_int) -> Abi {

@@ -124,6 +124,12 @@ real! {
     cond_timedwait_225 @ "GLIBC_2.2.5" = "pthread_cond_timedwait": fn(Ptr, *mut libc::pthread_mutex_t, Ts) -> c_int;
     pthread_cond_clockwait = "pthread_cond_clockwait": fn(Ptr, *mut libc::pthread_mutex_t, libc::clockid_t, Ts) -> c_int;
 
+    sem_trywait = "sem_trywait": fn(*mut libc::sem_t) -> c_int;
+    sem_post = "sem_post": fn(*mut libc::sem_t) -> c_int;
+    sem_wait = "sem_wait": fn(*mut libc::sem_t) -> c_int;
+    sem_timedwait = "sem_timedwait": fn(*mut libc::sem_t, Ts) -> c_int;
+    sem_clockwait = "sem_clockwait": fn(*mut libc::sem_t, libc::clockid_t, Ts) -> c_int;
+    pthread_once = "pthread_once": fn(*mut c_int, unsafe extern "C" fn()) -> c_int;
     pthread_key_create = "pthread_key_create": fn(*mut libc::pthread_key_t, Option<unsafe extern "C" fn(Ptr)>) -> c_int;
     pthread_key_delete = "pthread_key_delete": fn(libc::pthread_key_t) -> c_int;
     pthread_getspecific = "pthread_getspecific": fn(libc::pthread_key_t) -> Ptr;

@@ -86,6 +86,17 @@ impl WaitQueues {
         self.waiting.fetch_add(1, SeqCst);
     }
 
+    /// True if anyone waits on `addr`.
+    pub fn has(&self, addr: usize) -> bool {
+        if !self.anyone_waiting() {
+            return false;
+        }
+        let g = self.shard(addr).lock();
+        g.as_ref()
+            .and_then(|m| m.get(&addr))
+            .is_some_and(|q| !q.is_empty())
+    }
+
     /// Removes `s` if still queued; false when it was already taken by a waker.
     pub fn remove(&self, addr: usize, s: &Slot) -> bool {
         let mut g = self.shard(addr).lock();

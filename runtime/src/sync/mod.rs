@@ -6,7 +6,9 @@
 
 pub mod cond;
 pub mod mutex;
+pub mod once;
 pub mod rwlock;
+pub mod sem;
 
 use crate::waitq::WaitQueues;
 
