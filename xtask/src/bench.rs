@@ -4,12 +4,26 @@
 use crate::paths;
 use crate::proc::{self, Result};
 use clap::Subcommand;
+use std::process::Command;
 
 #[derive(Subcommand)]
 pub enum Which {
     /// The emulated device: configured vs measured latency, lanes, host CPU per op.
     Device {
         /// Extra arguments for the benchmark binary (see its --help).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// The conflict guard: enforce vs a coarse lock, detect's overhead, fault costs.
+    Guard {
+        /// Extra arguments for toffload-guard-bench (see its --help).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// The fiber runtime: the demo table (stock vs libtoffload.so, median of runs), the
+    /// fiber park + resume cost and the idle CPU of a preloaded server, with targets.
+    Runtime {
+        /// Extra arguments for toffload-demo (e.g. `-- --runs 5`; see its --help).
         #[arg(last = true)]
         args: Vec<String>,
     },
@@ -26,6 +40,29 @@ pub fn run(which: Which) -> Result {
                     .arg("--out")
                     .arg(&out)
                     .args(&args),
+            )
+        }
+        Which::Guard { args } => {
+            let dist = crate::build::all()?;
+            proc::run(
+                Command::new(dist.bin.join("toffload-guard-bench"))
+                    .arg("--out")
+                    .arg(paths::results().join("guard.md"))
+                    .args(&args)
+                    .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist")),
+            )
+        }
+        Which::Runtime { args } => {
+            let dist = crate::build::all()?;
+            let out = paths::results().join("runtime.md");
+            // Defaults first: a later flag in `args` overrides (clap keeps the last).
+            proc::run(
+                Command::new(dist.bin.join("toffload-demo"))
+                    .args(["--runs", "5", "--secs", "1.5", "--switch", "--idle"])
+                    .arg("--out")
+                    .arg(&out)
+                    .args(&args)
+                    .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist")),
             )
         }
     }
