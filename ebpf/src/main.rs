@@ -1,0 +1,514 @@
+//! toffload-watch's kernel side: tracepoints, uprobes and per-CPU maps, filtered in the
+//! kernel to the tgids userspace puts in WATCHED. Everything is a counter or a
+//! histogram bucket, so the hot paths are a few map lookups and adds; userspace reads
+//! the maps once per window and works out the differences.
+//!
+//! The layouts below (ThreadInfo, the counter indices, the histogram geometry) are
+//! mirrored in userspace/src/abi.rs; change both together.
+
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    bindings::BPF_F_USER_STACK,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    macros::{map, tracepoint, uprobe, uretprobe},
+    maps::{HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
+    programs::{tracing::StackIdContext, ProbeContext, RetProbeContext, TracePointContext},
+};
+
+/// x86_64 syscall number of futex.
+const NR_FUTEX: u64 = 202;
+/// Syscalls numbered below this get per-syscall counts and histograms.
+const NR_MAX: u64 = 512;
+/// Buckets of a per-syscall log2 histogram (2^63 ns is far beyond any syscall).
+const SYS_BUCKETS: u64 = 64;
+/// Log-linear histogram: 16 linear sub-buckets per power of two, so a percentile read
+/// from it is within about 3% after interpolation (a pure log2 bucket is 2x wide).
+const FINE_BUCKETS: u32 = 1024;
+
+// Counter indices (COUNTERS).
+const C_ON_NS: u32 = 0;
+const C_OFF_NS: u32 = 1;
+const C_VOL: u32 = 2;
+const C_INVOL: u32 = 3;
+const C_WAKEUPS: u32 = 4;
+const C_WAKE_NS: u32 = 5;
+const C_THREADS_CREATED: u32 = 6;
+const C_THREADS_EXITED: u32 = 7;
+const C_OFFLOAD_CALLS: u32 = 8;
+const C_OFFLOAD_NS: u32 = 9;
+const C_OFFLOAD_OFF_NS: u32 = 10;
+const C_FUTEX_IN_OFFLOAD: u32 = 11;
+const C_FUTEX_NOSTACK: u32 = 12;
+const C_FUTEX_TOTAL: u32 = 13;
+const C_RAW_FUTEX_SYSCALL: u32 = 14;
+const C_THREADS_MISSED: u32 = 15;
+const N_COUNTERS: u32 = 32;
+
+/// Thread flags.
+const F_EXITED: u32 = 1;
+
+/// Per-thread state, keyed by tid. Written only from the thread's own context or by
+/// the scheduler tracepoints that serialize on it, so plain stores are enough.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ThreadInfo {
+    pub tgid: u32,
+    pub flags: u32,
+    /// When the thread last went on CPU (0: off CPU or unknown).
+    pub on_since: u64,
+    /// When it last went off CPU (0: unknown).
+    pub off_since: u64,
+    /// When it was last woken (0: no wake-up pending).
+    pub wake_ts: u64,
+    pub on_ns: u64,
+    pub off_ns: u64,
+    pub vol: u64,
+    pub invol: u64,
+    /// Offload nesting depth, its start time and off_ns when it started.
+    pub offload_depth: u64,
+    pub offload_start: u64,
+    pub offload_off0: u64,
+    /// The syscall in progress and when it began.
+    pub sys_nr: u64,
+    pub sys_ts: u64,
+    pub offload_calls: u64,
+    pub futex_calls: u64,
+}
+
+impl ThreadInfo {
+    const fn new(tgid: u32, now: u64, on_cpu: bool) -> Self {
+        ThreadInfo {
+            tgid,
+            flags: 0,
+            on_since: if on_cpu { now } else { 0 },
+            off_since: if on_cpu { 0 } else { now },
+            wake_ts: 0,
+            on_ns: 0,
+            off_ns: 0,
+            vol: 0,
+            invol: 0,
+            offload_depth: 0,
+            offload_start: 0,
+            offload_off0: 0,
+            sys_nr: 0,
+            sys_ts: 0,
+            offload_calls: 0,
+            futex_calls: 0,
+        }
+    }
+}
+
+#[map]
+static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(64, 0);
+#[map]
+static THREADS: HashMap<u32, ThreadInfo> = HashMap::with_max_entries(16384, 0);
+#[map]
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(N_COUNTERS, 0);
+/// [nr * 2] = calls, [nr * 2 + 1] = total ns.
+#[map]
+static SYSCALLS: PerCpuArray<u64> = PerCpuArray::with_max_entries((NR_MAX * 2) as u32, 0);
+/// [nr * 64 + log2(ns)] = calls.
+#[map]
+static SYS_HIST: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries((NR_MAX * SYS_BUCKETS) as u32, 0);
+#[map]
+static STALL_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS, 0);
+#[map]
+static WAKE_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS, 0);
+#[map]
+static STACKS: StackTrace = StackTrace::with_max_entries(2048, 0);
+/// Futex calls per user stack id.
+#[map]
+static FUTEX_STACKS: PerCpuHashMap<u32, u64> = PerCpuHashMap::with_max_entries(2048, 0);
+/// Raw syscall(SYS_futex) calls per caller (return address of libc's syscall()).
+#[map]
+static RAW_FUTEX_CALLERS: PerCpuHashMap<u64, u64> = PerCpuHashMap::with_max_entries(2048, 0);
+
+#[inline(always)]
+fn add(idx: u32, v: u64) {
+    if let Some(p) = COUNTERS.get_ptr_mut(idx) {
+        // SAFETY: per-CPU slot, preemption is off while a BPF program runs.
+        unsafe { *p += v };
+    }
+}
+
+#[inline(always)]
+fn bump(map: &PerCpuArray<u64>, idx: u32) {
+    if let Some(p) = map.get_ptr_mut(idx) {
+        // SAFETY: as in add().
+        unsafe { *p += 1 };
+    }
+}
+
+/// Index of the highest set bit (v > 0), without loops for the verifier.
+#[inline(always)]
+fn msb(mut v: u64) -> u32 {
+    let mut r = 0;
+    if v >> 32 != 0 {
+        v >>= 32;
+        r += 32;
+    }
+    if v >> 16 != 0 {
+        v >>= 16;
+        r += 16;
+    }
+    if v >> 8 != 0 {
+        v >>= 8;
+        r += 8;
+    }
+    if v >> 4 != 0 {
+        v >>= 4;
+        r += 4;
+    }
+    if v >> 2 != 0 {
+        v >>= 2;
+        r += 2;
+    }
+    if v >> 1 != 0 {
+        r += 1;
+    }
+    r
+}
+
+#[inline(always)]
+fn log2_bucket(v: u64) -> u64 {
+    if v == 0 {
+        0
+    } else {
+        msb(v) as u64
+    }
+}
+
+/// Log-linear bucket: values below 16 are exact, above that 16 buckets per octave.
+#[inline(always)]
+fn fine_bucket(v: u64) -> u32 {
+    if v < 16 {
+        return v as u32;
+    }
+    let m = msb(v);
+    let idx = (m - 3) * 16 + ((v >> (m - 4)) & 15) as u32;
+    if idx >= FINE_BUCKETS {
+        FINE_BUCKETS - 1
+    } else {
+        idx
+    }
+}
+
+#[inline(always)]
+fn watched(tgid: u32) -> bool {
+    WATCHED.get_ptr(tgid).is_some()
+}
+
+/// The calling thread's entry, created when missing (the thread is on CPU).
+#[inline(always)]
+fn current_thread(tid: u32, tgid: u32, now: u64) -> Option<*mut ThreadInfo> {
+    if let Some(p) = THREADS.get_ptr_mut(tid) {
+        return Some(p);
+    }
+    if THREADS
+        .insert(tid, ThreadInfo::new(tgid, now, true), 0)
+        .is_err()
+    {
+        add(C_THREADS_MISSED, 1);
+        return None;
+    }
+    THREADS.get_ptr_mut(tid)
+}
+
+#[tracepoint]
+pub fn sys_enter(ctx: TracePointContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    if !watched(tgid) {
+        return 0;
+    }
+    // SAFETY: offset 8 is `long id` in raw_syscalls:sys_enter's format.
+    let nr = match unsafe { ctx.read_at::<i64>(8) } {
+        Ok(n) if n >= 0 => n as u64,
+        _ => return 0,
+    };
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(t) = current_thread(tid, tgid, now) else {
+        return 0;
+    };
+    // SAFETY: a live map value; only this thread writes these fields.
+    let t = unsafe { &mut *t };
+    t.sys_nr = nr;
+    t.sys_ts = now;
+    if nr == NR_FUTEX {
+        add(C_FUTEX_TOTAL, 1);
+        t.futex_calls += 1;
+        if t.offload_depth > 0 {
+            // The offload's own wait (a blocking accel_run sleeps on a futex): it is
+            // the stall, not the application's synchronization.
+            add(C_FUTEX_IN_OFFLOAD, 1);
+        } else {
+            match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
+                Ok(sid) => {
+                    let key = sid as u32;
+                    match FUTEX_STACKS.get_ptr_mut(key) {
+                        // SAFETY: per-CPU value.
+                        Some(p) => unsafe { *p += 1 },
+                        None => {
+                            let _ = FUTEX_STACKS.insert(key, 1u64, 0);
+                        }
+                    }
+                }
+                Err(_) => add(C_FUTEX_NOSTACK, 1),
+            }
+        }
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sys_exit(_ctx: TracePointContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    if !watched(tgid) {
+        return 0;
+    }
+    let Some(t) = THREADS.get_ptr_mut(tid) else {
+        return 0;
+    };
+    // SAFETY: as in sys_enter.
+    let t = unsafe { &mut *t };
+    if t.sys_ts == 0 {
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let dt = now.saturating_sub(t.sys_ts);
+    let nr = t.sys_nr;
+    t.sys_ts = 0;
+    if nr >= NR_MAX {
+        return 0;
+    }
+    let i = (nr * 2) as u32;
+    bump(&SYSCALLS, i);
+    if let Some(p) = SYSCALLS.get_ptr_mut(i + 1) {
+        // SAFETY: per-CPU slot.
+        unsafe { *p += dt };
+    }
+    bump(&SYS_HIST, (nr * SYS_BUCKETS + log2_bucket(dt)) as u32);
+    0
+}
+
+#[tracepoint]
+pub fn sched_switch(ctx: TracePointContext) -> u32 {
+    // Offsets from sched:sched_switch's format: prev_pid 24, prev_state 32, next_pid 56.
+    let (prev_pid, prev_state, next_pid) = unsafe {
+        (
+            ctx.read_at::<i32>(24).unwrap_or(0) as u32,
+            ctx.read_at::<i64>(32).unwrap_or(0),
+            ctx.read_at::<i32>(56).unwrap_or(0) as u32,
+        )
+    };
+    let now = unsafe { bpf_ktime_get_ns() };
+    // The tracepoint runs in prev's context, so the current tgid is prev's.
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if prev_pid != 0 && watched(tgid) {
+        if let Some(t) = current_thread(prev_pid, tgid, now) {
+            // SAFETY: a live map value; the scheduler serializes switches of one task.
+            let t = unsafe { &mut *t };
+            if t.on_since != 0 {
+                let d = now.saturating_sub(t.on_since);
+                t.on_ns += d;
+                add(C_ON_NS, d);
+            }
+            t.on_since = 0;
+            t.off_since = now;
+            // Still runnable (state 0, or TASK_REPORT_MAX 0x100 for a preemption):
+            // the scheduler took the CPU away. Anything else: the thread chose to sleep.
+            if prev_state & 0xff == 0 {
+                t.invol += 1;
+                add(C_INVOL, 1);
+            } else {
+                t.vol += 1;
+                add(C_VOL, 1);
+            }
+        }
+    }
+    if next_pid != 0 {
+        if let Some(t) = THREADS.get_ptr_mut(next_pid) {
+            // SAFETY: as above.
+            let t = unsafe { &mut *t };
+            if t.flags & F_EXITED == 0 {
+                if t.off_since != 0 {
+                    let d = now.saturating_sub(t.off_since);
+                    t.off_ns += d;
+                    add(C_OFF_NS, d);
+                }
+                t.off_since = 0;
+                t.on_since = now;
+                if t.wake_ts != 0 {
+                    let d = now.saturating_sub(t.wake_ts);
+                    t.wake_ts = 0;
+                    add(C_WAKEUPS, 1);
+                    add(C_WAKE_NS, d);
+                    bump(&WAKE_HIST, fine_bucket(d));
+                }
+            }
+        }
+    }
+    0
+}
+
+/// sched_wakeup and sched_wakeup_new share the layout: pid at offset 24.
+#[inline(always)]
+fn on_wakeup(ctx: &TracePointContext) -> u32 {
+    let pid = unsafe { ctx.read_at::<i32>(24).unwrap_or(0) } as u32;
+    if pid == 0 {
+        return 0;
+    }
+    if let Some(t) = THREADS.get_ptr_mut(pid) {
+        // SAFETY: a live map value; a racing second wake-up only moves the timestamp.
+        let t = unsafe { &mut *t };
+        if t.wake_ts == 0 {
+            t.wake_ts = unsafe { bpf_ktime_get_ns() };
+        }
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sched_wakeup(ctx: TracePointContext) -> u32 {
+    on_wakeup(&ctx)
+}
+
+#[tracepoint]
+pub fn sched_wakeup_new(ctx: TracePointContext) -> u32 {
+    on_wakeup(&ctx)
+}
+
+#[tracepoint]
+pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
+    // Runs in the parent's context; child_pid at offset 20.
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !watched(tgid) {
+        return 0;
+    }
+    let child = unsafe { ctx.read_at::<i32>(20).unwrap_or(0) } as u32;
+    if child == 0 {
+        return 0;
+    }
+    add(C_THREADS_CREATED, 1);
+    let now = unsafe { bpf_ktime_get_ns() };
+    // Registered now so that its first run is seen; a forked process (not a thread)
+    // gets its own tgid on its first syscall, which is then not watched.
+    if THREADS
+        .insert(child, ThreadInfo::new(tgid, now, false), 0)
+        .is_err()
+    {
+        add(C_THREADS_MISSED, 1);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
+    let pid = unsafe { ctx.read_at::<i32>(24).unwrap_or(0) } as u32;
+    if let Some(t) = THREADS.get_ptr_mut(pid) {
+        // SAFETY: a live map value. Userspace reads the final numbers, then deletes.
+        let t = unsafe { &mut *t };
+        if t.flags & F_EXITED == 0 {
+            t.flags |= F_EXITED;
+            add(C_THREADS_EXITED, 1);
+        }
+    }
+    0
+}
+
+#[uprobe]
+pub fn offload_enter(_ctx: ProbeContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    if !watched(tgid) {
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(t) = current_thread(tid, tgid, now) {
+        // SAFETY: own thread's entry.
+        let t = unsafe { &mut *t };
+        if t.offload_depth == 0 {
+            t.offload_start = now;
+            t.offload_off0 = t.off_ns;
+        }
+        t.offload_depth += 1;
+    }
+    0
+}
+
+#[uretprobe]
+pub fn offload_exit(_ctx: RetProbeContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    if !watched(tgid) {
+        return 0;
+    }
+    let Some(t) = THREADS.get_ptr_mut(tid) else {
+        return 0;
+    };
+    // SAFETY: own thread's entry.
+    let t = unsafe { &mut *t };
+    if t.offload_depth == 0 {
+        return 0;
+    }
+    t.offload_depth -= 1;
+    if t.offload_depth != 0 {
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let stall = now.saturating_sub(t.offload_start);
+    // Every off-CPU interval of the stall was closed by the switch that brought the
+    // thread back, so off_ns now includes all of them.
+    let off = t.off_ns.saturating_sub(t.offload_off0);
+    let off = if off > stall { stall } else { off };
+    t.offload_calls += 1;
+    add(C_OFFLOAD_CALLS, 1);
+    add(C_OFFLOAD_NS, stall);
+    add(C_OFFLOAD_OFF_NS, off);
+    bump(&STALL_HIST, fine_bucket(stall));
+    0
+}
+
+/// On libc's syscall(): a raw futex from the application (or a library) bypassing
+/// glibc's pthread code. Keyed by the caller, read from the return address on the
+/// stack (syscall() is a leaf that pushes nothing before the trap).
+#[uprobe]
+pub fn raw_syscall(ctx: ProbeContext) -> u32 {
+    let nr: u64 = ctx.arg(0).unwrap_or(0);
+    if nr != NR_FUTEX {
+        return 0;
+    }
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    if !watched(tgid) {
+        return 0;
+    }
+    if let Some(t) = THREADS.get_ptr(tid) {
+        // SAFETY: read-only look at the own thread's entry.
+        if unsafe { (*t).offload_depth } > 0 {
+            return 0;
+        }
+    }
+    add(C_RAW_FUTEX_SYSCALL, 1);
+    // SAFETY: regs is the probed thread's user register file.
+    let sp = unsafe { (*ctx.regs).rsp };
+    let caller = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
+    match RAW_FUTEX_CALLERS.get_ptr_mut(caller) {
+        // SAFETY: per-CPU value.
+        Some(p) => unsafe { *p += 1 },
+        None => {
+            let _ = RAW_FUTEX_CALLERS.insert(caller, 1u64, 0);
+        }
+    }
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
