@@ -11,10 +11,11 @@
 
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated as gen},
     macros::{map, tracepoint, uprobe, uretprobe},
     maps::{HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
     programs::{tracing::StackIdContext, ProbeContext, RetProbeContext, TracePointContext},
+    EbpfContext,
 };
 
 /// x86_64 syscall number of futex.
@@ -119,9 +120,13 @@ static STALL_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS
 static WAKE_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS, 0);
 #[map]
 static STACKS: StackTrace = StackTrace::with_max_entries(2048, 0);
-/// Futex calls per user stack id.
+/// Futex calls per user stack id (best effort: a full bucket drops the stack, never
+/// the count, which FUTEX_SITES keeps).
 #[map]
 static FUTEX_STACKS: PerCpuHashMap<u32, u64> = PerCpuHashMap::with_max_entries(2048, 0);
+/// Futex calls per site: the user address of the syscall instruction (top frame).
+#[map]
+static FUTEX_SITES: PerCpuHashMap<u64, u64> = PerCpuHashMap::with_max_entries(4096, 0);
 /// Raw syscall(SYS_futex) calls per caller (return address of libc's syscall()).
 #[map]
 static RAW_FUTEX_CALLERS: PerCpuHashMap<u64, u64> = PerCpuHashMap::with_max_entries(2048, 0);
@@ -131,6 +136,17 @@ fn add(idx: u32, v: u64) {
     if let Some(p) = COUNTERS.get_ptr_mut(idx) {
         // SAFETY: per-CPU slot, preemption is off while a BPF program runs.
         unsafe { *p += v };
+    }
+}
+
+#[inline(always)]
+fn count_u64(map: &PerCpuHashMap<u64, u64>, key: u64) {
+    match map.get_ptr_mut(key) {
+        // SAFETY: per-CPU value.
+        Some(p) => unsafe { *p += 1 },
+        None => {
+            let _ = map.insert(key, 1u64, 0);
+        }
     }
 }
 
@@ -245,18 +261,32 @@ pub fn sys_enter(ctx: TracePointContext) -> u32 {
             // the stall, not the application's synchronization.
             add(C_FUTEX_IN_OFFLOAD, 1);
         } else {
-            match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
-                Ok(sid) => {
-                    let key = sid as u32;
-                    match FUTEX_STACKS.get_ptr_mut(key) {
-                        // SAFETY: per-CPU value.
-                        Some(p) => unsafe { *p += 1 },
-                        None => {
-                            let _ = FUTEX_STACKS.insert(key, 1u64, 0);
-                        }
+            // The top user frame alone decides the origin; it never collides the
+            // way stack ids in a full stack map do.
+            let mut top = [0u64; 1];
+            // SAFETY: an 8-byte buffer on the BPF stack, its size passed.
+            let n = unsafe {
+                gen::bpf_get_stack(
+                    ctx.as_ptr(),
+                    top.as_mut_ptr().cast(),
+                    8,
+                    BPF_F_USER_STACK as u64,
+                )
+            };
+            if n >= 8 {
+                count_u64(&FUTEX_SITES, top[0]);
+            } else {
+                add(C_FUTEX_NOSTACK, 1);
+            }
+            if let Ok(sid) = ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
+                let key = sid as u32;
+                match FUTEX_STACKS.get_ptr_mut(key) {
+                    // SAFETY: per-CPU value.
+                    Some(p) => unsafe { *p += 1 },
+                    None => {
+                        let _ = FUTEX_STACKS.insert(key, 1u64, 0);
                     }
                 }
-                Err(_) => add(C_FUTEX_NOSTACK, 1),
             }
         }
     }
@@ -497,13 +527,7 @@ pub fn raw_syscall(ctx: ProbeContext) -> u32 {
     // SAFETY: regs is the probed thread's user register file.
     let sp = unsafe { (*ctx.regs).rsp };
     let caller = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
-    match RAW_FUTEX_CALLERS.get_ptr_mut(caller) {
-        // SAFETY: per-CPU value.
-        Some(p) => unsafe { *p += 1 },
-        None => {
-            let _ = RAW_FUTEX_CALLERS.insert(caller, 1u64, 0);
-        }
-    }
+    count_u64(&RAW_FUTEX_CALLERS, caller);
     0
 }
 

@@ -12,7 +12,12 @@ pub const SERVERS: &[&str] = &["conn_server", "evloop_server", "hostile_server"]
 /// Test programs (tests/programs/NAME.c, one file each, plus common.c of the servers):
 /// the runtime's correctness suite and benchmarks run them under LD_PRELOAD.
 fn programs() -> Result<Vec<String>> {
-    let dir = paths::root().join("tests/programs");
+    c_sources("tests/programs")
+}
+
+/// The C programs (one file each) in a folder under the root, by name.
+fn c_sources(rel: &str) -> Result<Vec<String>> {
+    let dir = paths::root().join(rel);
     let mut v = Vec::new();
     if !dir.exists() {
         return Ok(v);
@@ -27,7 +32,7 @@ fn programs() -> Result<Vec<String>> {
     v.sort();
     Ok(v)
 }
-const RUST_BINS: &[&str] = &["toffload-load", "toffload-demo"];
+const RUST_BINS: &[&str] = &["toffload-load", "toffload-demo", "toffload-watch"];
 
 pub struct Dist {
     pub bin: PathBuf,
@@ -35,6 +40,8 @@ pub struct Dist {
 
 pub fn all() -> Result<Dist> {
     crate::setup::system_packages()?;
+    // First, so that toffload-watch below embeds a fresh object.
+    crate::ebpf::build()?;
     proc::run(proc::cargo().args([
         "build",
         "--release",
@@ -42,6 +49,8 @@ pub fn all() -> Result<Dist> {
         "toffload-accel",
         "-p",
         "toffload-tests",
+        "-p",
+        "toffload-watch",
         "--lib",
         "--bins",
     ]))?;
@@ -76,6 +85,15 @@ pub fn all() -> Result<Dist> {
     }
     for p in programs()? {
         compile_program(&p, &bin, &lib, &include)?;
+    }
+    for p in c_sources("tests/watch_programs")? {
+        compile_c(
+            &paths::root().join("tests/watch_programs"),
+            &p,
+            &bin,
+            &lib,
+            &include,
+        )?;
     }
     eprintln!("xtask: built into {}", dist.display());
     Ok(Dist { bin })

@@ -1,0 +1,269 @@
+//! Loading the embedded object and attaching its programs: the privilege check,
+//! mounting tracefs when it is missing, tracepoints (degrading, with the lost metric
+//! named, when the kernel lacks one) and the uprobes on the target's offload entry
+//! points and libc's syscall().
+
+use crate::error::WatchError;
+use crate::target::{self, Mapping};
+use aya::maps::HashMap;
+use aya::programs::{TracePoint, UProbe};
+use aya::Ebpf;
+use std::path::Path;
+
+/// The embedded object; empty when built without it (see build.rs).
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/toffload.bpf.o"));
+
+/// Test hook: "category:name" of a tracepoint to attach under a name the kernel
+/// lacks, which exercises the degrade path with a real attach failure.
+pub const HIDE_TRACEPOINT_ENV: &str = "TOFFLOAD_WATCH_HIDE_TRACEPOINT";
+
+/// (program, category, tracepoint, the metric it feeds).
+const TRACEPOINTS: &[(&str, &str, &str, &str)] = &[
+    (
+        "sys_enter",
+        "raw_syscalls",
+        "sys_enter",
+        "syscall counts and futex origin",
+    ),
+    ("sys_exit", "raw_syscalls", "sys_exit", "syscall latency"),
+    (
+        "sched_switch",
+        "sched",
+        "sched_switch",
+        "on/off-CPU time, context switches, spin share",
+    ),
+    ("sched_wakeup", "sched", "sched_wakeup", "wake-up latency"),
+    (
+        "sched_wakeup_new",
+        "sched",
+        "sched_wakeup_new",
+        "wake-up latency of new threads",
+    ),
+    (
+        "sched_process_fork",
+        "sched",
+        "sched_process_fork",
+        "threads created",
+    ),
+    (
+        "sched_process_exit",
+        "sched",
+        "sched_process_exit",
+        "thread exits",
+    ),
+];
+
+/// CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF bits of CapEff.
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Whether this process may load tracing programs.
+pub fn check_privileges() -> Result<(), WatchError> {
+    let status = std::fs::read_to_string("/proc/self/status")
+        .map_err(|e| WatchError::Other(format!("reading /proc/self/status: {e}")))?;
+    let cap = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    privileges_ok(cap).map_err(WatchError::NotRoot)
+}
+
+/// The decision behind check_privileges, on a CapEff mask.
+pub fn privileges_ok(cap_eff: u64) -> Result<(), String> {
+    let has = |b: u32| cap_eff & (1u64 << b) != 0;
+    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+        Ok(())
+    } else {
+        // SAFETY: no arguments.
+        let euid = unsafe { libc::geteuid() };
+        Err(format!(
+            "running as uid {euid} with effective capabilities {cap_eff:#x}"
+        ))
+    }
+}
+
+/// Mounts tracefs at /sys/kernel/tracing unless a tracefs is reachable already
+/// (aya reads tracepoint ids from it).
+pub fn ensure_tracefs() -> Result<(), WatchError> {
+    for p in [
+        "/sys/kernel/tracing/events",
+        "/sys/kernel/debug/tracing/events",
+    ] {
+        if Path::new(p).exists() {
+            return Ok(());
+        }
+    }
+    let (src, dst, fs) = (c"nodev", c"/sys/kernel/tracing", c"tracefs");
+    // SAFETY: valid C strings; mount(2) only.
+    let r = unsafe { libc::mount(src.as_ptr(), dst.as_ptr(), fs.as_ptr(), 0, std::ptr::null()) };
+    if r != 0 {
+        return Err(WatchError::BpfUnavailable(format!(
+            "tracefs is not mounted and mounting it at /sys/kernel/tracing failed: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    eprintln!("toffload-watch: mounted tracefs at /sys/kernel/tracing");
+    Ok(())
+}
+
+pub fn load() -> Result<Ebpf, WatchError> {
+    if OBJECT.is_empty() {
+        return Err(WatchError::NoObject);
+    }
+    // Older kernels charge BPF maps to RLIMIT_MEMLOCK; newer ones ignore it.
+    let lim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: a valid rlimit struct.
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
+    let mut bpf = Ebpf::load(OBJECT)
+        .map_err(|e| WatchError::BpfUnavailable(format!("loading the eBPF object: {e}")))?;
+    for (name, _, _, _) in TRACEPOINTS {
+        let p: &mut TracePoint = program(&mut bpf, name)?;
+        p.load()
+            .map_err(|e| WatchError::BpfUnavailable(format!("loading program {name}: {e:#}")))?;
+    }
+    for name in ["offload_enter", "offload_exit", "raw_syscall"] {
+        let p: &mut UProbe = program(&mut bpf, name)?;
+        p.load()
+            .map_err(|e| WatchError::BpfUnavailable(format!("loading program {name}: {e:#}")))?;
+    }
+    Ok(bpf)
+}
+
+fn program<'a, T>(bpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, WatchError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program>,
+{
+    bpf.program_mut(name)
+        .ok_or_else(|| WatchError::BpfUnavailable(format!("the object lacks program {name}")))?
+        .try_into()
+        .map_err(|_| WatchError::BpfUnavailable(format!("program {name} has the wrong type")))
+}
+
+/// Attaches every tracepoint it can; returns the metrics lost to the ones that failed.
+pub fn attach_tracepoints(bpf: &mut Ebpf) -> Result<Vec<String>, WatchError> {
+    let hidden = std::env::var(HIDE_TRACEPOINT_ENV).unwrap_or_default();
+    let mut missing = Vec::new();
+    let mut attached = 0;
+    for (prog, cat, tp, metric) in TRACEPOINTS {
+        let name = if hidden == format!("{cat}:{tp}") {
+            format!("{tp}_hidden_for_test")
+        } else {
+            tp.to_string()
+        };
+        let p: &mut TracePoint = program(bpf, prog)?;
+        match p.attach(cat, &name) {
+            Ok(_) => attached += 1,
+            Err(e) => missing.push(format!("{metric} (tracepoint {cat}:{name}: {e})")),
+        }
+    }
+    if attached == 0 {
+        return Err(WatchError::BpfUnavailable(format!(
+            "no tracepoint could be attached: {}",
+            missing.join("; ")
+        )));
+    }
+    Ok(missing)
+}
+
+/// Adds a tgid to the in-kernel filter.
+pub fn watch_pid(bpf: &mut Ebpf, pid: u32) -> Result<(), WatchError> {
+    let mut m: HashMap<_, u32, u32> = HashMap::try_from(
+        bpf.map_mut("WATCHED")
+            .ok_or_else(|| WatchError::BpfUnavailable("the object lacks map WATCHED".into()))?,
+    )
+    .map_err(|e| WatchError::BpfUnavailable(format!("map WATCHED: {e}")))?;
+    m.insert(pid, 1, 0)
+        .map_err(|e| WatchError::BpfUnavailable(format!("adding pid {pid} to WATCHED: {e}")))
+}
+
+/// What the uprobes found and attached to.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Probes {
+    /// "symbol in path" for each offload entry point probed.
+    pub offload: Vec<String>,
+    /// The files those symbols are in (futexes from them are the offload's own).
+    pub offload_modules: Vec<String>,
+    /// libc's syscall() probed (raw futex callers are attributed by caller).
+    pub raw_syscall: bool,
+    /// Probes that failed, with why.
+    pub failed: Vec<String>,
+    /// Files already looked at.
+    #[serde(skip)]
+    pub scanned: Vec<String>,
+}
+
+/// Probes the offload entry points and libc's syscall() in `files` (the target's
+/// mapped executables and libraries), skipping files probed before.
+pub fn attach_uprobes(
+    bpf: &mut Ebpf,
+    pid: u32,
+    files: &[String],
+    probes: &mut Probes,
+) -> Result<(), WatchError> {
+    for path in files {
+        if probes.scanned.contains(path) {
+            continue;
+        }
+        probes.scanned.push(path.clone());
+        for sym in target::offload_symbols_in(path) {
+            let mut ok = true;
+            for prog in ["offload_enter", "offload_exit"] {
+                let p: &mut UProbe = program(bpf, prog)?;
+                if let Err(e) = p.attach(Some(&sym), 0, path, Some(pid as i32)) {
+                    probes
+                        .failed
+                        .push(format!("{prog} on {sym} in {path}: {e}"));
+                    ok = false;
+                }
+            }
+            if ok {
+                probes.offload.push(format!("{sym} in {path}"));
+                if !probes.offload_modules.contains(path) {
+                    probes.offload_modules.push(path.clone());
+                }
+            }
+        }
+        if !probes.raw_syscall && target::is_libc(path) && target::symbol(path, "syscall").is_some()
+        {
+            let p: &mut UProbe = program(bpf, "raw_syscall")?;
+            match p.attach(Some("syscall"), 0, path, Some(pid as i32)) {
+                Ok(_) => probes.raw_syscall = true,
+                Err(e) => probes
+                    .failed
+                    .push(format!("raw_syscall on syscall in {path}: {e}")),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The executable files mapped by a process.
+pub fn mapped_files(maps: &[Mapping]) -> Vec<String> {
+    let mut v: Vec<String> = maps
+        .iter()
+        .filter(|m| m.exec)
+        .map(|m| m.path.clone())
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn privilege_decision() {
+        assert!(privileges_ok(1 << CAP_SYS_ADMIN).is_ok());
+        assert!(privileges_ok((1 << CAP_BPF) | (1 << CAP_PERFMON)).is_ok());
+        assert!(privileges_ok(1 << CAP_BPF).is_err());
+        let e = privileges_ok(0).unwrap_err();
+        assert!(e.contains("capabilities 0x0"), "{e}");
+    }
+}
