@@ -45,6 +45,8 @@ const C_FUTEX_NOSTACK: u32 = 12;
 const C_FUTEX_TOTAL: u32 = 13;
 const C_RAW_FUTEX_SYSCALL: u32 = 14;
 const C_THREADS_MISSED: u32 = 15;
+const C_OFFLOAD_WAKE_NS: u32 = 16;
+const C_FUTEX_SEEN: u32 = 17;
 const N_COUNTERS: u32 = 32;
 
 /// Thread flags.
@@ -76,6 +78,9 @@ pub struct ThreadInfo {
     pub sys_ts: u64,
     pub offload_calls: u64,
     pub futex_calls: u64,
+    /// Wake-up-to-run delay accumulated during the current offload (the scheduler's
+    /// share of a blocking stall).
+    pub offload_wake_ns: u64,
 }
 
 impl ThreadInfo {
@@ -97,6 +102,7 @@ impl ThreadInfo {
             sys_ts: 0,
             offload_calls: 0,
             futex_calls: 0,
+            offload_wake_ns: 0,
         }
     }
 }
@@ -116,6 +122,9 @@ static SYS_HIST: PerCpuArray<u64> =
     PerCpuArray::with_max_entries((NR_MAX * SYS_BUCKETS) as u32, 0);
 #[map]
 static STALL_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS, 0);
+/// Offload latency without the wake-up delay: when the completion reached the thread.
+#[map]
+static DONE_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS, 0);
 #[map]
 static WAKE_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS, 0);
 #[map]
@@ -278,6 +287,19 @@ pub fn sys_enter(ctx: TracePointContext) -> u32 {
             } else {
                 add(C_FUTEX_NOSTACK, 1);
             }
+            // Whole stacks are evidence for the report, not counts: one call in 16
+            // is walked, which keeps a futex-heavy server's overhead down.
+            let seen = COUNTERS.get_ptr_mut(C_FUTEX_SEEN);
+            let sample = match seen {
+                Some(p) => unsafe {
+                    *p += 1;
+                    *p & 15 == 1
+                },
+                None => false,
+            };
+            if !sample {
+                return 0;
+            }
             if let Ok(sid) = ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
                 let key = sid as u32;
                 match FUTEX_STACKS.get_ptr_mut(key) {
@@ -378,6 +400,9 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
                     add(C_WAKEUPS, 1);
                     add(C_WAKE_NS, d);
                     bump(&WAKE_HIST, fine_bucket(d));
+                    if t.offload_depth > 0 {
+                        t.offload_wake_ns += d;
+                    }
                 }
             }
         }
@@ -464,6 +489,7 @@ pub fn offload_enter(_ctx: ProbeContext) -> u32 {
         if t.offload_depth == 0 {
             t.offload_start = now;
             t.offload_off0 = t.off_ns;
+            t.offload_wake_ns = 0;
         }
         t.offload_depth += 1;
     }
@@ -500,6 +526,13 @@ pub fn offload_exit(_ctx: RetProbeContext) -> u32 {
     add(C_OFFLOAD_NS, stall);
     add(C_OFFLOAD_OFF_NS, off);
     bump(&STALL_HIST, fine_bucket(stall));
+    let wake = if t.offload_wake_ns > stall {
+        stall
+    } else {
+        t.offload_wake_ns
+    };
+    add(C_OFFLOAD_WAKE_NS, wake);
+    bump(&DONE_HIST, fine_bucket(stall - wake));
     0
 }
 

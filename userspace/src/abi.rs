@@ -27,6 +27,7 @@ pub const C_FUTEX_NOSTACK: usize = 12;
 pub const C_FUTEX_TOTAL: usize = 13;
 pub const C_RAW_FUTEX_SYSCALL: usize = 14;
 pub const C_THREADS_MISSED: usize = 15;
+pub const C_OFFLOAD_WAKE_NS: usize = 16;
 
 pub const F_EXITED: u32 = 1;
 
@@ -50,9 +51,10 @@ pub struct ThreadInfo {
     pub sys_ts: u64,
     pub offload_calls: u64,
     pub futex_calls: u64,
+    pub offload_wake_ns: u64,
 }
 
-// SAFETY: repr(C), only integers, no padding (4 + 4 + 14 * 8 bytes).
+// SAFETY: repr(C), only integers, no padding (4 + 4 + 15 * 8 bytes).
 unsafe impl aya::Pod for ThreadInfo {}
 
 /// Lower bound and width of a fine bucket (the inverse of the kernel's fine_bucket).
@@ -91,7 +93,7 @@ mod tests {
 
     #[test]
     fn thread_info_has_the_kernel_size() {
-        assert_eq!(std::mem::size_of::<ThreadInfo>(), 8 + 14 * 8);
+        assert_eq!(std::mem::size_of::<ThreadInfo>(), 8 + 15 * 8);
     }
 
     #[test]

@@ -20,6 +20,8 @@ pub struct Snapshot {
     /// log2 histograms of the syscalls that have been called.
     pub sys_hists: BTreeMap<usize, Hist>,
     pub stall: Hist,
+    /// Stall minus its wake-up delay.
+    pub done: Hist,
     pub wake: Hist,
     pub futex: Origins,
     /// Every thread seen (exited ones keep their last numbers).
@@ -49,6 +51,7 @@ impl Snapshot {
             counters: vec![0; abi::N_COUNTERS],
             syscalls: vec![0; abi::NR_MAX * 2],
             stall: Hist::fine(vec![0; abi::FINE_BUCKETS]),
+            done: Hist::fine(vec![0; abi::FINE_BUCKETS]),
             wake: Hist::fine(vec![0; abi::FINE_BUCKETS]),
             ..Default::default()
         }
@@ -60,6 +63,7 @@ pub struct Collector {
     syscalls: PerCpuArray<MapData, u64>,
     sys_hist: PerCpuArray<MapData, u64>,
     stall: PerCpuArray<MapData, u64>,
+    done: PerCpuArray<MapData, u64>,
     wake: PerCpuArray<MapData, u64>,
     threads: HashMap<MapData, u32, ThreadInfo>,
     stacks: StackTraceMap<MapData>,
@@ -94,6 +98,7 @@ impl Collector {
             syscalls: take(bpf, "SYSCALLS")?,
             sys_hist: take(bpf, "SYS_HIST")?,
             stall: take(bpf, "STALL_HIST")?,
+            done: take(bpf, "DONE_HIST")?,
             wake: take(bpf, "WAKE_HIST")?,
             threads: take(bpf, "THREADS")?,
             stacks: take(bpf, "STACKS")?,
@@ -136,6 +141,7 @@ impl Collector {
             }
         }
         let stall = Hist::fine(Self::array(&self.stall, abi::FINE_BUCKETS));
+        let done = Hist::fine(Self::array(&self.done, abi::FINE_BUCKETS));
         let wake = Hist::fine(Self::array(&self.wake, abi::FINE_BUCKETS));
 
         // Threads: record, then drop exited ones from the kernel map (their final
@@ -200,6 +206,7 @@ impl Collector {
             syscalls,
             sys_hists: self.sys_hists.clone(),
             stall,
+            done,
             wake,
             futex,
             threads: self.seen_threads.clone(),

@@ -25,6 +25,12 @@ pub struct Offload {
     pub stall_mean_us: Option<f64>,
     /// Share of the stall time the waiting thread was on CPU (spinning).
     pub spin_share: Option<f64>,
+    /// The stall without its wake-up-to-run delay: when the completion reached the
+    /// thread (the device's latency as the thread sees it).
+    pub latency_p50_us: Option<f64>,
+    pub latency_p99_us: Option<f64>,
+    /// Share of the stall spent runnable but not yet running after the wake-up.
+    pub wake_share: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -114,6 +120,7 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         (calls(cur, prev, SOCKET_READS), "socket reads")
     };
     let stall = cur.stall.minus(&prev.stall);
+    let done = cur.done.minus(&prev.done);
     let stall_ns = d(abi::C_OFFLOAD_NS);
     let stall_off_ns = d(abi::C_OFFLOAD_OFF_NS).min(stall_ns);
     let spin_ns = stall_ns - stall_off_ns;
@@ -125,6 +132,10 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         stall_p99_us: stall.quantile(0.99).map(|v| v / 1e3),
         stall_mean_us: (offload_calls > 0).then(|| stall_ns as f64 / offload_calls as f64 / 1e3),
         spin_share: (stall_ns > 0).then(|| spin_ns as f64 / stall_ns as f64),
+        latency_p50_us: done.quantile(0.5).map(|v| v / 1e3),
+        latency_p99_us: done.quantile(0.99).map(|v| v / 1e3),
+        wake_share: (stall_ns > 0)
+            .then(|| d(abi::C_OFFLOAD_WAKE_NS).min(stall_ns) as f64 / stall_ns as f64),
     };
     let futex = cur.futex.minus(&prev.futex);
     let futex_per_request = (requests > 0).then(|| {

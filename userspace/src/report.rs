@@ -125,15 +125,20 @@ pub fn window_text(w: &Window, title: &str) -> String {
         w.start_s, w.secs, w.requests_per_sec, w.requests, w.request_source
     );
     let o = &w.offload;
+    let pct = |v: Option<f64>| {
+        v.map(|x| format!("{:.0}%", x * 100.0))
+            .unwrap_or_else(|| "-".into())
+    };
     let _ = writeln!(
         s,
-        "  offload stall p50 {} p99 {} mean {}, spin share {}; CPU/request (excl. wait) {}",
+        "  offload stall p50 {} p99 {} mean {}, spin share {}, wake-up share {} (latency to \
+         completion p50 {}); CPU/request (excl. wait) {}",
         opt(o.stall_p50_us, " us"),
         opt(o.stall_p99_us, " us"),
         opt(o.stall_mean_us, " us"),
-        o.spin_share
-            .map(|x| format!("{:.0}%", x * 100.0))
-            .unwrap_or_else(|| "-".into()),
+        pct(o.spin_share),
+        pct(o.wake_share),
+        opt(o.latency_p50_us, " us"),
         opt(w.cpu_per_request_us, " us"),
     );
     let fp = w

@@ -1,0 +1,475 @@
+//! toffload-watch end to end, as root: measurements against known truth (the
+//! emulated device's configured latency, a program making exactly K of each event),
+//! verdicts on the bundled servers, and every error path with its exit code.
+//! Binaries come from the dist folder (`cargo xtask build`).
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Mutex};
+use std::time::Duration;
+use toffload_tests::harness::{self, Server, ServerSpec};
+use toffload_tests::load::{self, Config};
+
+/// One at a time: every test measures something on a 2-core machine.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// False (after harness::skip, which fails under CI) when not root or unbuilt.
+fn ready() -> bool {
+    // SAFETY: no arguments.
+    if unsafe { libc::geteuid() } != 0 {
+        harness::skip("toffload-watch tests need root (BPF)");
+        return false;
+    }
+    if let Err(e) = harness::bin("toffload-watch") {
+        harness::skip(&e);
+        return false;
+    }
+    true
+}
+
+fn watch_cmd() -> Command {
+    Command::new(harness::bin("toffload-watch").expect("built"))
+}
+
+/// A running watcher whose stderr is followed until it says it is attached.
+struct Watcher {
+    child: Child,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Watcher {
+    fn start(mut cmd: Command) -> Watcher {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start toffload-watch");
+        let err = child.stderr.take().expect("piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("watch: {line}");
+                let _ = tx.send(line);
+            }
+        });
+        let w = Watcher { child, stderr: rx };
+        w.wait_attached();
+        w
+    }
+
+    fn wait_attached(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            match self.stderr.recv_timeout(Duration::from_millis(200)) {
+                Ok(l) if l.contains("attached to pid") => return,
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(_) => panic!("toffload-watch ended before attaching"),
+            }
+        }
+        panic!("toffload-watch did not attach within 30 s");
+    }
+
+    /// Waits for the exit; (status code, JSON lines by key, stderr lines).
+    fn finish(mut self) -> (i32, Vec<(String, Value)>, Vec<String>) {
+        let mut out = String::new();
+        self.child
+            .stdout
+            .take()
+            .expect("piped")
+            .read_to_string(&mut out)
+            .expect("read stdout");
+        let status = self.child.wait().expect("wait");
+        let err: Vec<String> = self.stderr.try_iter().collect();
+        (status.code().unwrap_or(-1), json_lines(&out), err)
+    }
+}
+
+fn json_lines(out: &str) -> Vec<(String, Value)> {
+    out.lines()
+        .filter(|l| l.starts_with("{\""))
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| {
+            let (k, v) = v.as_object()?.iter().next()?;
+            Some((k.clone(), v.clone()))
+        })
+        .collect()
+}
+
+fn get<'a>(lines: &'a [(String, Value)], key: &str) -> &'a Value {
+    &lines
+        .iter()
+        .rev()
+        .find(|(k, _)| k == key)
+        .unwrap_or_else(|| panic!("no {key:?} line in {lines:?}"))
+        .1
+}
+
+fn watch_pid(pid: u32, secs: f64) -> Watcher {
+    let mut c = watch_cmd();
+    c.args(["--json", "--interval", "10s", "--duration"])
+        .arg(format!("{secs}s"))
+        .arg("--pid")
+        .arg(pid.to_string());
+    Watcher::start(c)
+}
+
+fn drive(server: &Server, conns: usize, secs: f64) -> load::Report {
+    let mut cfg = Config::new(server.port);
+    cfg.conns = conns;
+    cfg.duration = Duration::from_secs_f64(secs);
+    cfg.warmup = Duration::from_millis(100);
+    let r = load::run(&cfg).expect("load run");
+    assert_eq!(r.wrong, 0, "wrong answers");
+    r
+}
+
+/// Stall p50 as reported for conn_server, one connection, against the configured
+/// offload latency.
+#[test]
+fn stall_p50_matches_configured_latency() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let mut failures = Vec::new();
+    for wait in ["block", "spin"] {
+        for lat in [200u32, 1000] {
+            let server = Server::start(
+                &ServerSpec::new("conn_server")
+                    .env("TOFFLOAD_EMU_LAT_US", lat.to_string())
+                    .env("TOFFLOAD_WAIT", wait),
+            )
+            .expect("conn_server");
+            let w = watch_pid(server.pid(), 3.5);
+            let r = drive(&server, 1, 2.5);
+            let (code, lines, _) = w.finish();
+            assert_eq!(code, 0);
+            let total = &get(&lines, "final")["total"];
+            let p50 = total["offload"]["stall_p50_us"].as_f64().expect("p50");
+            let spin = total["offload"]["spin_share"].as_f64().expect("spin share");
+            let err = (p50 - lat as f64) / lat as f64;
+            println!(
+                "conn_server {wait} {lat} us: stall p50 {p50:.1} us ({:+.1}%), spin share {spin:.2}, \
+                 {} calls; client p50 {:.1} us",
+                err * 100.0,
+                total["offload"]["calls"],
+                r.p50_us
+            );
+            if err.abs() > 0.10 {
+                failures.push(format!("{wait} {lat}: p50 {p50:.1} us"));
+            }
+            // The wait style shows in the spin share.
+            if wait == "spin" {
+                assert!(spin > 0.8, "spin wait, spin share {spin}");
+            } else {
+                assert!(spin < 0.5, "blocking wait, spin share {spin}");
+            }
+        }
+    }
+    assert!(failures.is_empty(), "outside 10%: {failures:?}");
+}
+
+/// A program making exactly K raw futex calls, K context switches and K offloads.
+#[test]
+fn counts_k_futex_switches_offloads() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    const K: f64 = 2000.0;
+    let mut c = watch_cmd();
+    c.args(["run", "--json", "--"])
+        .arg(harness::bin("kcount").expect("kcount built"))
+        .arg((K as u32).to_string())
+        .env("TOFFLOAD_WAIT", "spin")
+        .env("TOFFLOAD_EMU_LAT_US", "20");
+    let w = Watcher::start(c);
+    let (code, lines, err) = w.finish();
+    assert_eq!(code, 0, "{err:?}");
+    let header = get(&lines, "header");
+    let fin = get(&lines, "final");
+    assert_eq!(fin["ended"], "process exited");
+    let pid = header["pid"].as_u64().expect("pid");
+    let main = fin["threads"]
+        .as_array()
+        .expect("threads")
+        .iter()
+        .find(|t| t["tid"].as_u64() == Some(pid))
+        .expect("main thread reported");
+    let total = &fin["total"];
+    let raw = total["futex"]["raw"].as_f64().unwrap();
+    let vol = main["voluntary"].as_f64().unwrap();
+    let offloads = total["offload"]["calls"].as_f64().unwrap();
+    println!("K={K}: raw futex {raw}, main-thread voluntary switches {vol}, offloads {offloads}");
+    for (what, v) in [
+        ("raw futex", raw),
+        ("switches", vol),
+        ("offloads", offloads),
+    ] {
+        assert!(
+            (v - K).abs() <= 0.02 * K,
+            "{what}: {v}, expected {K} within 2%"
+        );
+    }
+}
+
+fn verdict_of(spec: ServerSpec, conns: usize) -> (String, String) {
+    let server = Server::start(&spec).expect("server");
+    let w = watch_pid(server.pid(), 3.0);
+    drive(&server, conns, 2.0);
+    let (code, lines, _) = w.finish();
+    assert_eq!(code, 0);
+    let v = &get(&lines, "final")["total"]["verdict"];
+    println!("{}: {} -- {}", spec.name, v["kind"], v["because"]);
+    (
+        v["kind"].as_str().unwrap_or_default().to_string(),
+        v["because"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+#[test]
+fn verdict_conn_server_fiberizable() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let (kind, because) = verdict_of(
+        ServerSpec::new("conn_server")
+            .env("TOFFLOAD_EMU_LAT_US", "200")
+            .env("TOFFLOAD_WAIT", "block"),
+        8,
+    );
+    assert_eq!(kind, "fiberizable", "{because}");
+    assert!(
+        because.contains("threads per accepted connection"),
+        "{because}"
+    );
+}
+
+#[test]
+fn verdict_evloop_server_event_loop() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let (kind, because) = verdict_of(
+        ServerSpec::new("evloop_server").env("TOFFLOAD_EMU_LAT_US", "200"),
+        8,
+    );
+    assert_eq!(kind, "event_loop", "{because}");
+}
+
+#[test]
+fn verdict_rawfutex_server_below_libc() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let (kind, because) = verdict_of(
+        ServerSpec::new("rawfutex_server")
+            .env("TOFFLOAD_EMU_LAT_US", "200")
+            .env("TOFFLOAD_WAIT", "block"),
+        8,
+    );
+    assert_eq!(kind, "below_libc_wall", "{because}");
+    assert!(
+        because.contains("raw futex syscalls per request"),
+        "{because}"
+    );
+}
+
+fn run_plain(args: &[&str]) -> (i32, String) {
+    let out = watch_cmd().args(args).output().expect("run toffload-watch");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_flags_exit_2() {
+    if harness::bin("toffload-watch").is_err() {
+        harness::skip("toffload-watch not built");
+        return;
+    }
+    for args in [
+        &["--bogus"][..],
+        &["--pid", "1", "--interval", "soon"],
+        &["--pid", "notanumber"],
+        &[],
+        &["run"],
+    ] {
+        let (code, err) = run_plain(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn no_such_pid_exits_5() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let (code, err) = run_plain(&["--pid", "999999999", "--duration", "1s"]);
+    assert_eq!(code, 5, "{err}");
+    assert!(err.contains("no such pid: 999999999"), "{err}");
+}
+
+#[test]
+fn not_root_exits_3() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let mut c = watch_cmd();
+    c.args(["--pid", "1", "--duration", "1s"]);
+    // SAFETY: setgid/setuid only, between fork and exec: drops root for the child.
+    unsafe {
+        c.pre_exec(|| {
+            if libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = c.output().expect("run as nobody");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("not root") && err.contains("sudo"), "{err}");
+}
+
+/// bpf(2) refused by a seccomp filter: the kernel-side programs cannot load.
+#[test]
+fn bpf_unavailable_exits_4() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let mut c = watch_cmd();
+    c.args(["--pid", &std::process::id().to_string(), "--duration", "1s"]);
+    // SAFETY: prctl only, between fork and exec; the filter lives on this stack.
+    unsafe {
+        c.pre_exec(|| {
+            let mut filter = [
+                libc::sock_filter {
+                    code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16,
+                    jt: 0,
+                    jf: 0,
+                    k: 0,
+                },
+                libc::sock_filter {
+                    code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+                    jt: 0,
+                    jf: 1,
+                    k: libc::SYS_bpf as u32,
+                },
+                libc::sock_filter {
+                    code: (libc::BPF_RET | libc::BPF_K) as u16,
+                    jt: 0,
+                    jf: 0,
+                    k: libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+                },
+                libc::sock_filter {
+                    code: (libc::BPF_RET | libc::BPF_K) as u16,
+                    jt: 0,
+                    jf: 0,
+                    k: libc::SECCOMP_RET_ALLOW,
+                },
+            ];
+            let prog = libc::sock_fprog {
+                len: filter.len() as u16,
+                filter: filter.as_mut_ptr(),
+            };
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::prctl(
+                    libc::PR_SET_SECCOMP,
+                    libc::SECCOMP_MODE_FILTER,
+                    &prog as *const _ as usize,
+                    0,
+                    0,
+                ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = c.output().expect("run under seccomp");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("BPF unavailable"), "{err}");
+}
+
+/// The watched process exits in the middle: a final report and a clean exit.
+#[test]
+fn pid_exits_mid_watch() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let mut target = Command::new("sleep").arg("1.5").spawn().expect("sleep");
+    let w = watch_pid(target.id(), 30.0);
+    let t0 = std::time::Instant::now();
+    let (code, lines, err) = w.finish();
+    let _ = target.wait();
+    assert_eq!(code, 0, "{err:?}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "did not notice the exit"
+    );
+    assert_eq!(get(&lines, "final")["ended"], "process exited");
+    assert!(
+        err.iter()
+            .any(|l| l.contains("exited; final report follows")),
+        "{err:?}"
+    );
+}
+
+/// A tracepoint the kernel lacks: the watch goes on and names the lost metric.
+#[test]
+fn missing_tracepoint_degrades() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let server = Server::start(&ServerSpec::new("conn_server").env("TOFFLOAD_EMU_LAT_US", "100"))
+        .expect("conn_server");
+    let mut c = watch_cmd();
+    c.args(["--json", "--duration", "2s", "--pid"])
+        .arg(server.pid().to_string())
+        .env("TOFFLOAD_WATCH_HIDE_TRACEPOINT", "sched:sched_wakeup");
+    let w = Watcher::start(c);
+    drive(&server, 2, 1.0);
+    let (code, lines, _) = w.finish();
+    assert_eq!(code, 0);
+    let missing = get(&lines, "header")["missing"]
+        .as_array()
+        .expect("missing")
+        .clone();
+    assert_eq!(missing.len(), 1, "{missing:?}");
+    assert!(
+        missing[0].as_str().unwrap().contains("wake-up latency"),
+        "{missing:?}"
+    );
+    // The rest still measures.
+    let total = &get(&lines, "final")["total"];
+    assert!(total["offload"]["calls"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn run_mode_unknown_command_exits_7() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let (code, err) = run_plain(&["run", "--", "/nonexistent/toffload-no-such-cmd"]);
+    assert_eq!(code, 7, "{err}");
+    assert!(err.contains("cannot start the command"), "{err}");
+}
