@@ -10,7 +10,7 @@
 #![no_main]
 
 use aya_ebpf::{
-    bindings::BPF_F_USER_STACK,
+    bindings::{pt_regs, BPF_F_USER_STACK},
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated as gen},
     macros::{map, tracepoint, uprobe, uretprobe},
     maps::{HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
@@ -43,7 +43,6 @@ const C_OFFLOAD_OFF_NS: u32 = 10;
 const C_FUTEX_IN_OFFLOAD: u32 = 11;
 const C_FUTEX_NOSTACK: u32 = 12;
 const C_FUTEX_TOTAL: u32 = 13;
-const C_RAW_FUTEX_SYSCALL: u32 = 14;
 const C_THREADS_MISSED: u32 = 15;
 const C_OFFLOAD_WAKE_NS: u32 = 16;
 const C_FUTEX_SEEN: u32 = 17;
@@ -133,13 +132,19 @@ static STACKS: StackTrace = StackTrace::with_max_entries(2048, 0);
 /// the count, which FUTEX_SITES keeps).
 #[map]
 static FUTEX_STACKS: PerCpuHashMap<u32, u64> = PerCpuHashMap::with_max_entries(2048, 0);
-/// Futex calls per site: the user address of the syscall instruction (top frame).
-#[map]
-static FUTEX_SITES: PerCpuHashMap<u64, u64> = PerCpuHashMap::with_max_entries(4096, 0);
-/// Raw syscall(SYS_futex) calls per caller (return address of libc's syscall()).
-#[map]
-static RAW_FUTEX_CALLERS: PerCpuHashMap<u64, u64> = PerCpuHashMap::with_max_entries(2048, 0);
+/// A futex call site: the user address of the syscall instruction (top frame), and
+/// the word at the user stack pointer, which is the return address into the caller
+/// when the instruction is in libc's syscall() (a leaf that pushes nothing).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Site {
+    pub ip: u64,
+    pub caller: u64,
+}
 
+/// Futex calls per site.
+#[map]
+static FUTEX_SITES: PerCpuHashMap<Site, u64> = PerCpuHashMap::with_max_entries(4096, 0);
 #[inline(always)]
 fn add(idx: u32, v: u64) {
     if let Some(p) = COUNTERS.get_ptr_mut(idx) {
@@ -148,14 +153,27 @@ fn add(idx: u32, v: u64) {
     }
 }
 
+/// The 8 bytes at the current thread's user stack pointer (0 when unreadable).
 #[inline(always)]
-fn count_u64(map: &PerCpuHashMap<u64, u64>, key: u64) {
-    match map.get_ptr_mut(key) {
-        // SAFETY: per-CPU value.
-        Some(p) => unsafe { *p += 1 },
-        None => {
-            let _ = map.insert(key, 1u64, 0);
+fn user_sp_word() -> u64 {
+    // SAFETY: helpers on the current task; the pt_regs pointer is only read through
+    // bpf_probe_read_kernel.
+    unsafe {
+        let task = gen::bpf_get_current_task_btf();
+        let regs = gen::bpf_task_pt_regs(task) as *const pt_regs;
+        if regs.is_null() {
+            return 0;
         }
+        let mut sp = 0u64;
+        if gen::bpf_probe_read_kernel(
+            (&mut sp as *mut u64).cast(),
+            8,
+            core::ptr::addr_of!((*regs).rsp).cast(),
+        ) != 0
+        {
+            return 0;
+        }
+        bpf_probe_read_user(sp as *const u64).unwrap_or(0)
     }
 }
 
@@ -283,7 +301,17 @@ pub fn sys_enter(ctx: TracePointContext) -> u32 {
                 )
             };
             if n >= 8 {
-                count_u64(&FUTEX_SITES, top[0]);
+                let site = Site {
+                    ip: top[0],
+                    caller: user_sp_word(),
+                };
+                match FUTEX_SITES.get_ptr_mut(site) {
+                    // SAFETY: per-CPU value.
+                    Some(p) => unsafe { *p += 1 },
+                    None => {
+                        let _ = FUTEX_SITES.insert(site, 1u64, 0);
+                    }
+                }
             } else {
                 add(C_FUTEX_NOSTACK, 1);
             }
@@ -533,34 +561,6 @@ pub fn offload_exit(_ctx: RetProbeContext) -> u32 {
     };
     add(C_OFFLOAD_WAKE_NS, wake);
     bump(&DONE_HIST, fine_bucket(stall - wake));
-    0
-}
-
-/// On libc's syscall(): a raw futex from the application (or a library) bypassing
-/// glibc's pthread code. Keyed by the caller, read from the return address on the
-/// stack (syscall() is a leaf that pushes nothing before the trap).
-#[uprobe]
-pub fn raw_syscall(ctx: ProbeContext) -> u32 {
-    let nr: u64 = ctx.arg(0).unwrap_or(0);
-    if nr != NR_FUTEX {
-        return 0;
-    }
-    let id = bpf_get_current_pid_tgid();
-    let (tgid, tid) = ((id >> 32) as u32, id as u32);
-    if !watched(tgid) {
-        return 0;
-    }
-    if let Some(t) = THREADS.get_ptr(tid) {
-        // SAFETY: read-only look at the own thread's entry.
-        if unsafe { (*t).offload_depth } > 0 {
-            return 0;
-        }
-    }
-    add(C_RAW_FUTEX_SYSCALL, 1);
-    // SAFETY: regs is the probed thread's user register file.
-    let sp = unsafe { (*ctx.regs).rsp };
-    let caller = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
-    count_u64(&RAW_FUTEX_CALLERS, caller);
     0
 }
 

@@ -25,7 +25,6 @@ pub const C_OFFLOAD_OFF_NS: usize = 10;
 pub const C_FUTEX_IN_OFFLOAD: usize = 11;
 pub const C_FUTEX_NOSTACK: usize = 12;
 pub const C_FUTEX_TOTAL: usize = 13;
-pub const C_RAW_FUTEX_SYSCALL: usize = 14;
 pub const C_THREADS_MISSED: usize = 15;
 pub const C_OFFLOAD_WAKE_NS: usize = 16;
 
@@ -56,6 +55,18 @@ pub struct ThreadInfo {
 
 // SAFETY: repr(C), only integers, no padding (4 + 4 + 15 * 8 bytes).
 unsafe impl aya::Pod for ThreadInfo {}
+
+/// ebpf/src/main.rs `Site`: a futex syscall's user address and the word at the
+/// user stack pointer (the caller, when the address is in libc's syscall()).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Site {
+    pub ip: u64,
+    pub caller: u64,
+}
+
+// SAFETY: repr(C), two u64s.
+unsafe impl aya::Pod for Site {}
 
 /// Lower bound and width of a fine bucket (the inverse of the kernel's fine_bucket).
 pub fn fine_bounds(idx: usize) -> (f64, f64) {

@@ -68,8 +68,7 @@ pub struct Collector {
     threads: HashMap<MapData, u32, ThreadInfo>,
     stacks: StackTraceMap<MapData>,
     futex_stacks: PerCpuHashMap<MapData, u32, u64>,
-    futex_sites: PerCpuHashMap<MapData, u64, u64>,
-    raw_callers: PerCpuHashMap<MapData, u64, u64>,
+    futex_sites: PerCpuHashMap<MapData, abi::Site, u64>,
     /// Each futex stack id's frames, fetched once.
     stack_frames: BTreeMap<u32, Vec<u64>>,
     seen_threads: BTreeMap<u32, ThreadInfo>,
@@ -104,7 +103,6 @@ impl Collector {
             stacks: take(bpf, "STACKS")?,
             futex_stacks: take(bpf, "FUTEX_STACKS")?,
             futex_sites: take(bpf, "FUTEX_SITES")?,
-            raw_callers: take(bpf, "RAW_FUTEX_CALLERS")?,
             stack_frames: BTreeMap::new(),
             seen_threads: BTreeMap::new(),
             sys_hists: BTreeMap::new(),
@@ -119,7 +117,7 @@ impl Collector {
     }
 
     /// Reads everything. `pids` are the watched tgids; `layout` judges futex sites.
-    pub fn snapshot(&mut self, t: f64, pids: &[u32], layout: &Layout, raw_probe: bool) -> Snapshot {
+    pub fn snapshot(&mut self, t: f64, pids: &[u32], layout: &Layout) -> Snapshot {
         let counters = Self::array(&self.counters, abi::N_COUNTERS);
         let syscalls = Self::array(&self.syscalls, abi::NR_MAX * 2);
         // Histograms only of syscalls called since the last read: the others are
@@ -159,11 +157,11 @@ impl Collector {
             let _ = self.threads.remove(&tid);
         }
 
-        let sites: Vec<(Option<u64>, u64)> = self
+        let sites: Vec<((u64, u64), u64)> = self
             .futex_sites
             .iter()
             .flatten()
-            .map(|(k, v)| (Some(k), sum(&v)))
+            .map(|(k, v)| ((k.ip, k.caller), sum(&v)))
             .collect();
         let mut stacks: Vec<(u64, u32)> = self
             .futex_stacks
@@ -182,19 +180,11 @@ impl Collector {
             });
             futex_stacks.push((calls, frames.clone()));
         }
-        let callers: Vec<(u64, u64)> = self
-            .raw_callers
-            .iter()
-            .flatten()
-            .map(|(k, v)| (k, sum(&v)))
-            .collect();
         let futex = futex::attribute(
             layout,
             &sites,
-            &callers,
             counters[abi::C_FUTEX_IN_OFFLOAD],
             counters[abi::C_FUTEX_NOSTACK],
-            raw_probe,
         );
         let live_threads = pids
             .iter()

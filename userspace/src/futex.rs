@@ -97,44 +97,36 @@ impl Layout {
     }
 }
 
-/// Cumulative origins from the kernel's maps: counts per futex stack (top frame),
-/// counts per syscall() caller, and the counters of futexes inside an offload and
-/// without a stack. `raw_probe` says whether syscall()'s callers were probed; when
-/// not, calls seen in the wrapper count as raw.
+/// Cumulative origins from the kernel's maps: counts per futex site (syscall
+/// address, and the caller when that address is libc's syscall() wrapper), and the
+/// counters of futexes inside an offload and without a user stack.
 pub fn attribute(
     layout: &Layout,
-    stacks: &[(Option<u64>, u64)],
-    callers: &[(u64, u64)],
+    sites: &[(Site2, u64)],
     in_offload: u64,
     no_stack: u64,
-    raw_probe: bool,
 ) -> Origins {
     let mut o = Origins {
         offload: in_offload,
         unknown: no_stack,
         ..Default::default()
     };
-    for &(top, n) in stacks {
-        match top.map(|ip| layout.site_of_syscall(ip)) {
-            Some(Site::Libc) => o.libc += n,
-            Some(Site::Offload) => o.offload += n,
-            Some(Site::Raw) => o.raw += n,
-            Some(Site::LibcSyscallWrapper) if !raw_probe => o.raw += n,
-            Some(Site::LibcSyscallWrapper) => {}
-            None => o.unknown += n,
-        }
-    }
-    if raw_probe {
-        for &(ip, n) in callers {
-            match layout.site_of_caller(ip) {
-                Site::Offload => o.offload += n,
-                Site::Libc | Site::LibcSyscallWrapper => o.libc += n,
-                Site::Raw => o.raw += n,
-            }
+    for &((ip, caller), n) in sites {
+        let site = match layout.site_of_syscall(ip) {
+            Site::LibcSyscallWrapper => layout.site_of_caller(caller),
+            s => s,
+        };
+        match site {
+            Site::Libc | Site::LibcSyscallWrapper => o.libc += n,
+            Site::Offload => o.offload += n,
+            Site::Raw => o.raw += n,
         }
     }
     o
 }
+
+/// (syscall instruction address, word at the user stack pointer).
+pub type Site2 = (u64, u64);
 
 #[cfg(test)]
 mod tests {
@@ -169,18 +161,17 @@ mod tests {
     }
 
     #[test]
-    fn attribution_splits_and_never_double_counts() {
+    fn attribution_by_site_and_caller() {
         let l = layout();
-        // 10 pthread futexes, 7 through syscall() (callers: 5 app, 2 offload lib),
-        // 3 inline in the app, 4 inside an offload, 1 without a stack.
-        let stacks = [
-            (Some(0x15000), 10),
-            (Some(0x11010), 7),
-            (Some(0x1500), 3),
-            (None, 0),
+        // 10 pthread futexes; 7 through syscall() (5 called from the app, 2 from the
+        // offload library); 3 inline in the app; 4 inside an offload; 1 without a stack.
+        let sites = [
+            ((0x15000, 0), 10),
+            ((0x11010, 0x1600), 5),
+            ((0x11010, 0x35000), 2),
+            ((0x1500, 0x1234), 3),
         ];
-        let callers = [(0x1600, 5), (0x35000, 2)];
-        let o = attribute(&l, &stacks, &callers, 4, 1, true);
+        let o = attribute(&l, &sites, 4, 1);
         assert_eq!(
             o,
             Origins {
@@ -191,8 +182,5 @@ mod tests {
             }
         );
         assert_eq!(o.total(), 10 + 7 + 3 + 4 + 1);
-        // Without the syscall() probe the wrapper's calls are raw.
-        let o = attribute(&l, &stacks, &[], 0, 0, false);
-        assert_eq!(o.raw, 10);
     }
 }

@@ -1,7 +1,7 @@
 //! Loading the embedded object and attaching its programs: the privilege check,
 //! mounting tracefs when it is missing, tracepoints (degrading, with the lost metric
 //! named, when the kernel lacks one) and the uprobes on the target's offload entry
-//! points and libc's syscall().
+//! points.
 
 use crate::error::WatchError;
 use crate::target::{self, Mapping};
@@ -126,7 +126,7 @@ pub fn load() -> Result<Ebpf, WatchError> {
         p.load()
             .map_err(|e| WatchError::BpfUnavailable(format!("loading program {name}: {e:#}")))?;
     }
-    for name in ["offload_enter", "offload_exit", "raw_syscall"] {
+    for name in ["offload_enter", "offload_exit"] {
         let p: &mut UProbe = program(&mut bpf, name)?;
         p.load()
             .map_err(|e| WatchError::BpfUnavailable(format!("loading program {name}: {e:#}")))?;
@@ -188,8 +188,6 @@ pub struct Probes {
     pub offload: Vec<String>,
     /// The files those symbols are in (futexes from them are the offload's own).
     pub offload_modules: Vec<String>,
-    /// libc's syscall() probed (raw futex callers are attributed by caller).
-    pub raw_syscall: bool,
     /// Probes that failed, with why.
     pub failed: Vec<String>,
     /// Files already looked at.
@@ -197,7 +195,7 @@ pub struct Probes {
     pub scanned: Vec<String>,
 }
 
-/// Probes the offload entry points and libc's syscall() in `files` (the target's
+/// Probes the offload entry points in `files` (the target's
 /// mapped executables and libraries), skipping files probed before.
 pub fn attach_uprobes(
     bpf: &mut Ebpf,
@@ -226,16 +224,6 @@ pub fn attach_uprobes(
                 if !probes.offload_modules.contains(path) {
                     probes.offload_modules.push(path.clone());
                 }
-            }
-        }
-        if !probes.raw_syscall && target::is_libc(path) && target::symbol(path, "syscall").is_some()
-        {
-            let p: &mut UProbe = program(bpf, "raw_syscall")?;
-            match p.attach(Some("syscall"), 0, path, Some(pid as i32)) {
-                Ok(_) => probes.raw_syscall = true,
-                Err(e) => probes
-                    .failed
-                    .push(format!("raw_syscall on syscall in {path}: {e}")),
             }
         }
     }

@@ -87,7 +87,7 @@ pub async fn run(
         AddressSpace::from_maps(&maps),
         a.probes.offload_modules.clone(),
     );
-    let first = collector.snapshot(0.0, &[pid], &layout, a.probes.raw_syscall);
+    let first = collector.snapshot(0.0, &[pid], &layout);
     // The baseline: whatever ran between attach and now counts from zero, so that a
     // short-lived target (run mode) loses nothing.
     let baseline = Snapshot {
@@ -133,8 +133,7 @@ pub async fn run(
         }
         if elapsed >= next_window {
             next_window += opts.interval;
-            let cur =
-                collector.snapshot(elapsed.as_secs_f64(), &[pid], &layout, a.probes.raw_syscall);
+            let cur = collector.snapshot(elapsed.as_secs_f64(), &[pid], &layout);
             let w = metrics::window(&prev, &cur, &ctx);
             emit(out, opts.json, "window", &w, || {
                 report::window_text(&w, "window")
@@ -148,12 +147,7 @@ pub async fn run(
     }
     // A last read, so that what happened since the last window (or up to the exit)
     // counts.
-    let mut last = collector.snapshot(
-        start.elapsed().as_secs_f64(),
-        &[pid],
-        &layout,
-        a.probes.raw_syscall,
-    );
+    let mut last = collector.snapshot(start.elapsed().as_secs_f64(), &[pid], &layout);
     if last.live_threads == 0 {
         last.live_threads = prev.live_threads;
     }
