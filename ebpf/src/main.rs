@@ -12,9 +12,12 @@
 use aya_ebpf::{
     bindings::{pt_regs, BPF_F_USER_STACK},
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated as gen},
-    macros::{map, tracepoint, uprobe, uretprobe},
+    macros::{map, raw_tracepoint, tracepoint, uprobe, uretprobe},
     maps::{HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
-    programs::{tracing::StackIdContext, ProbeContext, RetProbeContext, TracePointContext},
+    programs::{
+        tracing::StackIdContext, ProbeContext, RawTracePointContext, RetProbeContext,
+        TracePointContext,
+    },
     EbpfContext,
 };
 
@@ -260,18 +263,22 @@ fn current_thread(tid: u32, tgid: u32, now: u64) -> Option<*mut ThreadInfo> {
     THREADS.get_ptr_mut(tid)
 }
 
-#[tracepoint]
-pub fn sys_enter(ctx: TracePointContext) -> u32 {
+/// Raw tracepoints for the syscalls: the kernel hands over its arguments directly,
+/// without formatting a trace record first, which matters on a path every syscall of
+/// every process takes while the watch runs.
+#[raw_tracepoint(tracepoint = "sys_enter")]
+pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     let id = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((id >> 32) as u32, id as u32);
     if !watched(tgid) {
         return 0;
     }
-    // SAFETY: offset 8 is `long id` in raw_syscalls:sys_enter's format.
-    let nr = match unsafe { ctx.read_at::<i64>(8) } {
-        Ok(n) if n >= 0 => n as u64,
-        _ => return 0,
-    };
+    // sys_enter(struct pt_regs *regs, long id)
+    let nr: i64 = ctx.arg(1);
+    if nr < 0 {
+        return 0;
+    }
+    let nr = nr as u64;
     let now = unsafe { bpf_ktime_get_ns() };
     let Some(t) = current_thread(tid, tgid, now) else {
         return 0;
@@ -343,8 +350,8 @@ pub fn sys_enter(ctx: TracePointContext) -> u32 {
     0
 }
 
-#[tracepoint]
-pub fn sys_exit(_ctx: TracePointContext) -> u32 {
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn sys_exit(_ctx: RawTracePointContext) -> i32 {
     let id = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((id >> 32) as u32, id as u32);
     if !watched(tgid) {

@@ -6,7 +6,7 @@
 use crate::error::WatchError;
 use crate::target::{self, Mapping};
 use aya::maps::HashMap;
-use aya::programs::{TracePoint, UProbe};
+use aya::programs::{RawTracePoint, TracePoint, UProbe};
 use aya::Ebpf;
 use std::path::Path;
 
@@ -17,15 +17,14 @@ pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 /// lacks, which exercises the degrade path with a real attach failure.
 pub const HIDE_TRACEPOINT_ENV: &str = "TOFFLOAD_WATCH_HIDE_TRACEPOINT";
 
+/// Raw tracepoints (program = tracepoint name): cheaper on the syscall path.
+const RAW_TRACEPOINTS: &[(&str, &str)] = &[
+    ("sys_enter", "syscall counts and futex origin"),
+    ("sys_exit", "syscall latency"),
+];
+
 /// (program, category, tracepoint, the metric it feeds).
 const TRACEPOINTS: &[(&str, &str, &str, &str)] = &[
-    (
-        "sys_enter",
-        "raw_syscalls",
-        "sys_enter",
-        "syscall counts and futex origin",
-    ),
-    ("sys_exit", "raw_syscalls", "sys_exit", "syscall latency"),
     (
         "sched_switch",
         "sched",
@@ -121,6 +120,11 @@ pub fn load() -> Result<Ebpf, WatchError> {
     unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
     let mut bpf = Ebpf::load(OBJECT)
         .map_err(|e| WatchError::BpfUnavailable(format!("loading the eBPF object: {e}")))?;
+    for (name, _) in RAW_TRACEPOINTS {
+        let p: &mut RawTracePoint = program(&mut bpf, name)?;
+        p.load()
+            .map_err(|e| WatchError::BpfUnavailable(format!("loading program {name}: {e:#}")))?;
+    }
     for (name, _, _, _) in TRACEPOINTS {
         let p: &mut TracePoint = program(&mut bpf, name)?;
         p.load()
@@ -149,6 +153,18 @@ pub fn attach_tracepoints(bpf: &mut Ebpf) -> Result<Vec<String>, WatchError> {
     let hidden = std::env::var(HIDE_TRACEPOINT_ENV).unwrap_or_default();
     let mut missing = Vec::new();
     let mut attached = 0;
+    for (tp, metric) in RAW_TRACEPOINTS {
+        let name = if hidden == format!("raw_syscalls:{tp}") {
+            format!("{tp}_hidden_for_test")
+        } else {
+            tp.to_string()
+        };
+        let p: &mut RawTracePoint = program(bpf, tp)?;
+        match p.attach(&name) {
+            Ok(_) => attached += 1,
+            Err(e) => missing.push(format!("{metric} (raw tracepoint {name}: {e})")),
+        }
+    }
     for (prog, cat, tp, metric) in TRACEPOINTS {
         let name = if hidden == format!("{cat}:{tp}") {
             format!("{tp}_hidden_for_test")

@@ -13,6 +13,12 @@ pub enum Which {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// toffload-watch's overhead: watched vs unwatched server throughput (needs root).
+    Watch {
+        /// Extra arguments for the benchmark binary (--runs N, --secs S).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
 }
 
 pub fn run(which: Which) -> Result {
@@ -23,6 +29,18 @@ pub fn run(which: Which) -> Result {
             proc::run(
                 proc::cargo()
                     .args(["bench", "-p", "toffload-accel", "--bench", "device", "--"])
+                    .arg("--out")
+                    .arg(&out)
+                    .args(&args),
+            )
+        }
+        Which::Watch { args } => {
+            let dist = crate::build::all()?;
+            let out = paths::results().join("watch.md");
+            proc::run(
+                proc::cargo()
+                    .args(["bench", "-p", "toffload-watch", "--bench", "watch", "--"])
+                    .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist"))
                     .arg("--out")
                     .arg(&out)
                     .args(&args),
