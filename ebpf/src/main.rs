@@ -120,8 +120,7 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(N_COUNTERS, 0)
 static SYSCALLS: PerCpuArray<u64> = PerCpuArray::with_max_entries((NR_MAX * 2) as u32, 0);
 /// [nr * 64 + log2(ns)] = calls.
 #[map]
-static SYS_HIST: PerCpuArray<u64> =
-    PerCpuArray::with_max_entries((NR_MAX * SYS_BUCKETS) as u32, 0);
+static SYS_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries((NR_MAX * SYS_BUCKETS) as u32, 0);
 #[map]
 static STALL_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS, 0);
 /// Offload latency without the wake-up delay: when the completion reached the thread.
@@ -322,13 +321,13 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
             } else {
                 add(C_FUTEX_NOSTACK, 1);
             }
-            // Whole stacks are evidence for the report, not counts: one call in 16
+            // Whole stacks are evidence for the report, not counts: one call in 64
             // is walked, which keeps a futex-heavy server's overhead down.
             let seen = COUNTERS.get_ptr_mut(C_FUTEX_SEEN);
             let sample = match seen {
                 Some(p) => unsafe {
                     *p += 1;
-                    *p & 15 == 1
+                    *p & 63 == 1
                 },
                 None => false,
             };

@@ -40,6 +40,22 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// utime + stime of a process, seconds (/proc/PID/stat fields 14 and 15). The
+/// kernel-side programs run in the server's own context, so their cost lands here.
+fn cpu_secs(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // SAFETY: no arguments.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    f.iter().sum::<u64>() as f64 / hz
+}
+
 fn watcher(pid: u32) -> Child {
     let mut c = Command::new(harness::bin("toffload-watch").expect("toffload-watch built"))
         .args(["--json", "--interval", "1s", "--pid", &pid.to_string()])
@@ -86,6 +102,7 @@ fn main() {
     let mut rows = Vec::new();
     for case in CASES {
         let (mut plain, mut watched) = (Vec::new(), Vec::new());
+        let (mut plain_cpu, mut watched_cpu) = (Vec::new(), Vec::new());
         for i in 0..runs * 2 {
             let watch = i % 2 == 1;
             let server = Server::start(
@@ -100,7 +117,13 @@ fn main() {
             cfg.conns = case.conns;
             cfg.duration = Duration::from_secs_f64(secs);
             cfg.warmup = Duration::from_millis(300);
+            let c0 = cpu_secs(server.pid());
             let r = load::run(&cfg).expect("load");
+            let c1 = cpu_secs(server.pid());
+            // Warm-up requests are not counted but burn CPU: scale by the measured share.
+            let total_s = (cfg.duration + cfg.warmup).as_secs_f64();
+            let us_per_req = (c1 - c0) * 1e6 * (cfg.duration.as_secs_f64() / total_s)
+                / r.completed.max(1) as f64;
             assert_eq!(r.wrong, 0);
             if let Some(w) = w.as_mut() {
                 // SAFETY: signalling our own child.
@@ -108,18 +131,21 @@ fn main() {
                 let _ = w.wait();
             }
             eprintln!(
-                "{} {} {} us {} conns, watched={watch}: {:.0} req/s",
-                case.server, case.wait, case.lat_us, case.conns, r.requests_per_sec
+                "{} {} {} us {} conns, watched={watch}: {:.0} req/s, server CPU {:.1} us/req",
+                case.server, case.wait, case.lat_us, case.conns, r.requests_per_sec, us_per_req
             );
             if watch {
-                watched.push(r.requests_per_sec)
+                watched.push(r.requests_per_sec);
+                watched_cpu.push(us_per_req);
             } else {
-                plain.push(r.requests_per_sec)
+                plain.push(r.requests_per_sec);
+                plain_cpu.push(us_per_req);
             }
         }
         let (p, w) = (median(plain), median(watched));
+        let (pc, wc) = (median(plain_cpu), median(watched_cpu));
         rows.push(format!(
-            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.3} | {} |",
+            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.3} | {} | {:.1} | {:.1} | {:+.1}% |",
             case.server,
             case.wait,
             case.lat_us,
@@ -127,15 +153,22 @@ fn main() {
             p,
             w,
             w / p,
-            if w / p >= 0.97 { "yes" } else { "NO" }
+            if w / p >= 0.97 { "yes" } else { "NO" },
+            pc,
+            wc,
+            (wc / pc - 1.0) * 100.0
         ));
     }
     let table = format!(
         "# toffload-watch overhead\n\n`cargo xtask bench watch` (median of {runs} alternating runs of {secs} s each, \
          server on CPU {}, load generator on CPU {}, {cpus} CPUs; the watcher attached with \
          --interval 1s, unpinned).\n\n\
-         | server | wait | offload us | conns | unwatched req/s | watched req/s | ratio | >= 0.97 |\n\
-         |---|---|---:|---:|---:|---:|---:|---|\n{}\n",
+         | server | wait | offload us | conns | unwatched req/s | watched req/s | ratio | >= 0.97 | \
+         server CPU us/req unwatched | watched | CPU cost |\n\
+         |---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|\n{}\n\n\
+         Server CPU per request is utime + stime of the server process (the kernel-side \
+         programs run in its context, so their cost is included) over the requests \
+         completed.\n",
         server_cpu.map_or("any".into(), |c| c.to_string()),
         load_cpu.map_or("any".into(), |c| c.to_string()),
         rows.join("\n")
