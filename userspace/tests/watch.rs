@@ -174,11 +174,13 @@ fn stall_p50_matches_configured_latency() {
             if err.abs() > 0.10 {
                 failures.push(format!("{wait} {lat}: p50 {p50:.1} us"));
             }
-            // The wait style shows in the spin share.
+            // The wait style shows in the spin share: a spinning thread is on CPU for
+            // most of its stall (less when the scheduler preempts it for the device
+            // thread sharing its CPU), a blocked one for little of it.
             if wait == "spin" {
-                assert!(spin > 0.8, "spin wait, spin share {spin}");
+                assert!(spin > 0.6, "spin wait, spin share {spin}");
             } else {
-                assert!(spin < 0.5, "blocking wait, spin share {spin}");
+                assert!(spin < 0.3, "blocking wait, spin share {spin}");
             }
         }
     }
