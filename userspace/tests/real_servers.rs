@@ -131,8 +131,12 @@ fn verdict(pid: u32, secs: f64, load: impl FnOnce()) -> (String, String) {
         .expect("a final report");
     let v = &fin["total"]["verdict"];
     println!(
-        "verdict {} -- {} (requests {}, threads {})",
-        v["kind"], v["because"], fin["total"]["requests"], fin["total"]["threads"]
+        "verdict {} -- {} (requests {}, threads {}, futex {})",
+        v["kind"],
+        v["because"],
+        fin["total"]["requests"],
+        fin["total"]["threads"],
+        fin["total"]["futex"]
     );
     (
         v["kind"].as_str().unwrap_or_default().into(),
@@ -420,4 +424,50 @@ fn stunnel_is_fiberizable() {
         assert!(n > 100, "{n} round trips");
     });
     assert_eq!(kind, "fiberizable", "{because}");
+}
+
+#[test]
+fn mariadb_is_below_libc() {
+    let _s = serial();
+    if !ready(&["mariadbd", "mariadb-install-db", "mariadb-slap"]) {
+        return;
+    }
+    let dir = tmpdir("mariadb");
+    let data = dir.join("data");
+    run_tool(
+        Command::new("mariadb-install-db")
+            .arg(format!("--datadir={}", data.display()))
+            .args(["--user=root", "--auth-root-authentication-method=normal"])
+            .stdout(Stdio::null()),
+    );
+    let port = free_port();
+    let sock = dir.join("sock");
+    let srv = start(
+        Command::new(which("mariadbd").unwrap())
+            .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--socket={}", sock.display()))
+            .arg(format!("--port={port}"))
+            .args([
+                "--bind-address=127.0.0.1",
+                "--user=root",
+                "--skip-grant-tables",
+            ])
+            .arg(format!("--pid-file={}", dir.join("pid").display()))
+            .arg(format!("--log-error={}", dir.join("err.log").display())),
+        port,
+    );
+    let (kind, because) = verdict(srv.0.id(), 8.0, || {
+        run_tool(
+            Command::new("mariadb-slap")
+                .arg(format!("--socket={}", sock.display()))
+                .args([
+                    "--concurrency=16",
+                    "--iterations=1",
+                    "--number-of-queries=8000",
+                ])
+                .args(["--auto-generate-sql", "--auto-generate-sql-load-type=mixed"])
+                .stdout(Stdio::null()),
+        )
+    });
+    assert_eq!(kind, "below_libc_wall", "{because}");
 }
