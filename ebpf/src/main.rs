@@ -13,7 +13,7 @@ use aya_ebpf::{
     bindings::{pt_regs, BPF_F_USER_STACK},
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated as gen},
     macros::{map, raw_tracepoint, tracepoint, uprobe, uretprobe},
-    maps::{HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
     programs::{
         tracing::StackIdContext, ProbeContext, RawTracePointContext, RetProbeContext,
         TracePointContext,
@@ -83,10 +83,12 @@ pub struct ThreadInfo {
     /// Wake-up-to-run delay accumulated during the current offload (the scheduler's
     /// share of a blocking stall).
     pub offload_wake_ns: u64,
+    /// The attach epoch the timestamps above belong to (see CONFIG).
+    pub epoch: u64,
 }
 
 impl ThreadInfo {
-    const fn new(tgid: u32, now: u64, on_cpu: bool) -> Self {
+    const fn new(tgid: u32, now: u64, on_cpu: bool, epoch: u64) -> Self {
         ThreadInfo {
             tgid,
             flags: 0,
@@ -105,12 +107,26 @@ impl ThreadInfo {
             offload_calls: 0,
             futex_calls: 0,
             offload_wake_ns: 0,
+            epoch,
         }
     }
 }
 
 #[map]
 static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(64, 0);
+/// [0]: the attach epoch. Userspace bumps it each time it attaches the tracepoints
+/// (sampled watching detaches them between bursts); a thread record from an older
+/// epoch has timestamps that span a detached gap and is reset before use.
+/// [1]: 1 while the tracepoints are attached. The offload uprobes stay attached (a
+/// uprobe detached and attached again loses its entry or return half for a while)
+/// and do nothing while this is 0.
+#[map]
+static CONFIG: Array<u64> = Array::with_max_entries(2, 0);
+
+#[inline(always)]
+fn tracing_on() -> bool {
+    CONFIG.get(1).copied().unwrap_or(0) != 0
+}
 #[map]
 static THREADS: HashMap<u32, ThreadInfo> = HashMap::with_max_entries(16384, 0);
 #[map]
@@ -246,14 +262,37 @@ fn watched(tgid: u32) -> bool {
     WATCHED.get_ptr(tgid).is_some()
 }
 
+#[inline(always)]
+fn epoch() -> u64 {
+    CONFIG.get(0).copied().unwrap_or(0)
+}
+
+/// A thread's entry, its timestamps reset when they predate the current epoch.
+#[inline(always)]
+fn thread(tid: u32) -> Option<*mut ThreadInfo> {
+    let p = THREADS.get_ptr_mut(tid)?;
+    let e = epoch();
+    // SAFETY: a live map value (see ThreadInfo for who writes it).
+    let t = unsafe { &mut *p };
+    if t.epoch != e {
+        t.epoch = e;
+        t.on_since = 0;
+        t.off_since = 0;
+        t.wake_ts = 0;
+        t.offload_depth = 0;
+        t.sys_ts = 0;
+    }
+    Some(p)
+}
+
 /// The calling thread's entry, created when missing (the thread is on CPU).
 #[inline(always)]
 fn current_thread(tid: u32, tgid: u32, now: u64) -> Option<*mut ThreadInfo> {
-    if let Some(p) = THREADS.get_ptr_mut(tid) {
+    if let Some(p) = thread(tid) {
         return Some(p);
     }
     if THREADS
-        .insert(tid, ThreadInfo::new(tgid, now, true), 0)
+        .insert(tid, ThreadInfo::new(tgid, now, true, epoch()), 0)
         .is_err()
     {
         add(C_THREADS_MISSED, 1);
@@ -356,7 +395,7 @@ pub fn sys_exit(_ctx: RawTracePointContext) -> i32 {
     if !watched(tgid) {
         return 0;
     }
-    let Some(t) = THREADS.get_ptr_mut(tid) else {
+    let Some(t) = thread(tid) else {
         return 0;
     };
     // SAFETY: as in sys_enter.
@@ -417,7 +456,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
         }
     }
     if next_pid != 0 {
-        if let Some(t) = THREADS.get_ptr_mut(next_pid) {
+        if let Some(t) = thread(next_pid) {
             // SAFETY: as above.
             let t = unsafe { &mut *t };
             if t.flags & F_EXITED == 0 {
@@ -451,7 +490,7 @@ fn on_wakeup(ctx: &TracePointContext) -> u32 {
     if pid == 0 {
         return 0;
     }
-    if let Some(t) = THREADS.get_ptr_mut(pid) {
+    if let Some(t) = thread(pid) {
         // SAFETY: a live map value; a racing second wake-up only moves the timestamp.
         let t = unsafe { &mut *t };
         if t.wake_ts == 0 {
@@ -487,7 +526,7 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     // Registered now so that its first run is seen; a forked process (not a thread)
     // gets its own tgid on its first syscall, which is then not watched.
     if THREADS
-        .insert(child, ThreadInfo::new(tgid, now, false), 0)
+        .insert(child, ThreadInfo::new(tgid, now, false, epoch()), 0)
         .is_err()
     {
         add(C_THREADS_MISSED, 1);
@@ -513,7 +552,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
 pub fn offload_enter(_ctx: ProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((id >> 32) as u32, id as u32);
-    if !watched(tgid) {
+    if !tracing_on() || !watched(tgid) {
         return 0;
     }
     let now = unsafe { bpf_ktime_get_ns() };
@@ -534,10 +573,10 @@ pub fn offload_enter(_ctx: ProbeContext) -> u32 {
 pub fn offload_exit(_ctx: RetProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((id >> 32) as u32, id as u32);
-    if !watched(tgid) {
+    if !tracing_on() || !watched(tgid) {
         return 0;
     }
-    let Some(t) = THREADS.get_ptr_mut(tid) else {
+    let Some(t) = thread(tid) else {
         return 0;
     };
     // SAFETY: own thread's entry.

@@ -56,9 +56,16 @@ fn cpu_secs(pid: u32) -> f64 {
     f.iter().sum::<u64>() as f64 / hz
 }
 
-fn watcher(pid: u32) -> Child {
+fn watcher(pid: u32, sample: u8) -> Child {
     let mut c = Command::new(harness::bin("toffload-watch").expect("toffload-watch built"))
-        .args(["--json", "--interval", "1s", "--pid", &pid.to_string()])
+        .args([
+            "--json",
+            "--interval",
+            "1s",
+            "--sample",
+            &sample.to_string(),
+        ])
+        .args(["--pid", &pid.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -99,12 +106,18 @@ fn main() {
     if let Some(c) = load_cpu {
         harness::pin_current_thread(c).expect("pin the load generator");
     }
+    // Unwatched, watched continuously (the default), watched 10% of each second.
+    let modes: [(&str, Option<u8>); 3] = [
+        ("unwatched", None),
+        ("watched", Some(100)),
+        ("--sample 10", Some(10)),
+    ];
     let mut rows = Vec::new();
     for case in CASES {
-        let (mut plain, mut watched) = (Vec::new(), Vec::new());
-        let (mut plain_cpu, mut watched_cpu) = (Vec::new(), Vec::new());
-        for i in 0..runs * 2 {
-            let watch = i % 2 == 1;
+        let mut rps: [Vec<f64>; 3] = Default::default();
+        let mut cpu: [Vec<f64>; 3] = Default::default();
+        for i in 0..runs * modes.len() {
+            let m = i % modes.len();
             let server = Server::start(
                 &ServerSpec::new(case.server)
                     .env("TOFFLOAD_EMU_LAT_US", case.lat_us.to_string())
@@ -112,7 +125,7 @@ fn main() {
                     .cpu(server_cpu),
             )
             .expect("start server");
-            let mut w = watch.then(|| watcher(server.pid()));
+            let mut w = modes[m].1.map(|sample| watcher(server.pid(), sample));
             let mut cfg = Config::new(server.port);
             cfg.conns = case.conns;
             cfg.duration = Duration::from_secs_f64(secs);
@@ -131,44 +144,50 @@ fn main() {
                 let _ = w.wait();
             }
             eprintln!(
-                "{} {} {} us {} conns, watched={watch}: {:.0} req/s, server CPU {:.1} us/req",
-                case.server, case.wait, case.lat_us, case.conns, r.requests_per_sec, us_per_req
+                "{} {} {} us {} conns, {}: {:.0} req/s, server CPU {:.1} us/req",
+                case.server,
+                case.wait,
+                case.lat_us,
+                case.conns,
+                modes[m].0,
+                r.requests_per_sec,
+                us_per_req
             );
-            if watch {
-                watched.push(r.requests_per_sec);
-                watched_cpu.push(us_per_req);
-            } else {
-                plain.push(r.requests_per_sec);
-                plain_cpu.push(us_per_req);
-            }
+            rps[m].push(r.requests_per_sec);
+            cpu[m].push(us_per_req);
         }
-        let (p, w) = (median(plain), median(watched));
-        let (pc, wc) = (median(plain_cpu), median(watched_cpu));
+        let r: Vec<f64> = rps.into_iter().map(median).collect();
+        let c: Vec<f64> = cpu.into_iter().map(median).collect();
         rows.push(format!(
-            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.3} | {} | {:.1} | {:.1} | {:+.1}% |",
+            "| {} | {} | {} | {} | {:.0} | {:.0} ({:.3}) | {:.0} ({:.3}) | {:.1} | {:.1} ({:+.1}%) | {:.1} ({:+.1}%) |",
             case.server,
             case.wait,
             case.lat_us,
             case.conns,
-            p,
-            w,
-            w / p,
-            if w / p >= 0.97 { "yes" } else { "NO" },
-            pc,
-            wc,
-            (wc / pc - 1.0) * 100.0
+            r[0],
+            r[1],
+            r[1] / r[0],
+            r[2],
+            r[2] / r[0],
+            c[0],
+            c[1],
+            (c[1] / c[0] - 1.0) * 100.0,
+            c[2],
+            (c[2] / c[0] - 1.0) * 100.0,
         ));
     }
     let table = format!(
-        "# toffload-watch overhead\n\n`cargo xtask bench watch` (median of {runs} alternating runs of {secs} s each, \
-         server on CPU {}, load generator on CPU {}, {cpus} CPUs; the watcher attached with \
-         --interval 1s, unpinned).\n\n\
-         | server | wait | offload us | conns | unwatched req/s | watched req/s | ratio | >= 0.97 | \
-         server CPU us/req unwatched | watched | CPU cost |\n\
-         |---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|\n{}\n\n\
-         Server CPU per request is utime + stime of the server process (the kernel-side \
-         programs run in its context, so their cost is included) over the requests \
-         completed.\n",
+        "# toffload-watch overhead\n\n`cargo xtask bench watch` (median of {runs} interleaved runs of {secs} s \
+         per mode, server on CPU {}, load generator on CPU {}, {cpus} CPUs; the watcher attached \
+         with --interval 1s, unpinned, before the load starts).\n\n\
+         | server | wait | offload us | conns | unwatched req/s | watched req/s (ratio) | \
+         --sample 10 req/s (ratio) | server CPU us/req unwatched | watched | --sample 10 |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n\n\
+         Server CPU per request is utime + stime of the server process over the requests \
+         completed; the kernel-side programs run in the server's context, so their cost is \
+         in it. The ratios are what the 97% target is about; on this shared 2-core VM the \
+         throughput of the same configuration moves by tens of percent between runs, so \
+         the CPU cost per request is the steadier measure of the watcher's overhead.\n",
         server_cpu.map_or("any".into(), |c| c.to_string()),
         load_cpu.map_or("any".into(), |c| c.to_string()),
         rows.join("\n")

@@ -51,9 +51,10 @@ pub struct ThreadInfo {
     pub offload_calls: u64,
     pub futex_calls: u64,
     pub offload_wake_ns: u64,
+    pub epoch: u64,
 }
 
-// SAFETY: repr(C), only integers, no padding (4 + 4 + 15 * 8 bytes).
+// SAFETY: repr(C), only integers, no padding (4 + 4 + 16 * 8 bytes).
 unsafe impl aya::Pod for ThreadInfo {}
 
 /// ebpf/src/main.rs `Site`: a futex syscall's user address and the word at the
@@ -104,7 +105,7 @@ mod tests {
 
     #[test]
     fn thread_info_has_the_kernel_size() {
-        assert_eq!(std::mem::size_of::<ThreadInfo>(), 8 + 15 * 8);
+        assert_eq!(std::mem::size_of::<ThreadInfo>(), 8 + 16 * 8);
     }
 
     #[test]

@@ -6,6 +6,9 @@
 use crate::error::WatchError;
 use crate::target::{self, Mapping};
 use aya::maps::HashMap;
+use aya::programs::raw_trace_point::RawTracePointLinkId;
+use aya::programs::trace_point::TracePointLinkId;
+use aya::programs::uprobe::UProbeLinkId;
 use aya::programs::{RawTracePoint, TracePoint, UProbe};
 use aya::Ebpf;
 use std::path::Path;
@@ -149,9 +152,57 @@ where
 }
 
 /// Attaches every tracepoint it can; returns the metrics lost to the ones that failed.
-pub fn attach_tracepoints(bpf: &mut Ebpf) -> Result<Vec<String>, WatchError> {
+/// An attachment, so that sampled watching can detach and re-attach.
+pub enum Link {
+    Raw(&'static str, RawTracePointLinkId),
+    Tp(&'static str, TracePointLinkId),
+    Up(&'static str, UProbeLinkId),
+}
+
+/// Detaches the tracepoints in `links` (a detached program costs the target
+/// nothing); uprobes stay (see CONFIG in the kernel side) and are kept in `links`.
+pub fn detach(bpf: &mut Ebpf, links: &mut Vec<Link>) {
+    let (ups, tps): (Vec<Link>, Vec<Link>) =
+        links.drain(..).partition(|l| matches!(l, Link::Up(..)));
+    *links = ups;
+    for l in tps {
+        let _ = match l {
+            Link::Raw(name, id) => {
+                program::<RawTracePoint>(bpf, name).map(|p| p.detach(id).is_ok())
+            }
+            Link::Tp(name, id) => program::<TracePoint>(bpf, name).map(|p| p.detach(id).is_ok()),
+            Link::Up(name, id) => program::<UProbe>(bpf, name).map(|p| p.detach(id).is_ok()),
+        };
+    }
+}
+
+/// Starts a new attach epoch (thread timestamps from before are reset in the kernel)
+/// with tracing on, or turns tracing off (epoch None) before a detach.
+pub fn set_epoch(bpf: &mut Ebpf, epoch: Option<u64>) -> Result<(), WatchError> {
+    let mut m: aya::maps::Array<_, u64> = aya::maps::Array::try_from(
+        bpf.map_mut("CONFIG")
+            .ok_or_else(|| WatchError::BpfUnavailable("the object lacks map CONFIG".into()))?,
+    )
+    .map_err(|e| WatchError::BpfUnavailable(format!("map CONFIG: {e}")))?;
+    let set = |m: &mut aya::maps::Array<_, u64>, i: u32, v: u64| {
+        m.set(i, v, 0)
+            .map_err(|e| WatchError::BpfUnavailable(format!("setting CONFIG[{i}]: {e}")))
+    };
+    match epoch {
+        Some(e) => {
+            set(&mut m, 0, e)?;
+            set(&mut m, 1, 1)
+        }
+        None => set(&mut m, 1, 0),
+    }
+}
+
+/// Attaches every tracepoint it can: the metrics lost to those that failed, and the
+/// links.
+pub fn attach_tracepoints(bpf: &mut Ebpf) -> Result<(Vec<String>, Vec<Link>), WatchError> {
     let hidden = std::env::var(HIDE_TRACEPOINT_ENV).unwrap_or_default();
     let mut missing = Vec::new();
+    let mut links = Vec::new();
     let mut attached = 0;
     for (tp, metric) in RAW_TRACEPOINTS {
         let name = if hidden == format!("raw_syscalls:{tp}") {
@@ -161,7 +212,10 @@ pub fn attach_tracepoints(bpf: &mut Ebpf) -> Result<Vec<String>, WatchError> {
         };
         let p: &mut RawTracePoint = program(bpf, tp)?;
         match p.attach(&name) {
-            Ok(_) => attached += 1,
+            Ok(id) => {
+                attached += 1;
+                links.push(Link::Raw(tp, id));
+            }
             Err(e) => missing.push(format!("{metric} (raw tracepoint {name}: {e})")),
         }
     }
@@ -173,7 +227,10 @@ pub fn attach_tracepoints(bpf: &mut Ebpf) -> Result<Vec<String>, WatchError> {
         };
         let p: &mut TracePoint = program(bpf, prog)?;
         match p.attach(cat, &name) {
-            Ok(_) => attached += 1,
+            Ok(id) => {
+                attached += 1;
+                links.push(Link::Tp(prog, id));
+            }
             Err(e) => missing.push(format!("{metric} (tracepoint {cat}:{name}: {e})")),
         }
     }
@@ -183,7 +240,7 @@ pub fn attach_tracepoints(bpf: &mut Ebpf) -> Result<Vec<String>, WatchError> {
             missing.join("; ")
         )));
     }
-    Ok(missing)
+    Ok((missing, links))
 }
 
 /// Adds a tgid to the in-kernel filter.
@@ -209,6 +266,9 @@ pub struct Probes {
     /// Files already looked at.
     #[serde(skip)]
     pub scanned: Vec<String>,
+    /// (file, symbol) of each probed entry point.
+    #[serde(skip)]
+    pub targets: Vec<(String, String)>,
 }
 
 /// Probes the offload entry points in `files` (the target's
@@ -218,6 +278,7 @@ pub fn attach_uprobes(
     pid: u32,
     files: &[String],
     probes: &mut Probes,
+    links: &mut Vec<Link>,
 ) -> Result<(), WatchError> {
     // Overhead experiments: the watch without the offload probes.
     if std::env::var_os("TOFFLOAD_WATCH_NO_UPROBES").is_some() {
@@ -232,14 +293,18 @@ pub fn attach_uprobes(
             let mut ok = true;
             for prog in ["offload_enter", "offload_exit"] {
                 let p: &mut UProbe = program(bpf, prog)?;
-                if let Err(e) = p.attach(Some(&sym), 0, path, Some(pid as i32)) {
-                    probes
-                        .failed
-                        .push(format!("{prog} on {sym} in {path}: {e}"));
-                    ok = false;
+                match p.attach(Some(&sym), 0, path, Some(pid as i32)) {
+                    Ok(id) => links.push(Link::Up(prog, id)),
+                    Err(e) => {
+                        probes
+                            .failed
+                            .push(format!("{prog} on {sym} in {path}: {e}"));
+                        ok = false;
+                    }
                 }
             }
             if ok {
+                probes.targets.push((path.clone(), sym.clone()));
                 probes.offload.push(format!("{sym} in {path}"));
                 if !probes.offload_modules.contains(path) {
                     probes.offload_modules.push(path.clone());

@@ -34,6 +34,10 @@ struct Common {
     /// One JSON object per line instead of text.
     #[arg(long)]
     json: bool,
+    /// Percent of each interval to trace (1-100). Below 100 the programs are detached
+    /// for the rest, which cuts the overhead in proportion; rates are per traced second.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u8).range(1..=100))]
+    sample: u8,
 }
 
 #[derive(Subcommand)]
@@ -75,6 +79,7 @@ fn options(c: &Common) -> Options {
         interval: c.interval,
         duration: c.duration,
         json: c.json,
+        sample: f64::from(c.sample) / 100.0,
     }
 }
 

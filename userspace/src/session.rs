@@ -19,6 +19,9 @@ pub struct Options {
     pub interval: Duration,
     pub duration: Option<Duration>,
     pub json: bool,
+    /// Share of each interval the programs are attached (1.0: always). Between bursts
+    /// the watched process runs untraced; rates are per traced second.
+    pub sample: f64,
 }
 
 /// Loaded, attached and filtering on `pid`; not yet reading.
@@ -27,6 +30,7 @@ pub struct Attached {
     pub pid: u32,
     pub probes: Probes,
     pub missing: Vec<String>,
+    pub links: Vec<loader::Link>,
 }
 
 /// Privileges, tracefs, load, tracepoints, and the pid into the filter. Uprobes
@@ -38,19 +42,27 @@ pub fn attach(pid: u32) -> Result<Attached, WatchError> {
     }
     loader::ensure_tracefs()?;
     let mut bpf = loader::load()?;
-    let missing = loader::attach_tracepoints(&mut bpf)?;
+    loader::set_epoch(&mut bpf, Some(1))?;
+    let (missing, links) = loader::attach_tracepoints(&mut bpf)?;
     loader::watch_pid(&mut bpf, pid)?;
     Ok(Attached {
         bpf,
         pid,
         probes: Probes::default(),
         missing,
+        links,
     })
 }
 
 impl Attached {
     pub fn probe_files(&mut self, files: &[String]) -> Result<(), WatchError> {
-        loader::attach_uprobes(&mut self.bpf, self.pid, files, &mut self.probes)
+        loader::attach_uprobes(
+            &mut self.bpf,
+            self.pid,
+            files,
+            &mut self.probes,
+            &mut self.links,
+        )
     }
 }
 
@@ -106,9 +118,29 @@ pub async fn run(
     let poll = Duration::from_millis(20);
     let mut next_window = opts.interval;
     let mut maps_len = maps.len();
+    // Sampling: attached for the first `sample` share of each interval. The clock
+    // the windows use counts traced time only.
+    let sampled = opts.sample < 1.0;
+    let burst = opts.interval.mul_f64(opts.sample.clamp(0.01, 1.0));
+    let (mut on, mut on_since, mut traced) = (true, start.elapsed(), Duration::ZERO);
+    let mut epoch = 1u64;
+    let traced_now = |on: bool, on_since: Duration, traced: Duration| {
+        traced
+            + if on {
+                start.elapsed().saturating_sub(on_since)
+            } else {
+                Duration::ZERO
+            }
+    };
     let ended;
     loop {
         let elapsed = start.elapsed();
+        if sampled && on && elapsed >= next_window.saturating_sub(opts.interval) + burst {
+            loader::set_epoch(&mut a.bpf, None)?;
+            loader::detach(&mut a.bpf, &mut a.links);
+            traced += elapsed.saturating_sub(on_since);
+            on = false;
+        }
         if let Some(d) = opts.duration {
             if elapsed >= d {
                 ended = "duration";
@@ -119,7 +151,7 @@ pub async fn run(
             ended = "process exited";
             break;
         }
-        let maps = target::maps(pid);
+        let maps = if on { target::maps(pid) } else { Vec::new() };
         if !maps.is_empty() && maps.len() != maps_len {
             maps_len = maps.len();
             if let Err(e) = a.probe_files(&loader::mapped_files(&maps)) {
@@ -133,12 +165,22 @@ pub async fn run(
         }
         if elapsed >= next_window {
             next_window += opts.interval;
-            let cur = collector.snapshot(elapsed.as_secs_f64(), &[pid], &layout);
+            let t = traced_now(on, on_since, traced);
+            let cur = collector.snapshot(t.as_secs_f64(), &[pid], &layout);
             let w = metrics::window(&prev, &cur, &ctx);
             emit(out, opts.json, "window", &w, || {
                 report::window_text(&w, "window")
             })?;
             prev = cur;
+            if !on {
+                epoch += 1;
+                let (_, links) = loader::attach_tracepoints(&mut a.bpf)?;
+                a.links.extend(links);
+                // After the tracepoints, so an offload is never timed without them.
+                loader::set_epoch(&mut a.bpf, Some(epoch))?;
+                on = true;
+                on_since = start.elapsed();
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(poll) => {}
@@ -147,7 +189,8 @@ pub async fn run(
     }
     // A last read, so that what happened since the last window (or up to the exit)
     // counts.
-    let mut last = collector.snapshot(start.elapsed().as_secs_f64(), &[pid], &layout);
+    let t = traced_now(on, on_since, traced);
+    let mut last = collector.snapshot(t.as_secs_f64(), &[pid], &layout);
     if last.live_threads == 0 {
         last.live_threads = prev.live_threads;
     }

@@ -484,3 +484,63 @@ fn run_mode_unknown_command_exits_7() {
     assert_eq!(code, 7, "{err}");
     assert!(err.contains("cannot start the command"), "{err}");
 }
+
+/// --sample 30: traced 30% of each second; rates are per traced second, so they
+/// still match the load, and the stall distribution is unchanged.
+#[test]
+fn sampled_watch_keeps_rates_and_stall() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let server = Server::start(
+        &ServerSpec::new("conn_server")
+            .env("TOFFLOAD_EMU_LAT_US", "1000")
+            .env("TOFFLOAD_WAIT", "block"),
+    )
+    .expect("conn_server");
+    let mut c = watch_cmd();
+    c.args([
+        "--json",
+        "--interval",
+        "1s",
+        "--sample",
+        "30",
+        "--duration",
+        "4.5s",
+        "--pid",
+    ])
+    .arg(server.pid().to_string());
+    let w = Watcher::start(c);
+    let r = drive(&server, 4, 4.0);
+    let (code, lines, _) = w.finish();
+    assert_eq!(code, 0);
+    let total = &get(&lines, "final")["total"];
+    let secs = total["secs"].as_f64().unwrap();
+    let p50 = total["offload"]["stall_p50_us"].as_f64().unwrap();
+    // Windows wholly inside the load (not the first, nor those at its end).
+    let mut mid: Vec<f64> = lines
+        .iter()
+        .filter(|(k, _)| k == "window")
+        .map(|(_, w)| w["requests_per_sec"].as_f64().unwrap())
+        .skip(1)
+        .take(2)
+        .collect();
+    assert_eq!(mid.len(), 2, "{lines:?}");
+    mid.sort_by(f64::total_cmp);
+    let rps = (mid[0] + mid[1]) / 2.0;
+    println!(
+        "sampled: traced {secs:.2} s, {rps:.0} req/s (load generator {:.0}), stall p50 {p50:.1} us",
+        r.requests_per_sec
+    );
+    assert!(
+        (1.0..=1.8).contains(&secs),
+        "traced {secs} s of 4.5 s at 30%"
+    );
+    assert!(
+        (rps / r.requests_per_sec - 1.0).abs() < 0.25,
+        "{rps} vs {}",
+        r.requests_per_sec
+    );
+    assert!((p50 - 1000.0).abs() < 100.0, "stall p50 {p50}");
+}
