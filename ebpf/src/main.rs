@@ -389,21 +389,37 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
 }
 
 #[raw_tracepoint(tracepoint = "sys_exit")]
-pub fn sys_exit(_ctx: RawTracePointContext) -> i32 {
+pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     let id = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((id >> 32) as u32, id as u32);
     if !watched(tgid) {
         return 0;
     }
-    let Some(t) = thread(tid) else {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(t) = current_thread(tid, tgid, now) else {
         return 0;
     };
     // SAFETY: as in sys_enter.
     let t = unsafe { &mut *t };
     if t.sys_ts == 0 {
+        // Entered before the watch began (a thread blocked in accept, say): count
+        // the call, from the syscall number in the saved registers, without a latency.
+        // sys_exit(struct pt_regs *regs, long ret)
+        let regs: *const pt_regs = ctx.arg(0);
+        let mut nr = 0u64;
+        // SAFETY: reads one field of the kernel's pt_regs through the helper.
+        let r = unsafe {
+            gen::bpf_probe_read_kernel(
+                (&mut nr as *mut u64).cast(),
+                8,
+                core::ptr::addr_of!((*regs).orig_rax).cast(),
+            )
+        };
+        if r == 0 && nr < NR_MAX {
+            bump(&SYSCALLS, (nr * 2) as u32);
+        }
         return 0;
     }
-    let now = unsafe { bpf_ktime_get_ns() };
     let dt = now.saturating_sub(t.sys_ts);
     let nr = t.sys_nr;
     t.sys_ts = 0;

@@ -24,6 +24,7 @@ pub struct Evidence {
     pub dynamic: bool,
     pub requests: u64,
     pub offload_calls: u64,
+    /// Offload latency p50: the stall less its wake-up-to-run delay.
     pub stall_p50_us: Option<f64>,
     pub cpu_per_request_us: Option<f64>,
     pub raw_futex: u64,
@@ -184,14 +185,14 @@ pub fn classify(e: &Evidence) -> Verdict {
         (Some(l), Some(c)) if e.offload_calls > 0 && c >= l => verdict(
             Kind::BehindWall,
             format!(
-                "per-request CPU {c:.1} us >= offload stall p50 {l:.1} us: nothing idle to \
+                "per-request CPU {c:.1} us >= offload latency p50 {l:.1} us: nothing idle to \
                  reclaim; {conn}"
             ),
         ),
         (Some(l), c) if e.offload_calls > 0 => verdict(
             Kind::Fiberizable,
             format!(
-                "{conn}; offload stall p50 {l:.1} us > per-request CPU {:.1} us; \
+                "{conn}; offload latency p50 {l:.1} us > per-request CPU {:.1} us; \
                  {raw_per_req:.2} raw futex per request",
                 c.unwrap_or(0.0)
             ),
@@ -293,7 +294,9 @@ mod tests {
         e.cpu_per_request_us = Some(250.0);
         let v = classify(&e);
         assert_eq!(v.kind, Kind::BehindWall, "{v:?}");
-        assert!(v.because.contains("250.0 us >= offload stall p50 200.0 us"));
+        assert!(v
+            .because
+            .contains("250.0 us >= offload latency p50 200.0 us"));
     }
 
     #[test]

@@ -186,7 +186,9 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         dynamic: ctx.runtime.dynamic,
         requests,
         offload_calls,
-        stall_p50_us: offload.stall_p50_us,
+        // The stall without its wake-up delay: on a saturated CPU a woken thread waits
+        // for a core, which is CPU contention, not the offload.
+        stall_p50_us: offload.latency_p50_us.or(offload.stall_p50_us),
         cpu_per_request_us,
         raw_futex: futex.raw,
         libc_futex: futex.libc,

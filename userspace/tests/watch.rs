@@ -544,3 +544,60 @@ fn sampled_watch_keeps_rates_and_stall() {
     );
     assert!((p50 - 1000.0).abs() < 100.0, "stall p50 {p50}");
 }
+
+/// Per-request CPU above the offload: behind the wall.
+#[test]
+fn verdict_cpu_heavy_conn_server_behind() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let (kind, because) = verdict_of(
+        ServerSpec::new("conn_server")
+            .arg("--cpu-us")
+            .arg("600")
+            .env("TOFFLOAD_EMU_LAT_US", "100")
+            .env("TOFFLOAD_WAIT", "block"),
+        2,
+    );
+    assert_eq!(kind, "behind_wall", "{because}");
+}
+
+/// A statically linked program: nothing for LD_PRELOAD to hook.
+#[test]
+fn verdict_static_binary_not_dynamic() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("toffload-watch-static-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let src = dir.join("spin.c");
+    std::fs::write(
+        &src,
+        "#include <unistd.h>\nint main(void) { for (int i = 0; i < 50; i++) usleep(20000); return 0; }\n",
+    )
+    .expect("source");
+    let exe = dir.join("spin");
+    let cc = Command::new("cc")
+        .arg("-static")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("cc");
+    if !cc.status.success() {
+        harness::skip(&format!(
+            "cc -static failed (libc6-dev's libc.a missing?): {}",
+            String::from_utf8_lossy(&cc.stderr)
+        ));
+        return;
+    }
+    let mut c = watch_cmd();
+    c.args(["run", "--json", "--"]).arg(&exe);
+    let (code, lines, err) = Watcher::start(c).finish();
+    assert_eq!(code, 0, "{err:?}");
+    assert_eq!(get(&lines, "header")["runtime"]["kind"], "static");
+    let v = &get(&lines, "final")["total"]["verdict"];
+    assert_eq!(v["kind"], "not_dynamic", "{v}");
+}
