@@ -111,7 +111,12 @@ pub fn ensure_tracefs() -> Result<(), WatchError> {
 }
 
 pub fn load() -> Result<Ebpf, WatchError> {
-    if OBJECT.is_empty() {
+    load_from(OBJECT)
+}
+
+/// Loads an object (empty: this binary was built without one).
+pub fn load_from(object: &[u8]) -> Result<Ebpf, WatchError> {
+    if object.is_empty() {
         return Err(WatchError::NoObject);
     }
     // Older kernels charge BPF maps to RLIMIT_MEMLOCK; newer ones ignore it.
@@ -121,7 +126,7 @@ pub fn load() -> Result<Ebpf, WatchError> {
     };
     // SAFETY: a valid rlimit struct.
     unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
-    let mut bpf = Ebpf::load(OBJECT)
+    let mut bpf = Ebpf::load(object)
         .map_err(|e| WatchError::BpfUnavailable(format!("loading the eBPF object: {e}")))?;
     for (name, _) in RAW_TRACEPOINTS {
         let p: &mut RawTracePoint = program(&mut bpf, name)?;
@@ -330,6 +335,15 @@ pub fn mapped_files(maps: &[Mapping]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_object_says_how_to_build_it() {
+        let e = load_from(&[]).err().expect("an empty object is refused");
+        assert_eq!(e.exit_code(), crate::error::EXIT_NO_OBJECT);
+        let msg = e.to_string();
+        assert!(msg.contains("built without its eBPF object"), "{msg}");
+        assert!(msg.contains("cargo xtask build-ebpf"), "{msg}");
+    }
 
     #[test]
     fn privilege_decision() {
