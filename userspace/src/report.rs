@@ -50,7 +50,8 @@ impl ThreadRow {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Final {
-    /// Why the watch ended: "duration", "interrupted", "process exited".
+    /// Why the watch ended: "duration", "interrupted" (SIGINT), "terminated" (SIGTERM),
+    /// "process exited".
     pub ended: String,
     pub total: Window,
     /// Busiest threads by context switches (the main thread always included).

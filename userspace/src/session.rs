@@ -74,6 +74,14 @@ pub async fn run(
     out: &mut dyn Write,
 ) -> Result<Final, WatchError> {
     let pid = a.pid;
+    // Installed first (before "attached" is announced) and once, so that a signal
+    // arriving at any point, even between two polls, ends the watch with a report.
+    let signal = |kind| {
+        tokio::signal::unix::signal(kind)
+            .map_err(|e| WatchError::Other(format!("installing a signal handler: {e}")))
+    };
+    let mut sigint = signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut sigterm = signal(tokio::signal::unix::SignalKind::terminate())?;
     let maps = target::maps(pid);
     a.probe_files(&loader::mapped_files(&maps))?;
     let mut collector = Collector::new(&mut a.bpf)?;
@@ -184,7 +192,8 @@ pub async fn run(
         }
         tokio::select! {
             _ = tokio::time::sleep(poll) => {}
-            _ = tokio::signal::ctrl_c() => { ended = "interrupted"; break; }
+            _ = sigint.recv() => { ended = "interrupted"; break; }
+            _ = sigterm.recv() => { ended = "terminated"; break; }
         }
     }
     // A last read, so that what happened since the last window (or up to the exit)

@@ -601,3 +601,23 @@ fn verdict_static_binary_not_dynamic() {
     let v = &get(&lines, "final")["total"]["verdict"];
     assert_eq!(v["kind"], "not_dynamic", "{v}");
 }
+
+/// Ctrl-C (SIGINT) and SIGTERM end the watch with a final report and exit 0.
+#[test]
+fn signals_end_with_a_final_report() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    for (sig, ended) in [(libc::SIGINT, "interrupted"), (libc::SIGTERM, "terminated")] {
+        let mut target = Command::new("sleep").arg("30").spawn().expect("sleep");
+        let w = watch_pid(target.id(), 60.0);
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(w.child.id() as i32, sig) };
+        let (code, lines, err) = w.finish();
+        let _ = target.kill();
+        let _ = target.wait();
+        assert_eq!(code, 0, "{err:?}");
+        assert_eq!(get(&lines, "final")["ended"], ended);
+    }
+}
