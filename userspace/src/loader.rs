@@ -338,7 +338,9 @@ mod tests {
 
     #[test]
     fn no_object_says_how_to_build_it() {
-        let e = load_from(&[]).err().expect("an empty object is refused");
+        let Err(e) = load_from(&[]) else {
+            panic!("an empty object must be refused");
+        };
         assert_eq!(e.exit_code(), crate::error::EXIT_NO_OBJECT);
         let msg = e.to_string();
         assert!(msg.contains("built without its eBPF object"), "{msg}");
