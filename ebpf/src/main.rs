@@ -1,5 +1,5 @@
 //! toffload-watch's kernel side: tracepoints, uprobes and per-CPU maps, filtered in the
-//! kernel to the tgids userspace puts in WATCHED. Everything is a counter or a
+//! kernel to the tgid userspace sets in WATCHED_TGID. Everything is a counter or a
 //! histogram bucket, so the hot paths are a few map lookups and adds; userspace reads
 //! the maps once per window and works out the differences.
 //!
@@ -112,8 +112,11 @@ impl ThreadInfo {
     }
 }
 
-#[map]
-static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(64, 0);
+/// The watched tgid, set by userspace at load time (a read-only global, so the check
+/// every hook makes first, for every process on the machine, is a compare against a
+/// constant rather than a map lookup).
+#[no_mangle]
+static WATCHED_TGID: u32 = 0;
 /// [0]: the attach epoch. Userspace bumps it each time it attaches the tracepoints
 /// (sampled watching detaches them between bursts); a thread record from an older
 /// epoch has timestamps that span a detached gap and is reset before use.
@@ -257,9 +260,21 @@ fn fine_bucket(v: u64) -> u32 {
     }
 }
 
+/// A field of a tracepoint's record, loaded directly from the context (the verifier
+/// allows aligned loads inside the record; a bpf_probe_read per field would cost a
+/// helper call each, on the hottest hooks).
+#[inline(always)]
+fn field<T: Copy>(ctx: &TracePointContext, offset: usize) -> T {
+    // SAFETY: `offset` is a naturally aligned field of the record (see the formats
+    // quoted at each use).
+    unsafe { *(ctx.as_ptr().cast::<u8>().add(offset).cast::<T>()) }
+}
+
 #[inline(always)]
 fn watched(tgid: u32) -> bool {
-    WATCHED.get_ptr(tgid).is_some()
+    // SAFETY: a plain read of a global; volatile so the compiler keeps the load that
+    // aya patches with the real value at load time.
+    tgid != 0 && tgid == unsafe { core::ptr::read_volatile(&WATCHED_TGID) }
 }
 
 #[inline(always)]
@@ -439,13 +454,11 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
 #[tracepoint]
 pub fn sched_switch(ctx: TracePointContext) -> u32 {
     // Offsets from sched:sched_switch's format: prev_pid 24, prev_state 32, next_pid 56.
-    let (prev_pid, prev_state, next_pid) = unsafe {
-        (
-            ctx.read_at::<i32>(24).unwrap_or(0) as u32,
-            ctx.read_at::<i64>(32).unwrap_or(0),
-            ctx.read_at::<i32>(56).unwrap_or(0) as u32,
-        )
-    };
+    let (prev_pid, prev_state, next_pid) = (
+        field::<i32>(&ctx, 24) as u32,
+        field::<i64>(&ctx, 32),
+        field::<i32>(&ctx, 56) as u32,
+    );
     let now = unsafe { bpf_ktime_get_ns() };
     // The tracepoint runs in prev's context, so the current tgid is prev's.
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
@@ -502,7 +515,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
 /// sched_wakeup and sched_wakeup_new share the layout: pid at offset 24.
 #[inline(always)]
 fn on_wakeup(ctx: &TracePointContext) -> u32 {
-    let pid = unsafe { ctx.read_at::<i32>(24).unwrap_or(0) } as u32;
+    let pid = field::<i32>(ctx, 24) as u32;
     if pid == 0 {
         return 0;
     }
@@ -533,7 +546,7 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     if !watched(tgid) {
         return 0;
     }
-    let child = unsafe { ctx.read_at::<i32>(20).unwrap_or(0) } as u32;
+    let child = field::<i32>(&ctx, 20) as u32;
     if child == 0 {
         return 0;
     }
@@ -552,7 +565,7 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
-    let pid = unsafe { ctx.read_at::<i32>(24).unwrap_or(0) } as u32;
+    let pid = field::<i32>(&ctx, 24) as u32;
     if let Some(t) = THREADS.get_ptr_mut(pid) {
         // SAFETY: a live map value. Userspace reads the final numbers, then deletes.
         let t = unsafe { &mut *t };

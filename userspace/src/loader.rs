@@ -5,7 +5,6 @@
 
 use crate::error::WatchError;
 use crate::target::{self, Mapping};
-use aya::maps::HashMap;
 use aya::programs::raw_trace_point::RawTracePointLinkId;
 use aya::programs::trace_point::TracePointLinkId;
 use aya::programs::uprobe::UProbeLinkId;
@@ -110,12 +109,14 @@ pub fn ensure_tracefs() -> Result<(), WatchError> {
     Ok(())
 }
 
-pub fn load() -> Result<Ebpf, WatchError> {
-    load_from(OBJECT)
+/// Loads the embedded object, filtering on `pid`.
+pub fn load(pid: u32) -> Result<Ebpf, WatchError> {
+    load_from(OBJECT, pid)
 }
 
-/// Loads an object (empty: this binary was built without one).
-pub fn load_from(object: &[u8]) -> Result<Ebpf, WatchError> {
+/// Loads an object (empty: this binary was built without one) with its in-kernel
+/// filter set to `pid`.
+pub fn load_from(object: &[u8], pid: u32) -> Result<Ebpf, WatchError> {
     if object.is_empty() {
         return Err(WatchError::NoObject);
     }
@@ -126,7 +127,9 @@ pub fn load_from(object: &[u8]) -> Result<Ebpf, WatchError> {
     };
     // SAFETY: a valid rlimit struct.
     unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
-    let mut bpf = Ebpf::load(object)
+    let mut bpf = aya::EbpfLoader::new()
+        .set_global("WATCHED_TGID", &pid, true)
+        .load(object)
         .map_err(|e| WatchError::BpfUnavailable(format!("loading the eBPF object: {e}")))?;
     for (name, _) in RAW_TRACEPOINTS {
         let p: &mut RawTracePoint = program(&mut bpf, name)?;
@@ -248,17 +251,6 @@ pub fn attach_tracepoints(bpf: &mut Ebpf) -> Result<(Vec<String>, Vec<Link>), Wa
     Ok((missing, links))
 }
 
-/// Adds a tgid to the in-kernel filter.
-pub fn watch_pid(bpf: &mut Ebpf, pid: u32) -> Result<(), WatchError> {
-    let mut m: HashMap<_, u32, u32> = HashMap::try_from(
-        bpf.map_mut("WATCHED")
-            .ok_or_else(|| WatchError::BpfUnavailable("the object lacks map WATCHED".into()))?,
-    )
-    .map_err(|e| WatchError::BpfUnavailable(format!("map WATCHED: {e}")))?;
-    m.insert(pid, 1, 0)
-        .map_err(|e| WatchError::BpfUnavailable(format!("adding pid {pid} to WATCHED: {e}")))
-}
-
 /// What the uprobes found and attached to.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Probes {
@@ -338,7 +330,7 @@ mod tests {
 
     #[test]
     fn no_object_says_how_to_build_it() {
-        let Err(e) = load_from(&[]) else {
+        let Err(e) = load_from(&[], 1) else {
             panic!("an empty object must be refused");
         };
         assert_eq!(e.exit_code(), crate::error::EXIT_NO_OBJECT);

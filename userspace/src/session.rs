@@ -41,10 +41,9 @@ pub fn attach(pid: u32) -> Result<Attached, WatchError> {
         return Err(WatchError::NoSuchPid(pid));
     }
     loader::ensure_tracefs()?;
-    let mut bpf = loader::load()?;
+    let mut bpf = loader::load(pid)?;
     loader::set_epoch(&mut bpf, Some(1))?;
     let (missing, links) = loader::attach_tracepoints(&mut bpf)?;
-    loader::watch_pid(&mut bpf, pid)?;
     Ok(Attached {
         bpf,
         pid,
