@@ -120,9 +120,9 @@ static WATCHED_TGID: u32 = 0;
 /// [0]: the attach epoch. Userspace bumps it each time it attaches the tracepoints
 /// (sampled watching detaches them between bursts); a thread record from an older
 /// epoch has timestamps that span a detached gap and is reset before use.
-/// [1]: 1 while the tracepoints are attached. The offload uprobes stay attached (a
-/// uprobe detached and attached again loses its entry or return half for a while)
-/// and do nothing while this is 0.
+/// [1]: 1 while tracing. Userspace clears it before detaching and sets it after
+/// attaching again, so that an offload is only timed while the scheduler
+/// tracepoints that measure its off-CPU part are attached.
 #[map]
 static CONFIG: Array<u64> = Array::with_max_entries(2, 0);
 

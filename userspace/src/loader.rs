@@ -167,13 +167,11 @@ pub enum Link {
     Up(&'static str, UProbeLinkId),
 }
 
-/// Detaches the tracepoints in `links` (a detached program costs the target
-/// nothing); uprobes stay (see CONFIG in the kernel side) and are kept in `links`.
+/// Detaches everything in `links` (a detached program costs the target nothing).
+/// Call set_epoch(None) first: the offload probes then do nothing while the rest
+/// is detached.
 pub fn detach(bpf: &mut Ebpf, links: &mut Vec<Link>) {
-    let (ups, tps): (Vec<Link>, Vec<Link>) =
-        links.drain(..).partition(|l| matches!(l, Link::Up(..)));
-    *links = ups;
-    for l in tps {
+    for l in links.drain(..) {
         let _ = match l {
             Link::Raw(name, id) => {
                 program::<RawTracePoint>(bpf, name).map(|p| p.detach(id).is_ok())
@@ -307,6 +305,25 @@ pub fn attach_uprobes(
                     probes.offload_modules.push(path.clone());
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// Attaches the probed entry points again (sampled watching).
+pub fn reattach_uprobes(
+    bpf: &mut Ebpf,
+    pid: u32,
+    probes: &Probes,
+    links: &mut Vec<Link>,
+) -> Result<(), WatchError> {
+    for (path, sym) in &probes.targets {
+        for prog in ["offload_enter", "offload_exit"] {
+            let p: &mut UProbe = program(bpf, prog)?;
+            let id = p
+                .attach(Some(sym), 0, path, Some(pid as i32))
+                .map_err(|e| WatchError::Other(format!("re-attaching {prog} on {sym}: {e}")))?;
+            links.push(Link::Up(prog, id));
         }
     }
     Ok(())

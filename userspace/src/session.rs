@@ -183,6 +183,7 @@ pub async fn run(
                 epoch += 1;
                 let (_, links) = loader::attach_tracepoints(&mut a.bpf)?;
                 a.links.extend(links);
+                loader::reattach_uprobes(&mut a.bpf, pid, &a.probes, &mut a.links)?;
                 // After the tracepoints, so an offload is never timed without them.
                 loader::set_epoch(&mut a.bpf, Some(epoch))?;
                 on = true;
