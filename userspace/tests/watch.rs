@@ -621,3 +621,48 @@ fn signals_end_with_a_final_report() {
         assert_eq!(get(&lines, "final")["ended"], ended);
     }
 }
+
+/// tracefs not mounted (as at boot here): the watcher mounts it. Run in a private
+/// mount namespace with tracefs unmounted there, so nothing else on the machine sees it.
+#[test]
+fn mounts_tracefs_when_missing() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let mut target = Command::new("sleep").arg("30").spawn().expect("sleep");
+    let mut c = watch_cmd();
+    c.args(["--json", "--duration", "1s", "--pid"])
+        .arg(target.id().to_string());
+    // SAFETY: unshare/mount/umount2 only, between fork and exec.
+    unsafe {
+        c.pre_exec(|| {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let root = c"/";
+            if libc::mount(
+                std::ptr::null(),
+                root.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            for p in [c"/sys/kernel/debug/tracing", c"/sys/kernel/tracing"] {
+                libc::umount2(p.as_ptr(), libc::MNT_DETACH);
+            }
+            Ok(())
+        });
+    }
+    let out = c.output().expect("run in a private mount namespace");
+    let _ = target.kill();
+    let _ = target.wait();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("mounted tracefs"), "{err}");
+    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(get(&lines, "final")["ended"], "duration");
+}
