@@ -84,6 +84,9 @@ pub struct Window {
     pub io_uring_enters: u64,
     pub io_uring_setups: u64,
     pub mux_waits: u64,
+    /// Threads the kernel's thread table had no room for (their scheduler numbers
+    /// are missing; non-zero only past 16384 live threads).
+    pub threads_missed: u64,
     pub verdict: Verdict,
 }
 
@@ -226,6 +229,7 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         io_uring_enters,
         io_uring_setups: calls(cur, prev, &["io_uring_setup"]),
         mux_waits,
+        threads_missed: d(abi::C_THREADS_MISSED),
         verdict: classifier::classify(&evidence),
     }
 }

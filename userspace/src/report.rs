@@ -183,6 +183,14 @@ pub fn window_text(w: &Window, title: &str) -> String {
         .map(|r| format!("{} {:.0}/s {:.1}us", r.name, r.per_sec, r.mean_us))
         .collect();
     let _ = writeln!(s, "  syscalls: {}", top.join(", "));
+    if w.threads_missed > 0 {
+        let _ = writeln!(
+            s,
+            "  WARNING: {} threads did not fit the kernel's thread table; their scheduler \
+             numbers are missing",
+            w.threads_missed
+        );
+    }
     let _ = writeln!(s, "  verdict: {} -- {}", w.verdict.label, w.verdict.because);
     s
 }
