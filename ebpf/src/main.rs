@@ -145,6 +145,9 @@ static STALL_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS
 /// Offload latency without the wake-up delay: when the completion reached the thread.
 #[map]
 static DONE_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS, 0);
+/// Stalls by their on-CPU share, in tenths (11 buckets).
+#[map]
+static SPIN_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(11, 0);
 #[map]
 static WAKE_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS, 0);
 #[map]
@@ -635,6 +638,11 @@ pub fn offload_exit(_ctx: RetProbeContext) -> u32 {
     };
     add(C_OFFLOAD_WAKE_NS, wake);
     bump(&DONE_HIST, fine_bucket(stall - wake));
+    // This stall's on-CPU share in tenths (0: blocked throughout, 10: spun throughout).
+    if stall > 0 {
+        let tenth = ((stall - off) * 10 / stall) as u32;
+        bump(&SPIN_HIST, if tenth > 10 { 10 } else { tenth });
+    }
     0
 }
 

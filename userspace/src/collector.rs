@@ -22,6 +22,8 @@ pub struct Snapshot {
     pub stall: Hist,
     /// Stall minus its wake-up delay.
     pub done: Hist,
+    /// Stalls by on-CPU share in tenths (11 buckets).
+    pub spin_tenths: Vec<u64>,
     pub wake: Hist,
     pub futex: Origins,
     /// Every thread seen (exited ones keep their last numbers).
@@ -52,6 +54,7 @@ impl Snapshot {
             syscalls: vec![0; abi::NR_MAX * 2],
             stall: Hist::fine(vec![0; abi::FINE_BUCKETS]),
             done: Hist::fine(vec![0; abi::FINE_BUCKETS]),
+            spin_tenths: vec![0; 11],
             wake: Hist::fine(vec![0; abi::FINE_BUCKETS]),
             ..Default::default()
         }
@@ -64,6 +67,7 @@ pub struct Collector {
     sys_hist: PerCpuArray<MapData, u64>,
     stall: PerCpuArray<MapData, u64>,
     done: PerCpuArray<MapData, u64>,
+    spin_hist: PerCpuArray<MapData, u64>,
     wake: PerCpuArray<MapData, u64>,
     threads: HashMap<MapData, u32, ThreadInfo>,
     stacks: StackTraceMap<MapData>,
@@ -98,6 +102,7 @@ impl Collector {
             sys_hist: take(bpf, "SYS_HIST")?,
             stall: take(bpf, "STALL_HIST")?,
             done: take(bpf, "DONE_HIST")?,
+            spin_hist: take(bpf, "SPIN_HIST")?,
             wake: take(bpf, "WAKE_HIST")?,
             threads: take(bpf, "THREADS")?,
             stacks: take(bpf, "STACKS")?,
@@ -140,6 +145,7 @@ impl Collector {
         }
         let stall = Hist::fine(Self::array(&self.stall, abi::FINE_BUCKETS));
         let done = Hist::fine(Self::array(&self.done, abi::FINE_BUCKETS));
+        let spin_tenths = Self::array(&self.spin_hist, 11);
         let wake = Hist::fine(Self::array(&self.wake, abi::FINE_BUCKETS));
 
         // Threads: record, then drop exited ones from the kernel map (their final
@@ -197,6 +203,7 @@ impl Collector {
             sys_hists: self.sys_hists.clone(),
             stall,
             done,
+            spin_tenths,
             wake,
             futex,
             threads: self.seen_threads.clone(),

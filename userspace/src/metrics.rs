@@ -25,6 +25,9 @@ pub struct Offload {
     pub stall_mean_us: Option<f64>,
     /// Share of the stall time the waiting thread was on CPU (spinning).
     pub spin_share: Option<f64>,
+    /// Share of stalls spent at least 90% on CPU (spun), and at most 10% (blocked).
+    pub stalls_mostly_spinning: Option<f64>,
+    pub stalls_mostly_blocked: Option<f64>,
     /// The stall without its wake-up-to-run delay: when the completion reached the
     /// thread (the device's latency as the thread sees it).
     pub latency_p50_us: Option<f64>,
@@ -113,6 +116,12 @@ const MUX_WAITS: &[&str] = &[
     "pselect6",
 ];
 
+/// The share of stalls whose on-CPU tenth is in `range`.
+fn share_of(tenths: &[u64], range: std::ops::RangeInclusive<usize>) -> Option<f64> {
+    let total: u64 = tenths.iter().sum();
+    (total > 0).then(|| tenths[range].iter().sum::<u64>() as f64 / total as f64)
+}
+
 pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
     let secs = (cur.t - prev.t).max(1e-9);
     let d = |i: usize| cur.counter(i).saturating_sub(prev.counter(i));
@@ -123,6 +132,12 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         (calls(cur, prev, SOCKET_READS), "socket reads")
     };
     let stall = cur.stall.minus(&prev.stall);
+    let tenths: Vec<u64> = (0..11)
+        .map(|i| {
+            let c = cur.spin_tenths.get(i).copied().unwrap_or(0);
+            c.saturating_sub(prev.spin_tenths.get(i).copied().unwrap_or(0))
+        })
+        .collect();
     let done = cur.done.minus(&prev.done);
     let stall_ns = d(abi::C_OFFLOAD_NS);
     let stall_off_ns = d(abi::C_OFFLOAD_OFF_NS).min(stall_ns);
@@ -135,6 +150,8 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         stall_p99_us: stall.quantile(0.99).map(|v| v / 1e3),
         stall_mean_us: (offload_calls > 0).then(|| stall_ns as f64 / offload_calls as f64 / 1e3),
         spin_share: (stall_ns > 0).then(|| spin_ns as f64 / stall_ns as f64),
+        stalls_mostly_spinning: share_of(&tenths, 9..=10),
+        stalls_mostly_blocked: share_of(&tenths, 0..=1),
         latency_p50_us: done.quantile(0.5).map(|v| v / 1e3),
         latency_p99_us: done.quantile(0.99).map(|v| v / 1e3),
         wake_share: (stall_ns > 0)
@@ -262,6 +279,8 @@ mod tests {
         cur.counters[abi::C_VOL] = 1000;
         cur.counters[abi::C_THREADS_CREATED] = 8;
         cur.stall.counts[abi::fine_bucket(200_000)] = 1000;
+        cur.spin_tenths[2] = 750;
+        cur.spin_tenths[10] = 250;
         let acc = syscalls::number("accept").unwrap();
         cur.syscalls[acc * 2] = 8;
         cur.syscalls[acc * 2 + 1] = 8_000;
@@ -272,6 +291,8 @@ mod tests {
         let p50 = w.offload.stall_p50_us.unwrap();
         assert!((p50 - 200.0).abs() < 200.0 * 0.07, "{p50}");
         assert!((w.offload.spin_share.unwrap() - 0.25).abs() < 1e-9);
+        assert_eq!(w.offload.stalls_mostly_spinning, Some(0.25));
+        assert_eq!(w.offload.stalls_mostly_blocked, Some(0.0));
         // 60 us on CPU per request, 50 of them spinning in the stall.
         assert!((w.cpu_per_request_us.unwrap() - 10.0).abs() < 1e-9);
         assert_eq!(w.threads_per_accept, Some(1.0));

@@ -152,6 +152,14 @@ pub fn window_text(w: &Window, title: &str) -> String {
             )
         })
         .unwrap_or_default();
+    if o.calls > 0 {
+        let _ = writeln!(
+            s,
+            "  stalls >= 90% on CPU (spun): {}, <= 10% on CPU (blocked): {}",
+            pct(o.stalls_mostly_spinning),
+            pct(o.stalls_mostly_blocked)
+        );
+    }
     let _ = writeln!(
         s,
         "  futex {} libc / {} raw / {} offload / {} unknown{fp}",

@@ -177,10 +177,17 @@ fn stall_p50_matches_configured_latency() {
             // The wait style shows in the spin share: a spinning thread is on CPU for
             // most of its stall (less when the scheduler preempts it for the device
             // thread sharing its CPU), a blocked one for little of it.
+            let spun = total["offload"]["stalls_mostly_spinning"].as_f64().unwrap();
+            let blocked = total["offload"]["stalls_mostly_blocked"].as_f64().unwrap();
             if wait == "spin" {
                 assert!(spin > 0.6, "spin wait, spin share {spin}");
+                assert!(spun > 0.5, "spin wait, {spun} of stalls >= 90% on CPU");
             } else {
                 assert!(spin < 0.3, "blocking wait, spin share {spin}");
+                assert!(
+                    blocked > 0.5,
+                    "blocking wait, {blocked} of stalls <= 10% on CPU"
+                );
             }
         }
     }
