@@ -454,16 +454,11 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     0
 }
 
-#[tracepoint]
-pub fn sched_switch(ctx: TracePointContext) -> u32 {
-    // Offsets from sched:sched_switch's format: prev_pid 24, prev_state 32, next_pid 56.
-    let (prev_pid, prev_state, next_pid) = (
-        field::<i32>(&ctx, 24) as u32,
-        field::<i64>(&ctx, 32),
-        field::<i32>(&ctx, 56) as u32,
-    );
+/// A context switch from `prev_pid` (the current task) to `next_pid`.
+#[inline(always)]
+fn on_switch(prev_pid: u32, involuntary: bool, next_pid: u32) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
-    // The tracepoint runs in prev's context, so the current tgid is prev's.
+    // The hook runs in prev's context, so the current tgid is prev's.
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if prev_pid != 0 && watched(tgid) {
         if let Some(t) = current_thread(prev_pid, tgid, now) {
@@ -476,9 +471,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
             }
             t.on_since = 0;
             t.off_since = now;
-            // Still runnable (state 0, or TASK_REPORT_MAX 0x100 for a preemption):
-            // the scheduler took the CPU away. Anything else: the thread chose to sleep.
-            if prev_state & 0xff == 0 {
+            if involuntary {
                 t.invol += 1;
                 add(C_INVOL, 1);
             } else {
@@ -515,10 +508,8 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// sched_wakeup and sched_wakeup_new share the layout: pid at offset 24.
 #[inline(always)]
-fn on_wakeup(ctx: &TracePointContext) -> u32 {
-    let pid = field::<i32>(ctx, 24) as u32;
+fn on_wakeup(pid: u32) -> u32 {
     if pid == 0 {
         return 0;
     }
@@ -532,25 +523,11 @@ fn on_wakeup(ctx: &TracePointContext) -> u32 {
     0
 }
 
-#[tracepoint]
-pub fn sched_wakeup(ctx: TracePointContext) -> u32 {
-    on_wakeup(&ctx)
-}
-
-#[tracepoint]
-pub fn sched_wakeup_new(ctx: TracePointContext) -> u32 {
-    on_wakeup(&ctx)
-}
-
-#[tracepoint]
-pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
-    // Runs in the parent's context; child_pid at offset 20.
+/// A task created by the current one (a thread, or a forked process).
+#[inline(always)]
+fn on_fork(child: u32) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if !watched(tgid) {
-        return 0;
-    }
-    let child = field::<i32>(&ctx, 20) as u32;
-    if child == 0 {
+    if !watched(tgid) || child == 0 {
         return 0;
     }
     add(C_THREADS_CREATED, 1);
@@ -566,9 +543,8 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     0
 }
 
-#[tracepoint]
-pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
-    let pid = field::<i32>(&ctx, 24) as u32;
+#[inline(always)]
+fn on_exit(pid: u32) -> u32 {
     if let Some(t) = THREADS.get_ptr_mut(pid) {
         // SAFETY: a live map value. Userspace reads the final numbers, then deletes.
         let t = unsafe { &mut *t };
@@ -578,6 +554,106 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
         }
     }
     0
+}
+
+// Classic tracepoints: the fallback where the kernel's BTF cannot give task_struct's
+// layout. Offsets from their format files.
+
+#[tracepoint]
+pub fn sched_switch(ctx: TracePointContext) -> u32 {
+    // prev_pid 24, prev_state 32, next_pid 56. A still-runnable prev (state 0, or
+    // TASK_REPORT_MAX 0x100 for a preemption) had the CPU taken away.
+    let prev_state = field::<i64>(&ctx, 32);
+    on_switch(
+        field::<i32>(&ctx, 24) as u32,
+        prev_state & 0xff == 0,
+        field::<i32>(&ctx, 56) as u32,
+    )
+}
+
+#[tracepoint]
+pub fn sched_wakeup(ctx: TracePointContext) -> u32 {
+    on_wakeup(field::<i32>(&ctx, 24) as u32)
+}
+
+#[tracepoint]
+pub fn sched_wakeup_new(ctx: TracePointContext) -> u32 {
+    on_wakeup(field::<i32>(&ctx, 24) as u32)
+}
+
+#[tracepoint]
+pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
+    on_fork(field::<i32>(&ctx, 20) as u32)
+}
+
+#[tracepoint]
+pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
+    on_exit(field::<i32>(&ctx, 24) as u32)
+}
+
+// Raw tracepoints: the kernel's own arguments, no trace record built first (about
+// half the cost per event). task_struct's pid offset comes from the kernel's BTF,
+// read by userspace and set at load time.
+
+/// Offset of `pid` in `struct task_struct` (0: unknown; the raw programs are then
+/// not attached).
+#[no_mangle]
+static TASK_PID_OFF: u32 = 0;
+
+#[inline(always)]
+fn task_pid(task: u64) -> u32 {
+    // SAFETY: a volatile read of a load-time global, then one kernel read helper.
+    let off = unsafe { core::ptr::read_volatile(&TASK_PID_OFF) } as u64;
+    if task == 0 || off == 0 {
+        return 0;
+    }
+    let mut pid = 0i32;
+    unsafe {
+        gen::bpf_probe_read_kernel(
+            (&mut pid as *mut i32).cast(),
+            4,
+            (task + off) as *const core::ffi::c_void,
+        )
+    };
+    pid as u32
+}
+
+/// sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
+/// unsigned int prev_state)
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn raw_sched_switch(ctx: RawTracePointContext) -> i32 {
+    let preempt: u64 = ctx.arg(0);
+    let next: u64 = ctx.arg(2);
+    let prev_state: u64 = ctx.arg(3);
+    let prev_pid = bpf_get_current_pid_tgid() as u32;
+    on_switch(
+        prev_pid,
+        preempt & 0xff != 0 || prev_state & 0xffff_ffff == 0,
+        task_pid(next),
+    ) as i32
+}
+
+/// sched_wakeup(struct task_struct *p)
+#[raw_tracepoint(tracepoint = "sched_wakeup")]
+pub fn raw_sched_wakeup(ctx: RawTracePointContext) -> i32 {
+    on_wakeup(task_pid(ctx.arg(0))) as i32
+}
+
+#[raw_tracepoint(tracepoint = "sched_wakeup_new")]
+pub fn raw_sched_wakeup_new(ctx: RawTracePointContext) -> i32 {
+    on_wakeup(task_pid(ctx.arg(0))) as i32
+}
+
+/// sched_process_fork(struct task_struct *parent, struct task_struct *child)
+#[raw_tracepoint(tracepoint = "sched_process_fork")]
+pub fn raw_sched_process_fork(ctx: RawTracePointContext) -> i32 {
+    on_fork(task_pid(ctx.arg(1))) as i32
+}
+
+/// sched_process_exit(struct task_struct *p, ...)
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn raw_sched_process_exit(ctx: RawTracePointContext) -> i32 {
+    on_exit(task_pid(ctx.arg(0))) as i32
 }
 
 #[uprobe]

@@ -4,6 +4,7 @@
 //! envelope. The binary (main.rs) is a thin CLI over `session`.
 
 pub mod abi;
+pub mod btf;
 pub mod calibrate;
 pub mod classifier;
 pub mod collector;

@@ -25,6 +25,32 @@ const RAW_TRACEPOINTS: &[(&str, &str)] = &[
     ("sys_exit", "syscall latency"),
 ];
 
+/// The scheduler hooks as raw tracepoints (program, tracepoint, metric): used when the
+/// kernel's BTF gives task_struct's pid offset, else the classic ones below.
+const RAW_SCHED: &[(&str, &str, &str)] = &[
+    (
+        "raw_sched_switch",
+        "sched_switch",
+        "on/off-CPU time, context switches, spin share",
+    ),
+    ("raw_sched_wakeup", "sched_wakeup", "wake-up latency"),
+    (
+        "raw_sched_wakeup_new",
+        "sched_wakeup_new",
+        "wake-up latency of new threads",
+    ),
+    (
+        "raw_sched_process_fork",
+        "sched_process_fork",
+        "threads created",
+    ),
+    (
+        "raw_sched_process_exit",
+        "sched_process_exit",
+        "thread exits",
+    ),
+];
+
 /// (program, category, tracepoint, the metric it feeds).
 const TRACEPOINTS: &[(&str, &str, &str, &str)] = &[
     (
@@ -109,14 +135,20 @@ pub fn ensure_tracefs() -> Result<(), WatchError> {
     Ok(())
 }
 
+/// The loaded programs; `raw_sched` when the scheduler hooks are raw tracepoints.
+pub struct Loaded {
+    pub bpf: Ebpf,
+    pub raw_sched: bool,
+}
+
 /// Loads the embedded object, filtering on `pid`.
-pub fn load(pid: u32) -> Result<Ebpf, WatchError> {
+pub fn load(pid: u32) -> Result<Loaded, WatchError> {
     load_from(OBJECT, pid)
 }
 
 /// Loads an object (empty: this binary was built without one) with its in-kernel
 /// filter set to `pid`.
-pub fn load_from(object: &[u8], pid: u32) -> Result<Ebpf, WatchError> {
+pub fn load_from(object: &[u8], pid: u32) -> Result<Loaded, WatchError> {
     if object.is_empty() {
         return Err(WatchError::NoObject);
     }
@@ -127,16 +159,30 @@ pub fn load_from(object: &[u8], pid: u32) -> Result<Ebpf, WatchError> {
     };
     // SAFETY: a valid rlimit struct.
     unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
+    // TOFFLOAD_WATCH_CLASSIC_SCHED=1: the classic tracepoints even where BTF allows
+    // the raw ones (the path kernels without BTF take; tests cover it this way).
+    let pid_off = if std::env::var("TOFFLOAD_WATCH_CLASSIC_SCHED").is_ok_and(|v| v == "1") {
+        0
+    } else {
+        crate::btf::task_pid_offset().unwrap_or(0)
+    };
     let mut bpf = aya::EbpfLoader::new()
         .set_global("WATCHED_TGID", &pid, true)
+        .set_global("TASK_PID_OFF", &pid_off, true)
         .load(object)
         .map_err(|e| WatchError::BpfUnavailable(format!("loading the eBPF object: {e}")))?;
-    for (name, _) in RAW_TRACEPOINTS {
+    let raw_sched = pid_off != 0;
+    let raw: Vec<&str> = RAW_TRACEPOINTS
+        .iter()
+        .map(|r| r.0)
+        .chain(RAW_SCHED.iter().filter(|_| raw_sched).map(|r| r.0))
+        .collect();
+    for name in raw {
         let p: &mut RawTracePoint = program(&mut bpf, name)?;
         p.load()
             .map_err(|e| WatchError::BpfUnavailable(format!("loading program {name}: {e:#}")))?;
     }
-    for (name, _, _, _) in TRACEPOINTS {
+    for (name, _, _, _) in TRACEPOINTS.iter().filter(|_| !raw_sched) {
         let p: &mut TracePoint = program(&mut bpf, name)?;
         p.load()
             .map_err(|e| WatchError::BpfUnavailable(format!("loading program {name}: {e:#}")))?;
@@ -146,7 +192,7 @@ pub fn load_from(object: &[u8], pid: u32) -> Result<Ebpf, WatchError> {
         p.load()
             .map_err(|e| WatchError::BpfUnavailable(format!("loading program {name}: {e:#}")))?;
     }
-    Ok(bpf)
+    Ok(Loaded { bpf, raw_sched })
 }
 
 fn program<'a, T>(bpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, WatchError>
@@ -205,7 +251,10 @@ pub fn set_epoch(bpf: &mut Ebpf, epoch: Option<u64>) -> Result<(), WatchError> {
 
 /// Attaches every tracepoint it can: the metrics lost to those that failed, and the
 /// links.
-pub fn attach_tracepoints(bpf: &mut Ebpf) -> Result<(Vec<String>, Vec<Link>), WatchError> {
+pub fn attach_tracepoints(
+    bpf: &mut Ebpf,
+    raw_sched: bool,
+) -> Result<(Vec<String>, Vec<Link>), WatchError> {
     let hidden = std::env::var(HIDE_TRACEPOINT_ENV).unwrap_or_default();
     let mut missing = Vec::new();
     let mut links = Vec::new();
@@ -225,7 +274,22 @@ pub fn attach_tracepoints(bpf: &mut Ebpf) -> Result<(Vec<String>, Vec<Link>), Wa
             Err(e) => missing.push(format!("{metric} (raw tracepoint {name}: {e})")),
         }
     }
-    for (prog, cat, tp, metric) in TRACEPOINTS {
+    for (prog, tp, metric) in RAW_SCHED.iter().filter(|_| raw_sched) {
+        let name = if hidden == format!("sched:{tp}") {
+            format!("{tp}_hidden_for_test")
+        } else {
+            tp.to_string()
+        };
+        let p: &mut RawTracePoint = program(bpf, prog)?;
+        match p.attach(&name) {
+            Ok(id) => {
+                attached += 1;
+                links.push(Link::Raw(prog, id));
+            }
+            Err(e) => missing.push(format!("{metric} (raw tracepoint {name}: {e})")),
+        }
+    }
+    for (prog, cat, tp, metric) in TRACEPOINTS.iter().filter(|_| !raw_sched) {
         let name = if hidden == format!("{cat}:{tp}") {
             format!("{tp}_hidden_for_test")
         } else {
@@ -276,7 +340,7 @@ pub fn attach_uprobes(
     links: &mut Vec<Link>,
 ) -> Result<(), WatchError> {
     // Overhead experiments: the watch without the offload probes.
-    if std::env::var_os("TOFFLOAD_WATCH_NO_UPROBES").is_some() {
+    if std::env::var("TOFFLOAD_WATCH_NO_UPROBES").is_ok_and(|v| v == "1") {
         return Ok(());
     }
     for path in files {
@@ -347,7 +411,7 @@ mod tests {
 
     #[test]
     fn no_object_says_how_to_build_it() {
-        let Err(e) = load_from(&[], 1) else {
+        let Err(e) = load_from(&[], 1).map(|l| l.raw_sched) else {
             panic!("an empty object must be refused");
         };
         assert_eq!(e.exit_code(), crate::error::EXIT_NO_OBJECT);

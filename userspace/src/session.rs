@@ -31,6 +31,8 @@ pub struct Attached {
     pub probes: Probes,
     pub missing: Vec<String>,
     pub links: Vec<loader::Link>,
+    /// Scheduler hooks as raw tracepoints (else classic ones).
+    pub raw_sched: bool,
 }
 
 /// Privileges, tracefs, load, tracepoints, and the pid into the filter. Uprobes
@@ -41,15 +43,16 @@ pub fn attach(pid: u32) -> Result<Attached, WatchError> {
         return Err(WatchError::NoSuchPid(pid));
     }
     loader::ensure_tracefs()?;
-    let mut bpf = loader::load(pid)?;
+    let loader::Loaded { mut bpf, raw_sched } = loader::load(pid)?;
     loader::set_epoch(&mut bpf, Some(1))?;
-    let (missing, links) = loader::attach_tracepoints(&mut bpf)?;
+    let (missing, links) = loader::attach_tracepoints(&mut bpf, raw_sched)?;
     Ok(Attached {
         bpf,
         pid,
         probes: Probes::default(),
         missing,
         links,
+        raw_sched,
     })
 }
 
@@ -181,7 +184,7 @@ pub async fn run(
             prev = cur;
             if !on {
                 epoch += 1;
-                let (_, links) = loader::attach_tracepoints(&mut a.bpf)?;
+                let (_, links) = loader::attach_tracepoints(&mut a.bpf, a.raw_sched)?;
                 a.links.extend(links);
                 loader::reattach_uprobes(&mut a.bpf, pid, &a.probes, &mut a.links)?;
                 // After the tracepoints, so an offload is never timed without them.
