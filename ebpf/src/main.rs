@@ -556,8 +556,7 @@ fn on_exit(pid: u32) -> u32 {
     0
 }
 
-// Classic tracepoints: the fallback where the kernel's BTF cannot give task_struct's
-// layout. Offsets from their format files.
+// Classic tracepoints (the default). Offsets from their format files.
 
 #[tracepoint]
 pub fn sched_switch(ctx: TracePointContext) -> u32 {
@@ -591,9 +590,9 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     on_exit(field::<i32>(&ctx, 24) as u32)
 }
 
-// Raw tracepoints: the kernel's own arguments, no trace record built first (about
-// half the cost per event). task_struct's pid offset comes from the kernel's BTF,
-// read by userspace and set at load time.
+// Raw tracepoints (opt-in, TOFFLOAD_WATCH_RAW_SCHED=1): the kernel's own arguments,
+// no trace record built first, but a kernel read per task pointer. task_struct's pid
+// offset comes from the kernel's BTF, read by userspace and set at load time.
 
 /// Offset of `pid` in `struct task_struct` (0: unknown; the raw programs are then
 /// not attached).

@@ -218,7 +218,7 @@ fn stall_try(wait: &str, lat: u32, server_cpu: Option<usize>) -> Result<(), Stri
 }
 
 /// A program making exactly K raw futex calls, K context switches and K offloads;
-/// with the raw scheduler tracepoints (BTF) and with the classic ones (the fallback).
+/// with the classic scheduler tracepoints (the default) and the raw ones (BTF).
 #[test]
 fn counts_k_futex_switches_offloads() {
     let _s = serial();
@@ -229,7 +229,7 @@ fn counts_k_futex_switches_offloads() {
     count_k(true);
 }
 
-fn count_k(classic_sched: bool) {
+fn count_k(raw_sched: bool) {
     const K: f64 = 2000.0;
     let mut c = watch_cmd();
     c.args(["run", "--json", "--"])
@@ -237,8 +237,8 @@ fn count_k(classic_sched: bool) {
         .arg((K as u32).to_string())
         .env("TOFFLOAD_WAIT", "spin")
         .env("TOFFLOAD_EMU_LAT_US", "20");
-    if classic_sched {
-        c.env("TOFFLOAD_WATCH_CLASSIC_SCHED", "1");
+    if raw_sched {
+        c.env("TOFFLOAD_WATCH_RAW_SCHED", "1");
     }
     let w = Watcher::start(c);
     let (code, lines, err) = w.finish();
@@ -258,7 +258,7 @@ fn count_k(classic_sched: bool) {
     let vol = main["voluntary"].as_f64().unwrap();
     let offloads = total["offload"]["calls"].as_f64().unwrap();
     println!(
-        "K={K} (classic sched {classic_sched}): raw futex {raw}, main-thread voluntary \
+        "K={K} (raw sched {raw_sched}): raw futex {raw}, main-thread voluntary \
          switches {vol}, offloads {offloads}"
     );
     for (what, v) in [
