@@ -27,6 +27,12 @@ pub enum Which {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// toffload-watch's overhead: watched vs unwatched server throughput (needs root).
+    Watch {
+        /// Extra arguments for the benchmark binary (--runs N, --secs S).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
 }
 
 pub fn run(which: Which) -> Result {
@@ -63,6 +69,18 @@ pub fn run(which: Which) -> Result {
                     .arg(&out)
                     .args(&args)
                     .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist")),
+            )
+        }
+        Which::Watch { args } => {
+            let dist = crate::build::all()?;
+            let out = paths::results().join("watch.md");
+            proc::run(
+                proc::cargo()
+                    .args(["bench", "-p", "toffload-watch", "--bench", "watch", "--"])
+                    .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist"))
+                    .arg("--out")
+                    .arg(&out)
+                    .args(&args),
             )
         }
     }

@@ -17,7 +17,12 @@ pub const SERVERS: &[&str] = &[
 /// Test programs (tests/programs/NAME.c, one file each, plus common.c of the servers):
 /// the runtime's correctness suite and benchmarks run them under LD_PRELOAD.
 fn programs() -> Result<Vec<String>> {
-    let dir = paths::root().join("tests/programs");
+    c_sources("tests/programs")
+}
+
+/// The C programs (one file each) in a folder under the root, by name.
+fn c_sources(rel: &str) -> Result<Vec<String>> {
+    let dir = paths::root().join(rel);
     let mut v = Vec::new();
     if !dir.exists() {
         return Ok(v);
@@ -32,7 +37,12 @@ fn programs() -> Result<Vec<String>> {
     v.sort();
     Ok(v)
 }
-const RUST_BINS: &[&str] = &["toffload-load", "toffload-demo", "toffload-guard-bench"];
+const RUST_BINS: &[&str] = &[
+    "toffload-load",
+    "toffload-demo",
+    "toffload-guard-bench",
+    "toffload-watch",
+];
 
 pub struct Dist {
     pub bin: PathBuf,
@@ -40,6 +50,8 @@ pub struct Dist {
 
 pub fn all() -> Result<Dist> {
     crate::setup::system_packages()?;
+    // First, so that toffload-watch below embeds a fresh object.
+    crate::ebpf::build()?;
     proc::run(proc::cargo().args([
         "build",
         "--release",
@@ -47,6 +59,8 @@ pub fn all() -> Result<Dist> {
         "toffload-accel",
         "-p",
         "toffload-tests",
+        "-p",
+        "toffload-watch",
         "--lib",
         "--bins",
     ]))?;
@@ -81,6 +95,15 @@ pub fn all() -> Result<Dist> {
     }
     for p in programs()? {
         compile_program(&p, &bin, &lib, &include)?;
+    }
+    for p in c_sources("tests/watch_programs")? {
+        compile_c(
+            &paths::root().join("tests/watch_programs"),
+            &p,
+            &bin,
+            &lib,
+            &include,
+        )?;
     }
     eprintln!("xtask: built into {}", dist.display());
     Ok(Dist { bin })

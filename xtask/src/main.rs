@@ -3,6 +3,7 @@
 mod bench;
 mod build;
 mod demo;
+mod ebpf;
 mod gpu_check;
 mod paths;
 mod proc;
@@ -26,6 +27,8 @@ struct Cli {
 enum Cmd {
     /// Build the libraries, the load generator and the C example servers into target/toffload.
     Build,
+    /// Build the eBPF programs (ebpf/, nightly), installing rust-src and bpf-linker if missing.
+    BuildEbpf,
     /// Build everything and run every test (the README's test command).
     Test {
         /// Extra arguments passed to `cargo test` after `--`.
@@ -49,6 +52,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Build => build::all().map(|_| ()),
+        Cmd::BuildEbpf => ebpf::build(),
         Cmd::Test { args } => test::run(&args),
         Cmd::Bench { which } => bench::run(which),
         Cmd::Demo(args) => demo::run(&args),

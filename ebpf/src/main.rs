@@ -1,0 +1,728 @@
+//! toffload-watch's kernel side: tracepoints, uprobes and per-CPU maps, filtered in the
+//! kernel to the tgid userspace sets in WATCHED_TGID. Everything is a counter or a
+//! histogram bucket, so the hot paths are a few map lookups and adds; userspace reads
+//! the maps once per window and works out the differences.
+//!
+//! The layouts below (ThreadInfo, the counter indices, the histogram geometry) are
+//! mirrored in userspace/src/abi.rs; change both together.
+
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    bindings::{pt_regs, BPF_F_USER_STACK},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated as gen},
+    macros::{map, raw_tracepoint, tracepoint, uprobe, uretprobe},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
+    programs::{
+        tracing::StackIdContext, ProbeContext, RawTracePointContext, RetProbeContext,
+        TracePointContext,
+    },
+    EbpfContext,
+};
+
+/// x86_64 syscall number of futex.
+const NR_FUTEX: u64 = 202;
+/// Syscalls numbered below this get per-syscall counts and histograms.
+const NR_MAX: u64 = 512;
+/// Buckets of a per-syscall log2 histogram (2^63 ns is far beyond any syscall).
+const SYS_BUCKETS: u64 = 64;
+/// Log-linear histogram: 16 linear sub-buckets per power of two, so a percentile read
+/// from it is within about 3% after interpolation (a pure log2 bucket is 2x wide).
+const FINE_BUCKETS: u32 = 1024;
+
+// Counter indices (COUNTERS).
+const C_ON_NS: u32 = 0;
+const C_OFF_NS: u32 = 1;
+const C_VOL: u32 = 2;
+const C_INVOL: u32 = 3;
+const C_WAKEUPS: u32 = 4;
+const C_WAKE_NS: u32 = 5;
+const C_THREADS_CREATED: u32 = 6;
+const C_THREADS_EXITED: u32 = 7;
+const C_OFFLOAD_CALLS: u32 = 8;
+const C_OFFLOAD_NS: u32 = 9;
+const C_OFFLOAD_OFF_NS: u32 = 10;
+const C_FUTEX_IN_OFFLOAD: u32 = 11;
+const C_FUTEX_NOSTACK: u32 = 12;
+const C_FUTEX_TOTAL: u32 = 13;
+const C_THREADS_MISSED: u32 = 15;
+const C_OFFLOAD_WAKE_NS: u32 = 16;
+const C_FUTEX_SEEN: u32 = 17;
+const N_COUNTERS: u32 = 32;
+
+/// Thread flags.
+const F_EXITED: u32 = 1;
+
+/// Per-thread state, keyed by tid. Written only from the thread's own context or by
+/// the scheduler tracepoints that serialize on it, so plain stores are enough.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ThreadInfo {
+    pub tgid: u32,
+    pub flags: u32,
+    /// When the thread last went on CPU (0: off CPU or unknown).
+    pub on_since: u64,
+    /// When it last went off CPU (0: unknown).
+    pub off_since: u64,
+    /// When it was last woken (0: no wake-up pending).
+    pub wake_ts: u64,
+    pub on_ns: u64,
+    pub off_ns: u64,
+    pub vol: u64,
+    pub invol: u64,
+    /// Offload nesting depth, its start time and off_ns when it started.
+    pub offload_depth: u64,
+    pub offload_start: u64,
+    pub offload_off0: u64,
+    /// The syscall in progress and when it began.
+    pub sys_nr: u64,
+    pub sys_ts: u64,
+    pub offload_calls: u64,
+    pub futex_calls: u64,
+    /// Wake-up-to-run delay accumulated during the current offload (the scheduler's
+    /// share of a blocking stall).
+    pub offload_wake_ns: u64,
+    /// The attach epoch the timestamps above belong to (see CONFIG).
+    pub epoch: u64,
+}
+
+impl ThreadInfo {
+    const fn new(tgid: u32, now: u64, on_cpu: bool, epoch: u64) -> Self {
+        ThreadInfo {
+            tgid,
+            flags: 0,
+            on_since: if on_cpu { now } else { 0 },
+            off_since: if on_cpu { 0 } else { now },
+            wake_ts: 0,
+            on_ns: 0,
+            off_ns: 0,
+            vol: 0,
+            invol: 0,
+            offload_depth: 0,
+            offload_start: 0,
+            offload_off0: 0,
+            sys_nr: 0,
+            sys_ts: 0,
+            offload_calls: 0,
+            futex_calls: 0,
+            offload_wake_ns: 0,
+            epoch,
+        }
+    }
+}
+
+/// The watched tgid, set by userspace at load time (a read-only global, so the check
+/// every hook makes first, for every process on the machine, is a compare against a
+/// constant rather than a map lookup).
+#[no_mangle]
+static WATCHED_TGID: u32 = 0;
+/// [0]: the attach epoch. Userspace bumps it each time it attaches the tracepoints
+/// (sampled watching detaches them between bursts); a thread record from an older
+/// epoch has timestamps that span a detached gap and is reset before use.
+/// [1]: 1 while tracing. Userspace clears it before detaching and sets it after
+/// attaching again, so that an offload is only timed while the scheduler
+/// tracepoints that measure its off-CPU part are attached.
+#[map]
+static CONFIG: Array<u64> = Array::with_max_entries(2, 0);
+
+#[inline(always)]
+fn tracing_on() -> bool {
+    CONFIG.get(1).copied().unwrap_or(0) != 0
+}
+#[map]
+static THREADS: HashMap<u32, ThreadInfo> = HashMap::with_max_entries(16384, 0);
+#[map]
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(N_COUNTERS, 0);
+/// [nr * 2] = calls, [nr * 2 + 1] = total ns.
+#[map]
+static SYSCALLS: PerCpuArray<u64> = PerCpuArray::with_max_entries((NR_MAX * 2) as u32, 0);
+/// [nr * 64 + log2(ns)] = calls.
+#[map]
+static SYS_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries((NR_MAX * SYS_BUCKETS) as u32, 0);
+#[map]
+static STALL_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS, 0);
+/// Offload latency without the wake-up delay: when the completion reached the thread.
+#[map]
+static DONE_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS, 0);
+/// Stalls by their on-CPU share, in tenths (11 buckets).
+#[map]
+static SPIN_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(11, 0);
+#[map]
+static WAKE_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS, 0);
+#[map]
+static STACKS: StackTrace = StackTrace::with_max_entries(2048, 0);
+/// Futex calls per user stack id (best effort: a full bucket drops the stack, never
+/// the count, which FUTEX_SITES keeps).
+#[map]
+static FUTEX_STACKS: PerCpuHashMap<u32, u64> = PerCpuHashMap::with_max_entries(2048, 0);
+/// A futex call site: the user address of the syscall instruction (top frame), and
+/// the word at the user stack pointer, which is the return address into the caller
+/// when the instruction is in libc's syscall() (a leaf that pushes nothing).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Site {
+    pub ip: u64,
+    pub caller: u64,
+}
+
+/// Futex calls per site.
+#[map]
+static FUTEX_SITES: PerCpuHashMap<Site, u64> = PerCpuHashMap::with_max_entries(4096, 0);
+#[inline(always)]
+fn add(idx: u32, v: u64) {
+    if let Some(p) = COUNTERS.get_ptr_mut(idx) {
+        // SAFETY: per-CPU slot, preemption is off while a BPF program runs.
+        unsafe { *p += v };
+    }
+}
+
+/// The 8 bytes at the current thread's user stack pointer (0 when unreadable).
+#[inline(always)]
+fn user_sp_word() -> u64 {
+    // SAFETY: helpers on the current task; the pt_regs pointer is only read through
+    // bpf_probe_read_kernel.
+    unsafe {
+        let task = gen::bpf_get_current_task_btf();
+        let regs = gen::bpf_task_pt_regs(task) as *const pt_regs;
+        if regs.is_null() {
+            return 0;
+        }
+        let mut sp = 0u64;
+        if gen::bpf_probe_read_kernel(
+            (&mut sp as *mut u64).cast(),
+            8,
+            core::ptr::addr_of!((*regs).rsp).cast(),
+        ) != 0
+        {
+            return 0;
+        }
+        bpf_probe_read_user(sp as *const u64).unwrap_or(0)
+    }
+}
+
+#[inline(always)]
+fn bump(map: &PerCpuArray<u64>, idx: u32) {
+    if let Some(p) = map.get_ptr_mut(idx) {
+        // SAFETY: as in add().
+        unsafe { *p += 1 };
+    }
+}
+
+/// Index of the highest set bit (v > 0), without loops for the verifier.
+#[inline(always)]
+fn msb(mut v: u64) -> u32 {
+    let mut r = 0;
+    if v >> 32 != 0 {
+        v >>= 32;
+        r += 32;
+    }
+    if v >> 16 != 0 {
+        v >>= 16;
+        r += 16;
+    }
+    if v >> 8 != 0 {
+        v >>= 8;
+        r += 8;
+    }
+    if v >> 4 != 0 {
+        v >>= 4;
+        r += 4;
+    }
+    if v >> 2 != 0 {
+        v >>= 2;
+        r += 2;
+    }
+    if v >> 1 != 0 {
+        r += 1;
+    }
+    r
+}
+
+#[inline(always)]
+fn log2_bucket(v: u64) -> u64 {
+    if v == 0 {
+        0
+    } else {
+        msb(v) as u64
+    }
+}
+
+/// Log-linear bucket: values below 16 are exact, above that 16 buckets per octave.
+#[inline(always)]
+fn fine_bucket(v: u64) -> u32 {
+    if v < 16 {
+        return v as u32;
+    }
+    let m = msb(v);
+    let idx = (m - 3) * 16 + ((v >> (m - 4)) & 15) as u32;
+    if idx >= FINE_BUCKETS {
+        FINE_BUCKETS - 1
+    } else {
+        idx
+    }
+}
+
+/// A field of a tracepoint's record, loaded directly from the context (the verifier
+/// allows aligned loads inside the record; a bpf_probe_read per field would cost a
+/// helper call each, on the hottest hooks).
+#[inline(always)]
+fn field<T: Copy>(ctx: &TracePointContext, offset: usize) -> T {
+    // SAFETY: `offset` is a naturally aligned field of the record (see the formats
+    // quoted at each use).
+    unsafe { *(ctx.as_ptr().cast::<u8>().add(offset).cast::<T>()) }
+}
+
+#[inline(always)]
+fn watched(tgid: u32) -> bool {
+    // SAFETY: a plain read of a global; volatile so the compiler keeps the load that
+    // aya patches with the real value at load time.
+    tgid != 0 && tgid == unsafe { core::ptr::read_volatile(&WATCHED_TGID) }
+}
+
+#[inline(always)]
+fn epoch() -> u64 {
+    CONFIG.get(0).copied().unwrap_or(0)
+}
+
+/// A thread's entry, its timestamps reset when they predate the current epoch.
+#[inline(always)]
+fn thread(tid: u32) -> Option<*mut ThreadInfo> {
+    let p = THREADS.get_ptr_mut(tid)?;
+    let e = epoch();
+    // SAFETY: a live map value (see ThreadInfo for who writes it).
+    let t = unsafe { &mut *p };
+    if t.epoch != e {
+        t.epoch = e;
+        t.on_since = 0;
+        t.off_since = 0;
+        t.wake_ts = 0;
+        t.offload_depth = 0;
+        t.sys_ts = 0;
+    }
+    Some(p)
+}
+
+/// The calling thread's entry, created when missing (the thread is on CPU).
+#[inline(always)]
+fn current_thread(tid: u32, tgid: u32, now: u64) -> Option<*mut ThreadInfo> {
+    if let Some(p) = thread(tid) {
+        return Some(p);
+    }
+    if THREADS
+        .insert(tid, ThreadInfo::new(tgid, now, true, epoch()), 0)
+        .is_err()
+    {
+        add(C_THREADS_MISSED, 1);
+        return None;
+    }
+    THREADS.get_ptr_mut(tid)
+}
+
+/// Raw tracepoints for the syscalls: the kernel hands over its arguments directly,
+/// without formatting a trace record first, which matters on a path every syscall of
+/// every process takes while the watch runs.
+#[raw_tracepoint(tracepoint = "sys_enter")]
+pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    if !watched(tgid) {
+        return 0;
+    }
+    // sys_enter(struct pt_regs *regs, long id)
+    let nr: i64 = ctx.arg(1);
+    if nr < 0 {
+        return 0;
+    }
+    let nr = nr as u64;
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(t) = current_thread(tid, tgid, now) else {
+        return 0;
+    };
+    // SAFETY: a live map value; only this thread writes these fields.
+    let t = unsafe { &mut *t };
+    t.sys_nr = nr;
+    t.sys_ts = now;
+    if nr == NR_FUTEX {
+        add(C_FUTEX_TOTAL, 1);
+        t.futex_calls += 1;
+        if t.offload_depth > 0 {
+            // The offload's own wait (a blocking accel_run sleeps on a futex): it is
+            // the stall, not the application's synchronization.
+            add(C_FUTEX_IN_OFFLOAD, 1);
+        } else {
+            // The top user frame alone decides the origin; it never collides the
+            // way stack ids in a full stack map do.
+            let mut top = [0u64; 1];
+            // SAFETY: an 8-byte buffer on the BPF stack, its size passed.
+            let n = unsafe {
+                gen::bpf_get_stack(
+                    ctx.as_ptr(),
+                    top.as_mut_ptr().cast(),
+                    8,
+                    BPF_F_USER_STACK as u64,
+                )
+            };
+            if n >= 8 {
+                let site = Site {
+                    ip: top[0],
+                    caller: user_sp_word(),
+                };
+                match FUTEX_SITES.get_ptr_mut(site) {
+                    // SAFETY: per-CPU value.
+                    Some(p) => unsafe { *p += 1 },
+                    None => {
+                        let _ = FUTEX_SITES.insert(site, 1u64, 0);
+                    }
+                }
+            } else {
+                add(C_FUTEX_NOSTACK, 1);
+            }
+            // Whole stacks are evidence for the report, not counts: one call in 64
+            // is walked, which keeps a futex-heavy server's overhead down.
+            let seen = COUNTERS.get_ptr_mut(C_FUTEX_SEEN);
+            let sample = match seen {
+                Some(p) => unsafe {
+                    *p += 1;
+                    *p & 63 == 1
+                },
+                None => false,
+            };
+            if !sample {
+                return 0;
+            }
+            if let Ok(sid) = ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
+                let key = sid as u32;
+                match FUTEX_STACKS.get_ptr_mut(key) {
+                    // SAFETY: per-CPU value.
+                    Some(p) => unsafe { *p += 1 },
+                    None => {
+                        let _ = FUTEX_STACKS.insert(key, 1u64, 0);
+                    }
+                }
+            }
+        }
+    }
+    0
+}
+
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    if !watched(tgid) {
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(t) = current_thread(tid, tgid, now) else {
+        return 0;
+    };
+    // SAFETY: as in sys_enter.
+    let t = unsafe { &mut *t };
+    if t.sys_ts == 0 {
+        // Entered before the watch began (a thread blocked in accept, say): count
+        // the call, from the syscall number in the saved registers, without a latency.
+        // sys_exit(struct pt_regs *regs, long ret)
+        let regs: *const pt_regs = ctx.arg(0);
+        let mut nr = 0u64;
+        // SAFETY: reads one field of the kernel's pt_regs through the helper.
+        let r = unsafe {
+            gen::bpf_probe_read_kernel(
+                (&mut nr as *mut u64).cast(),
+                8,
+                core::ptr::addr_of!((*regs).orig_rax).cast(),
+            )
+        };
+        if r == 0 && nr < NR_MAX {
+            bump(&SYSCALLS, (nr * 2) as u32);
+        }
+        return 0;
+    }
+    let dt = now.saturating_sub(t.sys_ts);
+    let nr = t.sys_nr;
+    t.sys_ts = 0;
+    if nr >= NR_MAX {
+        return 0;
+    }
+    let i = (nr * 2) as u32;
+    bump(&SYSCALLS, i);
+    if let Some(p) = SYSCALLS.get_ptr_mut(i + 1) {
+        // SAFETY: per-CPU slot.
+        unsafe { *p += dt };
+    }
+    bump(&SYS_HIST, (nr * SYS_BUCKETS + log2_bucket(dt)) as u32);
+    0
+}
+
+/// A context switch from `prev_pid` (the current task) to `next_pid`.
+#[inline(always)]
+fn on_switch(prev_pid: u32, involuntary: bool, next_pid: u32) -> u32 {
+    let now = unsafe { bpf_ktime_get_ns() };
+    // The hook runs in prev's context, so the current tgid is prev's.
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if prev_pid != 0 && watched(tgid) {
+        if let Some(t) = current_thread(prev_pid, tgid, now) {
+            // SAFETY: a live map value; the scheduler serializes switches of one task.
+            let t = unsafe { &mut *t };
+            if t.on_since != 0 {
+                let d = now.saturating_sub(t.on_since);
+                t.on_ns += d;
+                add(C_ON_NS, d);
+            }
+            t.on_since = 0;
+            t.off_since = now;
+            if involuntary {
+                t.invol += 1;
+                add(C_INVOL, 1);
+            } else {
+                t.vol += 1;
+                add(C_VOL, 1);
+            }
+        }
+    }
+    if next_pid != 0 {
+        if let Some(t) = thread(next_pid) {
+            // SAFETY: as above.
+            let t = unsafe { &mut *t };
+            if t.flags & F_EXITED == 0 {
+                if t.off_since != 0 {
+                    let d = now.saturating_sub(t.off_since);
+                    t.off_ns += d;
+                    add(C_OFF_NS, d);
+                }
+                t.off_since = 0;
+                t.on_since = now;
+                if t.wake_ts != 0 {
+                    let d = now.saturating_sub(t.wake_ts);
+                    t.wake_ts = 0;
+                    add(C_WAKEUPS, 1);
+                    add(C_WAKE_NS, d);
+                    bump(&WAKE_HIST, fine_bucket(d));
+                    if t.offload_depth > 0 {
+                        t.offload_wake_ns += d;
+                    }
+                }
+            }
+        }
+    }
+    0
+}
+
+#[inline(always)]
+fn on_wakeup(pid: u32) -> u32 {
+    if pid == 0 {
+        return 0;
+    }
+    if let Some(t) = thread(pid) {
+        // SAFETY: a live map value; a racing second wake-up only moves the timestamp.
+        let t = unsafe { &mut *t };
+        if t.wake_ts == 0 {
+            t.wake_ts = unsafe { bpf_ktime_get_ns() };
+        }
+    }
+    0
+}
+
+/// A task created by the current one (a thread, or a forked process).
+#[inline(always)]
+fn on_fork(child: u32) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !watched(tgid) || child == 0 {
+        return 0;
+    }
+    add(C_THREADS_CREATED, 1);
+    let now = unsafe { bpf_ktime_get_ns() };
+    // Registered now so that its first run is seen; a forked process (not a thread)
+    // gets its own tgid on its first syscall, which is then not watched.
+    if THREADS
+        .insert(child, ThreadInfo::new(tgid, now, false, epoch()), 0)
+        .is_err()
+    {
+        add(C_THREADS_MISSED, 1);
+    }
+    0
+}
+
+#[inline(always)]
+fn on_exit(pid: u32) -> u32 {
+    if let Some(t) = THREADS.get_ptr_mut(pid) {
+        // SAFETY: a live map value. Userspace reads the final numbers, then deletes.
+        let t = unsafe { &mut *t };
+        if t.flags & F_EXITED == 0 {
+            t.flags |= F_EXITED;
+            add(C_THREADS_EXITED, 1);
+        }
+    }
+    0
+}
+
+// Classic tracepoints (the default). Offsets from their format files.
+
+#[tracepoint]
+pub fn sched_switch(ctx: TracePointContext) -> u32 {
+    // prev_pid 24, prev_state 32, next_pid 56. A still-runnable prev (state 0, or
+    // TASK_REPORT_MAX 0x100 for a preemption) had the CPU taken away.
+    let prev_state = field::<i64>(&ctx, 32);
+    on_switch(
+        field::<i32>(&ctx, 24) as u32,
+        prev_state & 0xff == 0,
+        field::<i32>(&ctx, 56) as u32,
+    )
+}
+
+#[tracepoint]
+pub fn sched_wakeup(ctx: TracePointContext) -> u32 {
+    on_wakeup(field::<i32>(&ctx, 24) as u32)
+}
+
+#[tracepoint]
+pub fn sched_wakeup_new(ctx: TracePointContext) -> u32 {
+    on_wakeup(field::<i32>(&ctx, 24) as u32)
+}
+
+#[tracepoint]
+pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
+    on_fork(field::<i32>(&ctx, 20) as u32)
+}
+
+#[tracepoint]
+pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
+    on_exit(field::<i32>(&ctx, 24) as u32)
+}
+
+// Raw tracepoints (opt-in, TOFFLOAD_WATCH_RAW_SCHED=1): the kernel's own arguments,
+// no trace record built first, but a kernel read per task pointer. task_struct's pid
+// offset comes from the kernel's BTF, read by userspace and set at load time.
+
+/// Offset of `pid` in `struct task_struct` (0: unknown; the raw programs are then
+/// not attached).
+#[no_mangle]
+static TASK_PID_OFF: u32 = 0;
+
+#[inline(always)]
+fn task_pid(task: u64) -> u32 {
+    // SAFETY: a volatile read of a load-time global, then one kernel read helper.
+    let off = unsafe { core::ptr::read_volatile(&TASK_PID_OFF) } as u64;
+    if task == 0 || off == 0 {
+        return 0;
+    }
+    let mut pid = 0i32;
+    unsafe {
+        gen::bpf_probe_read_kernel(
+            (&mut pid as *mut i32).cast(),
+            4,
+            (task + off) as *const core::ffi::c_void,
+        )
+    };
+    pid as u32
+}
+
+/// sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
+/// unsigned int prev_state)
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn raw_sched_switch(ctx: RawTracePointContext) -> i32 {
+    let preempt: u64 = ctx.arg(0);
+    let next: u64 = ctx.arg(2);
+    let prev_state: u64 = ctx.arg(3);
+    let prev_pid = bpf_get_current_pid_tgid() as u32;
+    on_switch(
+        prev_pid,
+        preempt & 0xff != 0 || prev_state & 0xffff_ffff == 0,
+        task_pid(next),
+    ) as i32
+}
+
+/// sched_wakeup(struct task_struct *p)
+#[raw_tracepoint(tracepoint = "sched_wakeup")]
+pub fn raw_sched_wakeup(ctx: RawTracePointContext) -> i32 {
+    on_wakeup(task_pid(ctx.arg(0))) as i32
+}
+
+#[raw_tracepoint(tracepoint = "sched_wakeup_new")]
+pub fn raw_sched_wakeup_new(ctx: RawTracePointContext) -> i32 {
+    on_wakeup(task_pid(ctx.arg(0))) as i32
+}
+
+/// sched_process_fork(struct task_struct *parent, struct task_struct *child)
+#[raw_tracepoint(tracepoint = "sched_process_fork")]
+pub fn raw_sched_process_fork(ctx: RawTracePointContext) -> i32 {
+    on_fork(task_pid(ctx.arg(1))) as i32
+}
+
+/// sched_process_exit(struct task_struct *p, ...)
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn raw_sched_process_exit(ctx: RawTracePointContext) -> i32 {
+    on_exit(task_pid(ctx.arg(0))) as i32
+}
+
+#[uprobe]
+pub fn offload_enter(_ctx: ProbeContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    if !tracing_on() || !watched(tgid) {
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(t) = current_thread(tid, tgid, now) {
+        // SAFETY: own thread's entry.
+        let t = unsafe { &mut *t };
+        if t.offload_depth == 0 {
+            t.offload_start = now;
+            t.offload_off0 = t.off_ns;
+            t.offload_wake_ns = 0;
+        }
+        t.offload_depth += 1;
+    }
+    0
+}
+
+#[uretprobe]
+pub fn offload_exit(_ctx: RetProbeContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    if !tracing_on() || !watched(tgid) {
+        return 0;
+    }
+    let Some(t) = thread(tid) else {
+        return 0;
+    };
+    // SAFETY: own thread's entry.
+    let t = unsafe { &mut *t };
+    if t.offload_depth == 0 {
+        return 0;
+    }
+    t.offload_depth -= 1;
+    if t.offload_depth != 0 {
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let stall = now.saturating_sub(t.offload_start);
+    // Every off-CPU interval of the stall was closed by the switch that brought the
+    // thread back, so off_ns now includes all of them.
+    let off = t.off_ns.saturating_sub(t.offload_off0);
+    let off = if off > stall { stall } else { off };
+    t.offload_calls += 1;
+    add(C_OFFLOAD_CALLS, 1);
+    add(C_OFFLOAD_NS, stall);
+    add(C_OFFLOAD_OFF_NS, off);
+    bump(&STALL_HIST, fine_bucket(stall));
+    let wake = if t.offload_wake_ns > stall {
+        stall
+    } else {
+        t.offload_wake_ns
+    };
+    add(C_OFFLOAD_WAKE_NS, wake);
+    bump(&DONE_HIST, fine_bucket(stall - wake));
+    // This stall's on-CPU share in tenths (0: blocked throughout, 10: spun throughout).
+    if stall > 0 {
+        let tenth = ((stall - off) * 10 / stall) as u32;
+        bump(&SPIN_HIST, if tenth > 10 { 10 } else { tenth });
+    }
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}

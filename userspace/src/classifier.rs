@@ -1,0 +1,317 @@
+//! The verdict: where the server sits in the interpolation envelope of
+//! ../shared/DESIGN.md, decided from one window's (or the whole watch's) numbers. Each
+//! verdict carries the numbers that decided it.
+
+use crate::target::RuntimeKind;
+use serde::Serialize;
+
+/// Raw (below-libc) futex calls per request at or above which the server is below
+/// the libc wall, when they are also RAW_FUTEX_SHARE_WALL of its own futex calls. A
+/// fiberizable server makes none outside its offload; InnoDB under the paper's load
+/// ~13,000 per request, MariaDB 10.11 under mariadb-slap's mixed load here ~0.2 per
+/// socket read and a third of its futex calls: any steady use on the request path
+/// means a fiber would block its whole carrier there.
+pub const RAW_FUTEX_PER_REQ_WALL: f64 = 0.05;
+pub const RAW_FUTEX_SHARE_WALL: f64 = 0.2;
+/// Threads created per accepted connection at or above which the server is
+/// thread-per-connection (a pool reusing threads stays well below).
+pub const THREADS_PER_ACCEPT: f64 = 0.5;
+
+/// What the classifier looks at.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Evidence {
+    pub runtime: Option<RuntimeKind>,
+    pub dynamic: bool,
+    pub requests: u64,
+    pub offload_calls: u64,
+    /// Offload latency p50: the stall less its wake-up-to-run delay.
+    pub stall_p50_us: Option<f64>,
+    pub cpu_per_request_us: Option<f64>,
+    pub raw_futex: u64,
+    pub libc_futex: u64,
+    pub io_uring_enters: u64,
+    pub accepts: u64,
+    pub threads_created: u64,
+    /// epoll_wait/epoll_pwait/poll/ppoll/select/pselect6 calls.
+    pub mux_waits: u64,
+    pub threads: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Thread per connection, blocking in libc, offload longer than the CPU work.
+    Fiberizable,
+    /// One (or a few) loops multiplexing connections: the runtime loads safely and
+    /// never engages; the path is the minimal-edit reroute.
+    EventLoop,
+    /// Raw futex syscalls or io_uring: a fiber would block the whole carrier.
+    BelowLibcWall,
+    /// A managed runtime keeping thread identity in native TLS (JVM, Go, Python).
+    BesideWall,
+    /// Per-request CPU already at or above the offload: nothing idle to reclaim.
+    BehindWall,
+    /// No dynamic loader: LD_PRELOAD cannot interpose anything.
+    NotDynamic,
+    /// Not enough activity in the window to decide.
+    Undecided,
+}
+
+impl Kind {
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::Fiberizable => "fiberizable (zero-edit overlap applies)",
+            Kind::EventLoop => "event loop (loads safely, no overlap; minimal-edit reroute)",
+            Kind::BelowLibcWall => "below-libc wall (raw futex / io_uring)",
+            Kind::BesideWall => "beside wall (managed runtime, native-TLS thread identity)",
+            Kind::BehindWall => "behind wall (per-request CPU >= offload)",
+            Kind::NotDynamic => "not dynamically linked (LD_PRELOAD cannot interpose)",
+            Kind::Undecided => "undecided (no requests seen yet)",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Verdict {
+    pub kind: Kind,
+    pub label: &'static str,
+    /// Why, with the deciding numbers.
+    pub because: String,
+}
+
+fn verdict(kind: Kind, because: String) -> Verdict {
+    Verdict {
+        kind,
+        label: kind.label(),
+        because,
+    }
+}
+
+fn per(n: u64, d: u64) -> f64 {
+    if d == 0 {
+        0.0
+    } else {
+        n as f64 / d as f64
+    }
+}
+
+pub fn classify(e: &Evidence) -> Verdict {
+    match e.runtime {
+        Some(RuntimeKind::Jvm) | Some(RuntimeKind::Go) | Some(RuntimeKind::Python) => {
+            let rt = e.runtime.map(|r| r.label()).unwrap_or_default();
+            return verdict(
+                Kind::BesideWall,
+                format!(
+                    "runtime is {rt}: it keeps thread identity in native TLS, which fibers \
+                     interleaving on one carrier would corrupt"
+                ),
+            );
+        }
+        Some(RuntimeKind::Static) => {
+            return verdict(
+                Kind::NotDynamic,
+                "no PT_INTERP and no dynamic loader mapped: LD_PRELOAD has nothing to hook".into(),
+            )
+        }
+        _ => {}
+    }
+    if e.io_uring_enters > 0 {
+        return verdict(
+            Kind::BelowLibcWall,
+            format!(
+                "{} io_uring_enter calls: its I/O completes below libc, where no interposer sees it",
+                e.io_uring_enters
+            ),
+        );
+    }
+    let raw_per_req = per(e.raw_futex, e.requests);
+    let raw_share = per(e.raw_futex, e.raw_futex + e.libc_futex);
+    if e.requests > 0 && raw_per_req >= RAW_FUTEX_PER_REQ_WALL && raw_share >= RAW_FUTEX_SHARE_WALL
+    {
+        return verdict(
+            Kind::BelowLibcWall,
+            format!(
+                "{raw_per_req:.2} raw futex syscalls per request (>= {RAW_FUTEX_PER_REQ_WALL}), \
+                 {:.0}% of its futex calls (>= {:.0}%), bypass glibc's pthread code \
+                 ({} raw vs {} via libc)",
+                raw_share * 100.0,
+                RAW_FUTEX_SHARE_WALL * 100.0,
+                e.raw_futex,
+                e.libc_futex
+            ),
+        );
+    }
+    if e.requests == 0 {
+        return verdict(Kind::Undecided, "no requests in the window".into());
+    }
+    let tpa = per(e.threads_created, e.accepts);
+    let per_conn_threads = if e.accepts > 0 {
+        tpa >= THREADS_PER_ACCEPT
+    } else {
+        // No connection arrived in the window: fall back on how it waits.
+        e.mux_waits == 0
+    };
+    if !per_conn_threads {
+        let why = if e.accepts > 0 {
+            format!(
+                "{:.2} threads created per accepted connection ({} / {}), {} multiplexing waits \
+                 ({:.2} per request), {} threads",
+                tpa,
+                e.threads_created,
+                e.accepts,
+                e.mux_waits,
+                per(e.mux_waits, e.requests),
+                e.threads
+            )
+        } else {
+            format!(
+                "{} multiplexing waits ({:.2} per request) and no new connections, {} threads",
+                e.mux_waits,
+                per(e.mux_waits, e.requests),
+                e.threads
+            )
+        };
+        return verdict(Kind::EventLoop, why);
+    }
+    let conn = if e.accepts > 0 {
+        format!(
+            "{tpa:.2} threads per accepted connection ({} / {})",
+            e.threads_created, e.accepts
+        )
+    } else {
+        "threads block without multiplexing (no epoll/poll/select)".to_string()
+    };
+    match (e.stall_p50_us, e.cpu_per_request_us) {
+        (Some(l), Some(c)) if e.offload_calls > 0 && c >= l => verdict(
+            Kind::BehindWall,
+            format!(
+                "per-request CPU {c:.1} us >= offload latency p50 {l:.1} us: nothing idle to \
+                 reclaim; {conn}"
+            ),
+        ),
+        (Some(l), c) if e.offload_calls > 0 => verdict(
+            Kind::Fiberizable,
+            format!(
+                "{conn}; offload latency p50 {l:.1} us > per-request CPU {:.1} us; \
+                 {raw_per_req:.2} raw futex per request",
+                c.unwrap_or(0.0)
+            ),
+        ),
+        _ => verdict(
+            Kind::Fiberizable,
+            format!("{conn}; no offload symbol called: blocking waits are libc calls"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn_server() -> Evidence {
+        Evidence {
+            runtime: Some(RuntimeKind::GlibcDynamic),
+            dynamic: true,
+            requests: 10_000,
+            offload_calls: 10_000,
+            stall_p50_us: Some(200.0),
+            cpu_per_request_us: Some(12.0),
+            raw_futex: 0,
+            libc_futex: 40,
+            io_uring_enters: 0,
+            accepts: 64,
+            threads_created: 64,
+            mux_waits: 0,
+            threads: 66,
+        }
+    }
+
+    #[test]
+    fn thread_per_connection_is_fiberizable() {
+        let v = classify(&conn_server());
+        assert_eq!(v.kind, Kind::Fiberizable, "{v:?}");
+        assert!(
+            v.because.contains("1.00 threads per accepted connection"),
+            "{}",
+            v.because
+        );
+        // Persistent connections opened before the watch: no accepts, no epoll.
+        let mut e = conn_server();
+        e.accepts = 0;
+        e.threads_created = 0;
+        assert_eq!(classify(&e).kind, Kind::Fiberizable);
+    }
+
+    #[test]
+    fn event_loop() {
+        let mut e = conn_server();
+        e.threads_created = 0;
+        e.mux_waits = 900;
+        e.threads = 2;
+        let v = classify(&e);
+        assert_eq!(v.kind, Kind::EventLoop, "{v:?}");
+        e.accepts = 0;
+        assert_eq!(classify(&e).kind, Kind::EventLoop);
+    }
+
+    #[test]
+    fn raw_futex_is_below_libc() {
+        let mut e = conn_server();
+        e.raw_futex = 13_000 * e.requests;
+        let v = classify(&e);
+        assert_eq!(v.kind, Kind::BelowLibcWall, "{v:?}");
+        assert!(v.because.contains("13000.00 raw futex"), "{}", v.because);
+        // Under the rate line: still fiberizable.
+        e.raw_futex = e.requests / 50;
+        assert_eq!(classify(&e).kind, Kind::Fiberizable);
+        // A steady rate, but a small share next to pthread's: still fiberizable.
+        e.raw_futex = e.requests / 10;
+        e.libc_futex = e.requests;
+        assert_eq!(classify(&e).kind, Kind::Fiberizable);
+        e.libc_futex = e.requests / 10;
+        assert_eq!(classify(&e).kind, Kind::BelowLibcWall);
+    }
+
+    #[test]
+    fn io_uring_is_below_libc() {
+        let mut e = conn_server();
+        e.io_uring_enters = 5;
+        assert_eq!(classify(&e).kind, Kind::BelowLibcWall);
+    }
+
+    #[test]
+    fn managed_runtimes_are_beside() {
+        for rt in [RuntimeKind::Jvm, RuntimeKind::Go, RuntimeKind::Python] {
+            let mut e = conn_server();
+            e.runtime = Some(rt);
+            assert_eq!(classify(&e).kind, Kind::BesideWall, "{rt:?}");
+        }
+    }
+
+    #[test]
+    fn cpu_heavy_is_behind() {
+        let mut e = conn_server();
+        e.cpu_per_request_us = Some(250.0);
+        let v = classify(&e);
+        assert_eq!(v.kind, Kind::BehindWall, "{v:?}");
+        assert!(v
+            .because
+            .contains("250.0 us >= offload latency p50 200.0 us"));
+    }
+
+    #[test]
+    fn static_binary() {
+        let mut e = conn_server();
+        e.runtime = Some(RuntimeKind::Static);
+        e.dynamic = false;
+        assert_eq!(classify(&e).kind, Kind::NotDynamic);
+    }
+
+    #[test]
+    fn idle_is_undecided() {
+        let mut e = conn_server();
+        e.requests = 0;
+        e.offload_calls = 0;
+        assert_eq!(classify(&e).kind, Kind::Undecided);
+    }
+}

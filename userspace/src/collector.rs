@@ -1,0 +1,214 @@
+//! Reads the kernel's maps into a cumulative Snapshot: counters and histograms summed
+//! over CPUs, per-thread records, futex origins. Windows are differences of two.
+
+use crate::abi::{self, ThreadInfo};
+use crate::error::WatchError;
+use crate::futex::{self, Layout, Origins};
+use crate::hist::Hist;
+use aya::maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, StackTraceMap};
+use aya::Ebpf;
+use std::collections::BTreeMap;
+
+/// Everything measured since the watch began (the maps only grow).
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Seconds since the watch began.
+    pub t: f64,
+    pub counters: Vec<u64>,
+    /// [nr * 2] calls, [nr * 2 + 1] total ns.
+    pub syscalls: Vec<u64>,
+    /// log2 histograms of the syscalls that have been called.
+    pub sys_hists: BTreeMap<usize, Hist>,
+    pub stall: Hist,
+    /// Stall minus its wake-up delay.
+    pub done: Hist,
+    /// Stalls by on-CPU share in tenths (11 buckets).
+    pub spin_tenths: Vec<u64>,
+    pub wake: Hist,
+    pub futex: Origins,
+    /// Every thread seen (exited ones keep their last numbers).
+    pub threads: BTreeMap<u32, ThreadInfo>,
+    /// Threads alive now (/proc/PID/task).
+    pub live_threads: usize,
+    /// The busiest futex call stacks: (calls, user frames).
+    pub futex_stacks: Vec<(u64, Vec<u64>)>,
+}
+
+impl Snapshot {
+    pub fn counter(&self, i: usize) -> u64 {
+        self.counters.get(i).copied().unwrap_or(0)
+    }
+
+    pub fn calls(&self, nr: usize) -> u64 {
+        self.syscalls.get(nr * 2).copied().unwrap_or(0)
+    }
+
+    pub fn sys_ns(&self, nr: usize) -> u64 {
+        self.syscalls.get(nr * 2 + 1).copied().unwrap_or(0)
+    }
+
+    /// An empty snapshot of the right shape (the baseline of a fresh watch).
+    pub fn zero() -> Snapshot {
+        Snapshot {
+            counters: vec![0; abi::N_COUNTERS],
+            syscalls: vec![0; abi::NR_MAX * 2],
+            stall: Hist::fine(vec![0; abi::FINE_BUCKETS]),
+            done: Hist::fine(vec![0; abi::FINE_BUCKETS]),
+            spin_tenths: vec![0; 11],
+            wake: Hist::fine(vec![0; abi::FINE_BUCKETS]),
+            ..Default::default()
+        }
+    }
+}
+
+pub struct Collector {
+    counters: PerCpuArray<MapData, u64>,
+    syscalls: PerCpuArray<MapData, u64>,
+    sys_hist: PerCpuArray<MapData, u64>,
+    stall: PerCpuArray<MapData, u64>,
+    done: PerCpuArray<MapData, u64>,
+    spin_hist: PerCpuArray<MapData, u64>,
+    wake: PerCpuArray<MapData, u64>,
+    threads: HashMap<MapData, u32, ThreadInfo>,
+    stacks: StackTraceMap<MapData>,
+    futex_stacks: PerCpuHashMap<MapData, u32, u64>,
+    futex_sites: PerCpuHashMap<MapData, abi::Site, u64>,
+    /// Each futex stack id's frames, fetched once.
+    stack_frames: BTreeMap<u32, Vec<u64>>,
+    seen_threads: BTreeMap<u32, ThreadInfo>,
+    sys_hists: BTreeMap<usize, Hist>,
+    last_calls: Vec<u64>,
+}
+
+fn take<T: TryFrom<aya::maps::Map>>(bpf: &mut Ebpf, name: &str) -> Result<T, WatchError>
+where
+    T::Error: std::fmt::Display,
+{
+    let m = bpf
+        .take_map(name)
+        .ok_or_else(|| WatchError::BpfUnavailable(format!("the object lacks map {name}")))?;
+    T::try_from(m).map_err(|e| WatchError::BpfUnavailable(format!("map {name}: {e}")))
+}
+
+fn sum(v: &aya::maps::PerCpuValues<u64>) -> u64 {
+    v.iter().sum()
+}
+
+impl Collector {
+    pub fn new(bpf: &mut Ebpf) -> Result<Collector, WatchError> {
+        Ok(Collector {
+            counters: take(bpf, "COUNTERS")?,
+            syscalls: take(bpf, "SYSCALLS")?,
+            sys_hist: take(bpf, "SYS_HIST")?,
+            stall: take(bpf, "STALL_HIST")?,
+            done: take(bpf, "DONE_HIST")?,
+            spin_hist: take(bpf, "SPIN_HIST")?,
+            wake: take(bpf, "WAKE_HIST")?,
+            threads: take(bpf, "THREADS")?,
+            stacks: take(bpf, "STACKS")?,
+            futex_stacks: take(bpf, "FUTEX_STACKS")?,
+            futex_sites: take(bpf, "FUTEX_SITES")?,
+            stack_frames: BTreeMap::new(),
+            seen_threads: BTreeMap::new(),
+            sys_hists: BTreeMap::new(),
+            last_calls: vec![0; abi::NR_MAX],
+        })
+    }
+
+    fn array(map: &PerCpuArray<MapData, u64>, n: usize) -> Vec<u64> {
+        (0..n as u32)
+            .map(|i| map.get(&i, 0).map(|v| sum(&v)).unwrap_or(0))
+            .collect()
+    }
+
+    /// Reads everything. `pids` are the watched tgids; `layout` judges futex sites.
+    pub fn snapshot(&mut self, t: f64, pids: &[u32], layout: &Layout) -> Snapshot {
+        let counters = Self::array(&self.counters, abi::N_COUNTERS);
+        let syscalls = Self::array(&self.syscalls, abi::NR_MAX * 2);
+        // Histograms only of syscalls called since the last read: the others are
+        // unchanged, and reading all 32768 buckets every window would cost.
+        for nr in 0..abi::NR_MAX {
+            let calls = syscalls[nr * 2];
+            if calls != self.last_calls[nr] {
+                self.last_calls[nr] = calls;
+                let base = (nr * abi::SYS_BUCKETS) as u32;
+                let counts = (0..abi::SYS_BUCKETS as u32)
+                    .map(|b| {
+                        self.sys_hist
+                            .get(&(base + b), 0)
+                            .map(|v| sum(&v))
+                            .unwrap_or(0)
+                    })
+                    .collect();
+                self.sys_hists.insert(nr, Hist::log2(counts));
+            }
+        }
+        let stall = Hist::fine(Self::array(&self.stall, abi::FINE_BUCKETS));
+        let done = Hist::fine(Self::array(&self.done, abi::FINE_BUCKETS));
+        let spin_tenths = Self::array(&self.spin_hist, 11);
+        let wake = Hist::fine(Self::array(&self.wake, abi::FINE_BUCKETS));
+
+        // Threads: record, then drop exited ones from the kernel map (their final
+        // numbers stay here).
+        let mut exited = Vec::new();
+        for (tid, info) in self.threads.iter().flatten() {
+            if pids.contains(&info.tgid) {
+                self.seen_threads.insert(tid, info);
+            }
+            if info.flags & abi::F_EXITED != 0 {
+                exited.push(tid);
+            }
+        }
+        for tid in exited {
+            let _ = self.threads.remove(&tid);
+        }
+
+        let sites: Vec<((u64, u64), u64)> = self
+            .futex_sites
+            .iter()
+            .flatten()
+            .map(|(k, v)| ((k.ip, k.caller), sum(&v)))
+            .collect();
+        let mut stacks: Vec<(u64, u32)> = self
+            .futex_stacks
+            .iter()
+            .flatten()
+            .map(|(k, v)| (sum(&v), k))
+            .collect();
+        stacks.sort_unstable_by(|a, b| b.cmp(a));
+        let mut futex_stacks = Vec::new();
+        for &(calls, id) in stacks.iter().take(5) {
+            let frames = self.stack_frames.entry(id).or_insert_with(|| {
+                self.stacks
+                    .get(&id, 0)
+                    .map(|s| s.frames().iter().map(|f| f.ip).collect())
+                    .unwrap_or_default()
+            });
+            futex_stacks.push((calls, frames.clone()));
+        }
+        let futex = futex::attribute(
+            layout,
+            &sites,
+            counters[abi::C_FUTEX_IN_OFFLOAD],
+            counters[abi::C_FUTEX_NOSTACK],
+        );
+        let live_threads = pids
+            .iter()
+            .filter_map(|&p| crate::target::thread_count(p))
+            .sum();
+        Snapshot {
+            t,
+            counters,
+            syscalls,
+            sys_hists: self.sys_hists.clone(),
+            stall,
+            done,
+            spin_tenths,
+            wake,
+            futex,
+            threads: self.seen_threads.clone(),
+            live_threads,
+            futex_stacks,
+        }
+    }
+}

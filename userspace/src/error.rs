@@ -1,0 +1,61 @@
+//! The watcher's failures and their exit codes (documented in the README).
+
+use std::fmt;
+
+/// Exit codes: 0 success (also when the watched process exits: a final report is
+/// printed), 1 any other failure, 2 bad command line (clap), and these.
+pub const EXIT_NOT_ROOT: u8 = 3;
+pub const EXIT_BPF_UNAVAILABLE: u8 = 4;
+pub const EXIT_NO_SUCH_PID: u8 = 5;
+pub const EXIT_NO_OBJECT: u8 = 6;
+pub const EXIT_SPAWN: u8 = 7;
+
+#[derive(Debug)]
+pub enum WatchError {
+    /// Lacking root (CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN).
+    NotRoot(String),
+    /// The kernel refused to load or attach the programs.
+    BpfUnavailable(String),
+    NoSuchPid(u32),
+    /// This binary was built without the eBPF object.
+    NoObject,
+    /// `run -- CMD` could not start CMD.
+    Spawn(String),
+    Other(String),
+}
+
+impl WatchError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            WatchError::NotRoot(_) => EXIT_NOT_ROOT,
+            WatchError::BpfUnavailable(_) => EXIT_BPF_UNAVAILABLE,
+            WatchError::NoSuchPid(_) => EXIT_NO_SUCH_PID,
+            WatchError::NoObject => EXIT_NO_OBJECT,
+            WatchError::Spawn(_) => EXIT_SPAWN,
+            WatchError::Other(_) => 1,
+        }
+    }
+}
+
+impl fmt::Display for WatchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WatchError::NotRoot(why) => write!(
+                f,
+                "not root: {why}. Run it with sudo (it needs CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN)"
+            ),
+            WatchError::BpfUnavailable(why) => write!(f, "BPF unavailable: {why}"),
+            WatchError::NoSuchPid(pid) => write!(f, "no such pid: {pid}"),
+            WatchError::NoObject => write!(
+                f,
+                "this toffload-watch was built without its eBPF object. Build it with \
+                 `cargo xtask build-ebpf`, then rebuild toffload-watch (`cargo xtask build` \
+                 does both)"
+            ),
+            WatchError::Spawn(why) => write!(f, "cannot start the command: {why}"),
+            WatchError::Other(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+impl std::error::Error for WatchError {}

@@ -1,0 +1,20 @@
+//! toffload-watch as a library: attach eBPF programs to a running server, collect
+//! per-window metrics (offload stalls, futex origins, context switches, wake-up
+//! latency, syscalls, threads), and classify the server against the interposition
+//! envelope. The binary (main.rs) is a thin CLI over `session`.
+
+pub mod abi;
+pub mod btf;
+pub mod calibrate;
+pub mod classifier;
+pub mod collector;
+pub mod error;
+pub mod futex;
+pub mod hist;
+pub mod loader;
+pub mod metrics;
+pub mod report;
+pub mod session;
+pub mod spawn;
+pub mod syscalls;
+pub mod target;

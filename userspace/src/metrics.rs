@@ -1,0 +1,304 @@
+//! One window's metrics: the difference of two snapshots, turned into rates,
+//! percentiles and per-request figures, plus the verdict on them.
+
+use crate::abi;
+use crate::classifier::{self, Evidence, Verdict};
+use crate::collector::Snapshot;
+use crate::futex::Origins;
+use crate::syscalls;
+use crate::target::Runtime;
+use serde::Serialize;
+
+/// What does not change between windows.
+#[derive(Clone, Debug)]
+pub struct Context {
+    pub runtime: Runtime,
+    /// An offload entry point is probed: requests are offload calls.
+    pub offload_probed: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Offload {
+    pub calls: u64,
+    pub stall_p50_us: Option<f64>,
+    pub stall_p99_us: Option<f64>,
+    pub stall_mean_us: Option<f64>,
+    /// Share of the stall time the waiting thread was on CPU (spinning).
+    pub spin_share: Option<f64>,
+    /// Share of stalls spent at least 90% on CPU (spun), and at most 10% (blocked).
+    pub stalls_mostly_spinning: Option<f64>,
+    pub stalls_mostly_blocked: Option<f64>,
+    /// The stall without its wake-up-to-run delay: when the completion reached the
+    /// thread (the device's latency as the thread sees it).
+    pub latency_p50_us: Option<f64>,
+    pub latency_p99_us: Option<f64>,
+    /// Share of the stall spent runnable but not yet running after the wake-up.
+    pub wake_share: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PerRequest<T> {
+    pub libc: T,
+    pub raw: T,
+    pub offload: T,
+    pub unknown: T,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Switches {
+    pub voluntary: u64,
+    pub involuntary: u64,
+    pub voluntary_per_sec: f64,
+    pub involuntary_per_sec: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SyscallRow {
+    pub name: String,
+    pub calls: u64,
+    pub per_sec: f64,
+    pub mean_us: f64,
+    pub p99_us: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Window {
+    pub start_s: f64,
+    pub secs: f64,
+    pub requests: u64,
+    pub requests_per_sec: f64,
+    /// "offload calls" or "socket reads".
+    pub request_source: &'static str,
+    pub offload: Offload,
+    /// On-CPU time per request, excluding the on-CPU part of the offload stall.
+    pub cpu_per_request_us: Option<f64>,
+    pub on_cpu_ms: f64,
+    pub futex: Origins,
+    pub futex_per_request: Option<PerRequest<f64>>,
+    pub switches: Switches,
+    pub wakeups: u64,
+    pub wakeup_p50_us: Option<f64>,
+    pub wakeup_p99_us: Option<f64>,
+    pub syscalls_top: Vec<SyscallRow>,
+    pub threads: usize,
+    pub threads_created: u64,
+    pub accepts: u64,
+    pub threads_per_accept: Option<f64>,
+    pub io_uring_enters: u64,
+    pub io_uring_setups: u64,
+    pub mux_waits: u64,
+    /// Threads the kernel's thread table had no room for (their scheduler numbers
+    /// are missing; non-zero only past 16384 live threads).
+    pub threads_missed: u64,
+    pub verdict: Verdict,
+}
+
+fn nr(name: &str) -> usize {
+    syscalls::number(name).unwrap_or(usize::MAX)
+}
+
+fn calls(s: &Snapshot, p: &Snapshot, names: &[&str]) -> u64 {
+    names
+        .iter()
+        .map(|n| s.calls(nr(n)).saturating_sub(p.calls(nr(n))))
+        .sum()
+}
+
+const SOCKET_READS: &[&str] = &["read", "readv", "recvfrom", "recvmsg", "recvmmsg"];
+const ACCEPTS: &[&str] = &["accept", "accept4"];
+const MUX_WAITS: &[&str] = &[
+    "epoll_wait",
+    "epoll_pwait",
+    "epoll_pwait2",
+    "poll",
+    "ppoll",
+    "select",
+    "pselect6",
+];
+
+/// The share of stalls whose on-CPU tenth is in `range`.
+fn share_of(tenths: &[u64], range: std::ops::RangeInclusive<usize>) -> Option<f64> {
+    let total: u64 = tenths.iter().sum();
+    (total > 0).then(|| tenths[range].iter().sum::<u64>() as f64 / total as f64)
+}
+
+pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
+    let secs = (cur.t - prev.t).max(1e-9);
+    let d = |i: usize| cur.counter(i).saturating_sub(prev.counter(i));
+    let offload_calls = d(abi::C_OFFLOAD_CALLS);
+    let (requests, request_source) = if ctx.offload_probed {
+        (offload_calls, "offload calls")
+    } else {
+        (calls(cur, prev, SOCKET_READS), "socket reads")
+    };
+    let stall = cur.stall.minus(&prev.stall);
+    let tenths: Vec<u64> = (0..11)
+        .map(|i| {
+            let c = cur.spin_tenths.get(i).copied().unwrap_or(0);
+            c.saturating_sub(prev.spin_tenths.get(i).copied().unwrap_or(0))
+        })
+        .collect();
+    let done = cur.done.minus(&prev.done);
+    let stall_ns = d(abi::C_OFFLOAD_NS);
+    let stall_off_ns = d(abi::C_OFFLOAD_OFF_NS).min(stall_ns);
+    let spin_ns = stall_ns - stall_off_ns;
+    let on_ns = d(abi::C_ON_NS);
+    let per_req = |v: f64| (requests > 0).then(|| v / requests as f64);
+    let offload = Offload {
+        calls: offload_calls,
+        stall_p50_us: stall.quantile(0.5).map(|v| v / 1e3),
+        stall_p99_us: stall.quantile(0.99).map(|v| v / 1e3),
+        stall_mean_us: (offload_calls > 0).then(|| stall_ns as f64 / offload_calls as f64 / 1e3),
+        spin_share: (stall_ns > 0).then(|| spin_ns as f64 / stall_ns as f64),
+        stalls_mostly_spinning: share_of(&tenths, 9..=10),
+        stalls_mostly_blocked: share_of(&tenths, 0..=1),
+        latency_p50_us: done.quantile(0.5).map(|v| v / 1e3),
+        latency_p99_us: done.quantile(0.99).map(|v| v / 1e3),
+        wake_share: (stall_ns > 0)
+            .then(|| d(abi::C_OFFLOAD_WAKE_NS).min(stall_ns) as f64 / stall_ns as f64),
+    };
+    let futex = cur.futex.minus(&prev.futex);
+    let futex_per_request = (requests > 0).then(|| {
+        let r = requests as f64;
+        PerRequest {
+            libc: futex.libc as f64 / r,
+            raw: futex.raw as f64 / r,
+            offload: futex.offload as f64 / r,
+            unknown: futex.unknown as f64 / r,
+        }
+    });
+    let (vol, invol) = (d(abi::C_VOL), d(abi::C_INVOL));
+    let wake = cur.wake.minus(&prev.wake);
+    let mut rows: Vec<SyscallRow> = (0..abi::NR_MAX)
+        .filter_map(|n| {
+            let c = cur.calls(n).saturating_sub(prev.calls(n));
+            if c == 0 {
+                return None;
+            }
+            let ns = cur.sys_ns(n).saturating_sub(prev.sys_ns(n));
+            let p99 = cur
+                .sys_hists
+                .get(&n)
+                .and_then(|h| match prev.sys_hists.get(&n) {
+                    Some(ph) => h.minus(ph).quantile(0.99),
+                    None => h.quantile(0.99),
+                });
+            Some(SyscallRow {
+                name: syscalls::name(n)
+                    .map(str::to_string)
+                    .unwrap_or_else(|| format!("syscall_{n}")),
+                calls: c,
+                per_sec: c as f64 / secs,
+                mean_us: ns as f64 / c as f64 / 1e3,
+                p99_us: p99.map(|v| v / 1e3),
+            })
+        })
+        .collect();
+    rows.sort_by(|a, b| b.calls.cmp(&a.calls).then(a.name.cmp(&b.name)));
+    rows.truncate(10);
+    let accepts = calls(cur, prev, ACCEPTS);
+    let threads_created = d(abi::C_THREADS_CREATED);
+    let io_uring_enters = calls(cur, prev, &["io_uring_enter"]);
+    let mux_waits = calls(cur, prev, MUX_WAITS);
+    let cpu_per_request_us = per_req(on_ns.saturating_sub(spin_ns) as f64 / 1e3);
+    let evidence = Evidence {
+        runtime: Some(ctx.runtime.kind),
+        dynamic: ctx.runtime.dynamic,
+        requests,
+        offload_calls,
+        // The stall without its wake-up delay: on a saturated CPU a woken thread waits
+        // for a core, which is CPU contention, not the offload.
+        stall_p50_us: offload.latency_p50_us.or(offload.stall_p50_us),
+        cpu_per_request_us,
+        raw_futex: futex.raw,
+        libc_futex: futex.libc,
+        io_uring_enters,
+        accepts,
+        threads_created,
+        mux_waits,
+        threads: cur.live_threads,
+    };
+    Window {
+        start_s: prev.t,
+        secs,
+        requests,
+        requests_per_sec: requests as f64 / secs,
+        request_source,
+        offload,
+        cpu_per_request_us,
+        on_cpu_ms: on_ns as f64 / 1e6,
+        futex,
+        futex_per_request,
+        switches: Switches {
+            voluntary: vol,
+            involuntary: invol,
+            voluntary_per_sec: vol as f64 / secs,
+            involuntary_per_sec: invol as f64 / secs,
+        },
+        wakeups: d(abi::C_WAKEUPS),
+        wakeup_p50_us: wake.quantile(0.5).map(|v| v / 1e3),
+        wakeup_p99_us: wake.quantile(0.99).map(|v| v / 1e3),
+        syscalls_top: rows,
+        threads: cur.live_threads,
+        threads_created,
+        accepts,
+        threads_per_accept: (accepts > 0).then(|| threads_created as f64 / accepts as f64),
+        io_uring_enters,
+        io_uring_setups: calls(cur, prev, &["io_uring_setup"]),
+        mux_waits,
+        threads_missed: d(abi::C_THREADS_MISSED),
+        verdict: classifier::classify(&evidence),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::RuntimeKind;
+
+    fn ctx() -> Context {
+        Context {
+            runtime: Runtime {
+                kind: RuntimeKind::GlibcDynamic,
+                dynamic: true,
+                evidence: String::new(),
+            },
+            offload_probed: true,
+        }
+    }
+
+    #[test]
+    fn synthetic_window() {
+        let prev = Snapshot::zero();
+        let mut cur = Snapshot::zero();
+        cur.t = 2.0;
+        cur.counters[abi::C_OFFLOAD_CALLS] = 1000;
+        cur.counters[abi::C_OFFLOAD_NS] = 1000 * 200_000;
+        cur.counters[abi::C_OFFLOAD_OFF_NS] = 1000 * 150_000;
+        cur.counters[abi::C_ON_NS] = 1000 * (50_000 + 10_000);
+        cur.counters[abi::C_VOL] = 1000;
+        cur.counters[abi::C_THREADS_CREATED] = 8;
+        cur.stall.counts[abi::fine_bucket(200_000)] = 1000;
+        cur.spin_tenths[2] = 750;
+        cur.spin_tenths[10] = 250;
+        let acc = syscalls::number("accept").unwrap();
+        cur.syscalls[acc * 2] = 8;
+        cur.syscalls[acc * 2 + 1] = 8_000;
+        cur.live_threads = 10;
+        let w = window(&prev, &cur, &ctx());
+        assert_eq!(w.requests, 1000);
+        assert_eq!(w.requests_per_sec, 500.0);
+        let p50 = w.offload.stall_p50_us.unwrap();
+        assert!((p50 - 200.0).abs() < 200.0 * 0.07, "{p50}");
+        assert!((w.offload.spin_share.unwrap() - 0.25).abs() < 1e-9);
+        assert_eq!(w.offload.stalls_mostly_spinning, Some(0.25));
+        assert_eq!(w.offload.stalls_mostly_blocked, Some(0.0));
+        // 60 us on CPU per request, 50 of them spinning in the stall.
+        assert!((w.cpu_per_request_us.unwrap() - 10.0).abs() < 1e-9);
+        assert_eq!(w.threads_per_accept, Some(1.0));
+        assert_eq!(w.syscalls_top[0].name, "accept");
+        assert!((w.syscalls_top[0].mean_us - 1.0).abs() < 1e-9);
+        assert_eq!(w.switches.voluntary_per_sec, 500.0);
+        assert_eq!(w.verdict.kind, crate::classifier::Kind::Fiberizable);
+    }
+}

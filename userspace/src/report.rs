@@ -1,0 +1,235 @@
+//! Rendering: a text block per window, or one JSON object per line
+//! ({"header": ...}, {"window": ...}, {"final": ...}).
+
+use crate::abi::ThreadInfo;
+use crate::loader::Probes;
+use crate::metrics::Window;
+use crate::target::Runtime;
+use serde::Serialize;
+use std::fmt::Write as _;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Header {
+    pub pid: u32,
+    pub comm: String,
+    pub exe: String,
+    pub runtime: Runtime,
+    pub probes: Probes,
+    /// Metrics lost to tracepoints the kernel lacks.
+    pub missing: Vec<String>,
+    /// Measured at start (pipe ping-pong on one CPU).
+    pub context_switch_us: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ThreadRow {
+    pub tid: u32,
+    pub voluntary: u64,
+    pub involuntary: u64,
+    pub on_cpu_ms: f64,
+    pub off_cpu_ms: f64,
+    pub offload_calls: u64,
+    pub futex_calls: u64,
+    pub exited: bool,
+}
+
+impl ThreadRow {
+    pub fn from(tid: u32, t: &ThreadInfo) -> ThreadRow {
+        ThreadRow {
+            tid,
+            voluntary: t.vol,
+            involuntary: t.invol,
+            on_cpu_ms: t.on_ns as f64 / 1e6,
+            off_cpu_ms: t.off_ns as f64 / 1e6,
+            offload_calls: t.offload_calls,
+            futex_calls: t.futex_calls,
+            exited: t.flags & crate::abi::F_EXITED != 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Final {
+    /// Why the watch ended: "duration", "interrupted" (SIGINT), "terminated" (SIGTERM),
+    /// "process exited".
+    pub ended: String,
+    pub total: Window,
+    /// Busiest threads by context switches (the main thread always included).
+    pub threads: Vec<ThreadRow>,
+    /// The busiest futex call stacks, frames as module+offset.
+    pub futex_stacks: Vec<StackRow>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct StackRow {
+    pub calls: u64,
+    pub frames: Vec<String>,
+}
+
+/// "libc.so.6+0x8f1a2" for each frame the address space can place.
+pub fn symbolize(space: &crate::target::AddressSpace, frames: &[u64]) -> Vec<String> {
+    frames
+        .iter()
+        .take(8)
+        .map(|&ip| match space.module_of(ip) {
+            Some(m) => format!(
+                "{}+{:#x}",
+                m.path.rsplit('/').next().unwrap_or(&m.path),
+                ip - m.bias
+            ),
+            None => format!("{ip:#x}"),
+        })
+        .collect()
+}
+
+fn opt(v: Option<f64>, unit: &str) -> String {
+    v.map(|x| format!("{x:.1}{unit}"))
+        .unwrap_or_else(|| "-".into())
+}
+
+pub fn header_text(h: &Header) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "toffload-watch: pid {} ({}) {}", h.pid, h.comm, h.exe);
+    let _ = writeln!(
+        s,
+        "  runtime: {} ({})",
+        h.runtime.kind.label(),
+        h.runtime.evidence
+    );
+    if h.probes.offload.is_empty() {
+        let _ = writeln!(
+            s,
+            "  offload: no offload entry point mapped; requests = socket reads"
+        );
+    } else {
+        let _ = writeln!(s, "  offload: {}", h.probes.offload.join(", "));
+    }
+    for f in &h.probes.failed {
+        let _ = writeln!(s, "  probe failed: {f}");
+    }
+    let _ = writeln!(
+        s,
+        "  context switch cost: {} (measured)",
+        opt(h.context_switch_us, " us")
+    );
+    for m in &h.missing {
+        let _ = writeln!(s, "  MISSING metric: {m}");
+    }
+    s
+}
+
+pub fn window_text(w: &Window, title: &str) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "[{title} {:.1}s +{:.1}s] {:.0} req/s ({} {})",
+        w.start_s, w.secs, w.requests_per_sec, w.requests, w.request_source
+    );
+    let o = &w.offload;
+    let pct = |v: Option<f64>| {
+        v.map(|x| format!("{:.0}%", x * 100.0))
+            .unwrap_or_else(|| "-".into())
+    };
+    let _ = writeln!(
+        s,
+        "  offload stall p50 {} p99 {} mean {}, spin share {}, wake-up share {} (latency to \
+         completion p50 {}); CPU/request (excl. wait) {}",
+        opt(o.stall_p50_us, " us"),
+        opt(o.stall_p99_us, " us"),
+        opt(o.stall_mean_us, " us"),
+        pct(o.spin_share),
+        pct(o.wake_share),
+        opt(o.latency_p50_us, " us"),
+        opt(w.cpu_per_request_us, " us"),
+    );
+    let fp = w
+        .futex_per_request
+        .as_ref()
+        .map(|p| {
+            format!(
+                " ({:.2} libc, {:.2} raw, {:.2} offload, {:.2} unknown per request)",
+                p.libc, p.raw, p.offload, p.unknown
+            )
+        })
+        .unwrap_or_default();
+    if o.calls > 0 {
+        let _ = writeln!(
+            s,
+            "  stalls >= 90% on CPU (spun): {}, <= 10% on CPU (blocked): {}",
+            pct(o.stalls_mostly_spinning),
+            pct(o.stalls_mostly_blocked)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "  futex {} libc / {} raw / {} offload / {} unknown{fp}",
+        w.futex.libc, w.futex.raw, w.futex.offload, w.futex.unknown
+    );
+    let _ = writeln!(
+        s,
+        "  switches {:.0}/s voluntary, {:.0}/s involuntary; wake-up latency p50 {} p99 {}",
+        w.switches.voluntary_per_sec,
+        w.switches.involuntary_per_sec,
+        opt(w.wakeup_p50_us, " us"),
+        opt(w.wakeup_p99_us, " us")
+    );
+    let _ = writeln!(
+        s,
+        "  threads {} (created {}, accepts {}, per accept {}); io_uring_enter {}; epoll/poll waits {}",
+        w.threads,
+        w.threads_created,
+        w.accepts,
+        w.threads_per_accept
+            .map(|x| format!("{x:.2}"))
+            .unwrap_or_else(|| "-".into()),
+        w.io_uring_enters,
+        w.mux_waits
+    );
+    let top: Vec<String> = w
+        .syscalls_top
+        .iter()
+        .map(|r| format!("{} {:.0}/s {:.1}us", r.name, r.per_sec, r.mean_us))
+        .collect();
+    let _ = writeln!(s, "  syscalls: {}", top.join(", "));
+    if w.threads_missed > 0 {
+        let _ = writeln!(
+            s,
+            "  WARNING: {} threads did not fit the kernel's thread table; their scheduler \
+             numbers are missing",
+            w.threads_missed
+        );
+    }
+    let _ = writeln!(s, "  verdict: {} -- {}", w.verdict.label, w.verdict.because);
+    s
+}
+
+pub fn final_text(f: &Final) -> String {
+    let mut s = window_text(&f.total, &format!("TOTAL ({})", f.ended));
+    for t in &f.threads {
+        let _ = writeln!(
+            s,
+            "  thread {}{}: {} vol / {} invol switches, on {:.1} ms, off {:.1} ms, {} offloads, {} futex",
+            t.tid,
+            if t.exited { " (exited)" } else { "" },
+            t.voluntary,
+            t.involuntary,
+            t.on_cpu_ms,
+            t.off_cpu_ms,
+            t.offload_calls,
+            t.futex_calls
+        );
+    }
+    for st in &f.futex_stacks {
+        let _ = writeln!(s, "  futex stack x{}: {}", st.calls, st.frames.join(" <- "));
+    }
+    s
+}
+
+pub fn json_line<T: Serialize>(key: &str, v: &T) -> String {
+    let mut m = serde_json::Map::new();
+    m.insert(
+        key.to_string(),
+        serde_json::to_value(v).unwrap_or(serde_json::Value::Null),
+    );
+    serde_json::Value::Object(m).to_string()
+}

@@ -1,0 +1,442 @@
+//! What /proc and the ELF files say about the watched process: its mappings, threads,
+//! runtime kind, the offload entry points it has mapped, and where libc's syscall()
+//! wrapper lives (to tell raw futex calls from glibc's own).
+
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Blocking offload entry points, probed wherever they are defined.
+pub const OFFLOAD_SYMBOLS: &[&str] = &[
+    "accel_run",
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cuStreamSynchronize",
+    "cuCtxSynchronize",
+    "cudaMemcpy",
+];
+
+pub fn exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// True while the process exists and is not a zombie.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // "pid (comm) S ...": the state follows the last ')'.
+        Ok(s) => s
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|st| st != "Z" && st != "X"),
+        Err(_) => false,
+    }
+}
+
+pub fn thread_count(pid: u32) -> Option<usize> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()
+        .map(|d| d.count())
+}
+
+pub fn exe(pid: u32) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/exe")).ok()
+}
+
+pub fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+#[derive(Clone, Debug)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    pub exec: bool,
+    pub path: String,
+}
+
+/// /proc/PID/maps, file-backed mappings only.
+pub fn maps(pid: u32) -> Vec<Mapping> {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return Vec::new();
+    };
+    parse_maps(&text)
+}
+
+pub fn parse_maps(text: &str) -> Vec<Mapping> {
+    text.lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let range = it.next()?;
+            let perms = it.next()?;
+            let offset = u64::from_str_radix(it.next()?, 16).ok()?;
+            let _dev = it.next()?;
+            let _inode = it.next()?;
+            let path = it.collect::<Vec<_>>().join(" ");
+            if !path.starts_with('/') || path.ends_with("(deleted)") {
+                return None;
+            }
+            let (s, e) = range.split_once('-')?;
+            Some(Mapping {
+                start: u64::from_str_radix(s, 16).ok()?,
+                end: u64::from_str_radix(e, 16).ok()?,
+                offset,
+                exec: perms.contains('x'),
+                path,
+            })
+        })
+        .collect()
+}
+
+/// The mapped files and their load bias (address of file vaddr 0).
+#[derive(Clone, Debug, Default)]
+pub struct AddressSpace {
+    pub modules: Vec<Module>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Module {
+    pub path: String,
+    pub ranges: Vec<(u64, u64)>,
+    pub bias: u64,
+}
+
+impl AddressSpace {
+    pub fn of(pid: u32) -> AddressSpace {
+        Self::from_maps(&maps(pid))
+    }
+
+    pub fn from_maps(maps: &[Mapping]) -> AddressSpace {
+        let mut by_path: BTreeMap<&str, Module> = BTreeMap::new();
+        for m in maps {
+            let e = by_path.entry(&m.path).or_insert_with(|| Module {
+                path: m.path.clone(),
+                ranges: Vec::new(),
+                bias: u64::MAX,
+            });
+            e.ranges.push((m.start, m.end));
+            // The mapping of file offset 0 is where vaddr 0 lands for the usual
+            // (first PT_LOAD at vaddr 0) shared objects and PIE executables.
+            if m.offset == 0 {
+                e.bias = e.bias.min(m.start);
+            }
+        }
+        AddressSpace {
+            modules: by_path
+                .into_values()
+                .map(|mut m| {
+                    if m.bias == u64::MAX {
+                        m.bias = m.ranges.iter().map(|r| r.0).min().unwrap_or(0);
+                    }
+                    m
+                })
+                .collect(),
+        }
+    }
+
+    pub fn module_of(&self, ip: u64) -> Option<&Module> {
+        self.modules
+            .iter()
+            .find(|m| m.ranges.iter().any(|&(s, e)| ip >= s && ip < e))
+    }
+
+    pub fn libc(&self) -> Option<&Module> {
+        self.modules.iter().find(|m| is_libc(&m.path))
+    }
+}
+
+pub fn is_libc(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.starts_with("libc.so") || name.starts_with("libc-") || name.starts_with("ld-musl")
+}
+
+/// A symbol's file vaddr and size in an ELF file (dynamic symbols first).
+pub fn symbol(path: &str, name: &str) -> Option<(u64, u64)> {
+    let data = std::fs::read(path).ok()?;
+    let obj = object::File::parse(&*data).ok()?;
+    obj.dynamic_symbols()
+        .chain(obj.symbols())
+        .find(|s| s.is_definition() && s.name() == Ok(name))
+        .map(|s| (s.address(), s.size()))
+}
+
+/// The offload entry points an ELF file defines.
+pub fn offload_symbols_in(path: &str) -> Vec<String> {
+    let Ok(data) = std::fs::read(path) else {
+        return Vec::new();
+    };
+    let Ok(obj) = object::File::parse(&*data) else {
+        return Vec::new();
+    };
+    let mut found: Vec<String> = Vec::new();
+    for s in obj.dynamic_symbols().chain(obj.symbols()) {
+        if !s.is_definition() {
+            continue;
+        }
+        if let Ok(n) = s.name() {
+            if OFFLOAD_SYMBOLS.contains(&n) && !found.iter().any(|f| f == n) {
+                found.push(n.to_string());
+            }
+        }
+    }
+    found
+}
+
+/// The libraries a dynamically linked executable will load, as its dynamic loader
+/// resolves them (`ld.so --list`, what ldd runs), plus the executable itself.
+pub fn planned_files(exe: &str) -> Vec<String> {
+    let mut files = vec![exe.to_string()];
+    let interp = exe_facts(exe).interp;
+    let Some(ld) = interp else { return files };
+    let Ok(out) = std::process::Command::new(&ld)
+        .arg("--list")
+        .arg(exe)
+        .output()
+    else {
+        return files;
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        // "\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "\t/lib64/ld-linux... (0x...)"
+        let path = match line.split_once("=>") {
+            Some((_, rhs)) => rhs.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        if let Some(p) = path.filter(|p| p.starts_with('/')) {
+            let p = std::fs::canonicalize(p)
+                .map(|c| c.to_string_lossy().into_owned())
+                .unwrap_or_else(|_| p.to_string());
+            if !files.contains(&p) {
+                files.push(p);
+            }
+        }
+    }
+    files
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuntimeKind {
+    GlibcDynamic,
+    MuslDynamic,
+    Static,
+    Jvm,
+    Go,
+    Python,
+    Node,
+}
+
+impl RuntimeKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            RuntimeKind::GlibcDynamic => "glibc, dynamically linked",
+            RuntimeKind::MuslDynamic => "musl, dynamically linked",
+            RuntimeKind::Static => "statically linked",
+            RuntimeKind::Jvm => "JVM",
+            RuntimeKind::Go => "Go",
+            RuntimeKind::Python => "Python",
+            RuntimeKind::Node => "Node.js",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Runtime {
+    pub kind: RuntimeKind,
+    /// Has a PT_INTERP (a dynamic loader runs, so LD_PRELOAD applies).
+    pub dynamic: bool,
+    /// What decided the kind.
+    pub evidence: String,
+}
+
+/// The runtime kind from the mapped files and the executable's ELF.
+pub fn runtime(pid: u32) -> Runtime {
+    let maps = maps(pid);
+    let exe = exe(pid)
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let elf = exe_facts(&exe);
+    classify_runtime(&exe, &maps, &elf)
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ExeFacts {
+    pub interp: Option<String>,
+    pub go: bool,
+}
+
+pub fn exe_facts(exe: &str) -> ExeFacts {
+    let mut f = ExeFacts::default();
+    let Ok(data) = std::fs::read(exe) else {
+        return f;
+    };
+    let Ok(obj) = object::File::parse(&*data) else {
+        return f;
+    };
+    f.go = obj.section_by_name(".go.buildinfo").is_some()
+        || obj.section_by_name(".gopclntab").is_some()
+        || obj.symbols().any(|s| s.name() == Ok("runtime.main"));
+    if let Some(sec) = obj.section_by_name(".interp") {
+        if let Ok(d) = sec.data() {
+            f.interp = Some(
+                String::from_utf8_lossy(d)
+                    .trim_end_matches('\0')
+                    .to_string(),
+            );
+        }
+    } else {
+        // A stripped binary may lack section headers: look for PT_INTERP's text.
+        for seg in obj.segments() {
+            if let Ok(d) = seg.data() {
+                if let Some(p) = find_interp(d) {
+                    f.interp = Some(p);
+                    break;
+                }
+            }
+        }
+    }
+    f
+}
+
+fn find_interp(d: &[u8]) -> Option<String> {
+    for pat in [&b"/lib64/ld-linux"[..], b"/lib/ld-linux", b"/lib/ld-musl"] {
+        if let Some(i) = d.windows(pat.len()).position(|w| w == pat) {
+            let end = d[i..].iter().position(|&b| b == 0)? + i;
+            return Some(String::from_utf8_lossy(&d[i..end]).into_owned());
+        }
+    }
+    None
+}
+
+pub fn classify_runtime(exe: &str, maps: &[Mapping], elf: &ExeFacts) -> Runtime {
+    let has = |pred: &dyn Fn(&str) -> bool| maps.iter().find(|m| pred(&m.path));
+    let base = |p: &str| p.rsplit('/').next().unwrap_or(p).to_string();
+    let exe_name = base(exe);
+    let dynamic = elf.interp.is_some() || maps.iter().any(|m| base(&m.path).starts_with("ld-"));
+    let (kind, evidence) = if let Some(m) = has(&|p| base(p).starts_with("libjvm.so")) {
+        (RuntimeKind::Jvm, format!("{} is mapped", m.path))
+    } else if elf.go {
+        (RuntimeKind::Go, format!("{exe} has Go's build info"))
+    } else if let Some(m) = has(&|p| base(p).starts_with("libpython")) {
+        (RuntimeKind::Python, format!("{} is mapped", m.path))
+    } else if exe_name.starts_with("python") {
+        (RuntimeKind::Python, format!("the executable is {exe}"))
+    } else if exe_name == "node"
+        || exe_name == "nodejs"
+        || has(&|p| base(p).starts_with("libnode")).is_some()
+    {
+        (RuntimeKind::Node, format!("the executable is {exe}"))
+    } else if let Some(m) = has(&|p| base(p).starts_with("ld-musl")) {
+        (RuntimeKind::MuslDynamic, format!("{} is mapped", m.path))
+    } else if !dynamic {
+        (
+            RuntimeKind::Static,
+            format!("{exe} has no PT_INTERP and no dynamic loader is mapped"),
+        )
+    } else if let Some(m) = has(&|p| is_libc(p)) {
+        (RuntimeKind::GlibcDynamic, format!("{} is mapped", m.path))
+    } else {
+        (
+            RuntimeKind::GlibcDynamic,
+            format!("{exe} has interpreter {:?}", elf.interp),
+        )
+    };
+    Runtime {
+        kind,
+        dynamic,
+        evidence,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+55d0c0000000-55d0c0001000 r--p 00000000 08:01 1 /usr/bin/srv
+55d0c0001000-55d0c0002000 r-xp 00001000 08:01 1 /usr/bin/srv
+7f0000000000-7f0000028000 r--p 00000000 08:01 2 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f0000028000-7f000019d000 r-xp 00028000 08:01 2 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f00001f0000-7f00001f1000 rw-p 00000000 00:00 0
+7f0000200000-7f0000202000 r--p 00000000 08:01 3 /usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]
+";
+
+    #[test]
+    fn maps_parse_and_resolve() {
+        let m = parse_maps(MAPS);
+        assert_eq!(m.len(), 5);
+        let a = AddressSpace::from_maps(&m);
+        let libc = a.libc().expect("libc");
+        assert_eq!(libc.bias, 0x7f0000000000);
+        assert_eq!(
+            a.module_of(0x7f0000030000).map(|m| m.path.as_str()),
+            Some("/usr/lib/x86_64-linux-gnu/libc.so.6")
+        );
+        assert!(a.module_of(0x7f00001f0100).is_none());
+    }
+
+    #[test]
+    fn runtime_kinds() {
+        let m = parse_maps(MAPS);
+        let dynf = ExeFacts {
+            interp: Some("/lib64/ld-linux-x86-64.so.2".into()),
+            go: false,
+        };
+        assert_eq!(
+            classify_runtime("/usr/bin/srv", &m, &dynf).kind,
+            RuntimeKind::GlibcDynamic
+        );
+        let mut jvm = m.clone();
+        jvm.push(Mapping {
+            start: 1,
+            end: 2,
+            offset: 0,
+            exec: true,
+            path: "/usr/lib/jvm/java-17/lib/server/libjvm.so".into(),
+        });
+        assert_eq!(
+            classify_runtime("/usr/bin/java", &jvm, &dynf).kind,
+            RuntimeKind::Jvm
+        );
+        let stat = ExeFacts::default();
+        let only_exe = parse_maps(MAPS.lines().take(2).collect::<Vec<_>>().join("\n").as_str());
+        assert_eq!(
+            classify_runtime("/srv", &only_exe, &stat).kind,
+            RuntimeKind::Static
+        );
+        let gof = ExeFacts {
+            interp: None,
+            go: true,
+        };
+        assert_eq!(
+            classify_runtime("/srv", &only_exe, &gof).kind,
+            RuntimeKind::Go
+        );
+        assert_eq!(
+            classify_runtime("/usr/bin/python3.11", &m, &dynf).kind,
+            RuntimeKind::Python
+        );
+        assert_eq!(
+            classify_runtime("/usr/bin/node", &m, &dynf).kind,
+            RuntimeKind::Node
+        );
+    }
+
+    #[test]
+    fn this_process_is_glibc_dynamic() {
+        let r = runtime(std::process::id());
+        assert_eq!(r.kind, RuntimeKind::GlibcDynamic, "{r:?}");
+        assert!(r.dynamic);
+    }
+
+    #[test]
+    fn libc_has_syscall() {
+        let a = AddressSpace::of(std::process::id());
+        let libc = a.libc().expect("libc mapped");
+        let (addr, size) = symbol(&libc.path, "syscall").expect("syscall in libc");
+        assert!(addr > 0 && size > 0);
+    }
+}
