@@ -14,6 +14,7 @@ pub mod hist;
 pub mod loader;
 pub mod metrics;
 pub mod report;
+pub mod runtime_counters;
 pub mod session;
 pub mod spawn;
 pub mod syscalls;

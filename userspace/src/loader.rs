@@ -400,7 +400,7 @@ pub fn reattach_uprobes(
 pub fn mapped_files(maps: &[Mapping]) -> Vec<String> {
     let mut v: Vec<String> = maps
         .iter()
-        .filter(|m| m.exec)
+        .filter(|m| m.exec && !is_fiber_runtime(&m.path))
         .map(|m| m.path.clone())
         .collect();
     v.sort();
@@ -408,9 +408,30 @@ pub fn mapped_files(maps: &[Mapping]) -> Vec<String> {
     v
 }
 
+/// toffload's own fiber runtime is never probed. Its accel_run parks fibers inside
+/// the call, so returns come out of order on one thread: a uretprobe assumes they are
+/// LIFO per thread, and the kernel answers an out-of-order return with SIGILL (the
+/// watched server died under load when it was probed). Its numbers are read from its
+/// counters instead (runtime_counters.rs).
+pub fn is_fiber_runtime(path: &str) -> bool {
+    path.rsplit('/').next() == Some("libtoffload.so")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fiber_runtime_is_not_probed() {
+        let maps = crate::target::parse_maps(
+            "7f00-7f10 r-xp 00011000 fe:00 1 /x/lib/libtoffload.so\n\
+             7f20-7f30 r-xp 00011000 fe:00 2 /x/lib/libtoffload_accel.so\n",
+        );
+        assert_eq!(
+            mapped_files(&maps),
+            vec!["/x/lib/libtoffload_accel.so".to_string()]
+        );
+    }
 
     #[test]
     fn no_object_says_how_to_build_it() {

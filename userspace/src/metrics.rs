@@ -91,6 +91,9 @@ pub struct Window {
     /// are missing; non-zero only past 16384 live threads).
     pub threads_missed: u64,
     pub verdict: Verdict,
+    /// The fiber runtime's own counters, when the target runs under libtoffload.so
+    /// (fibers, offloads, the conflict guard's faults, conflicts and waits).
+    pub runtime_counters: Option<crate::runtime_counters::RuntimeCounters>,
 }
 
 fn nr(name: &str) -> usize {
@@ -248,6 +251,7 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         mux_waits,
         threads_missed: d(abi::C_THREADS_MISSED),
         verdict: classifier::classify(&evidence),
+        runtime_counters: None,
     }
 }
 

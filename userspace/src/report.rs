@@ -191,6 +191,24 @@ pub fn window_text(w: &Window, title: &str) -> String {
         .map(|r| format!("{} {:.0}/s {:.1}us", r.name, r.per_sec, r.mean_us))
         .collect();
     let _ = writeln!(s, "  syscalls: {}", top.join(", "));
+    if let Some(r) = &w.runtime_counters {
+        let _ = writeln!(
+            s,
+            "  libtoffload.so: {} fibers ({} live) on {} carriers, {} offloads ({} parked, {} inline); \
+             guard {}: {} conflicts, {} handlers serialized, {} faults on {} pages",
+            r.fibers_created,
+            r.fibers_live,
+            r.carriers,
+            r.offloads,
+            r.offloads_parked,
+            r.offloads_inline,
+            r.guard,
+            r.guard_conflicts,
+            r.guard_serialized,
+            r.guard_faults,
+            r.guard_pages
+        );
+    }
     if w.threads_missed > 0 {
         let _ = writeln!(
             s,

@@ -128,6 +128,8 @@ pub async fn run(
     let poll = Duration::from_millis(20);
     let mut next_window = opts.interval;
     let mut maps_len = maps.len();
+    // Where libtoffload.so keeps its counters in the target, once it is mapped.
+    let mut counters_at = crate::runtime_counters::locate(pid);
     // Sampling: attached for the first `sample` share of each interval. The clock
     // the windows use counts traced time only.
     let sampled = opts.sample < 1.0;
@@ -168,6 +170,7 @@ pub async fn run(
                 eprintln!("toffload-watch: {e}");
             }
             ctx.offload_probed = !a.probes.offload.is_empty();
+            counters_at = crate::runtime_counters::locate(pid);
             layout = Layout::new(
                 AddressSpace::from_maps(&maps),
                 a.probes.offload_modules.clone(),
@@ -177,7 +180,8 @@ pub async fn run(
             next_window += opts.interval;
             let t = traced_now(on, on_since, traced);
             let cur = collector.snapshot(t.as_secs_f64(), &[pid], &layout);
-            let w = metrics::window(&prev, &cur, &ctx);
+            let mut w = metrics::window(&prev, &cur, &ctx);
+            w.runtime_counters = counters_at.and_then(|at| crate::runtime_counters::read(pid, at));
             emit(out, opts.json, "window", &w, || {
                 report::window_text(&w, "window")
             })?;
@@ -206,7 +210,8 @@ pub async fn run(
     if last.live_threads == 0 {
         last.live_threads = prev.live_threads;
     }
-    let total = metrics::window(&baseline, &last, &ctx);
+    let mut total = metrics::window(&baseline, &last, &ctx);
+    total.runtime_counters = counters_at.and_then(|at| crate::runtime_counters::read(pid, at));
     let mut threads: Vec<ThreadRow> = last
         .threads
         .iter()

@@ -738,3 +738,43 @@ fn mounts_tracefs_when_missing() {
     let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(get(&lines, "final")["ended"], "duration");
 }
+
+/// The fiber runtime's counters, read from the target's memory: present under
+/// libtoffload.so (with the conflict guard's conflicts), absent without it.
+#[test]
+fn runtime_and_guard_counters_are_reported() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let lib = harness::dist().join("lib/libtoffload.so");
+    let stock = Server::start(&ServerSpec::new("hostile_server").env("TOFFLOAD_EMU_LAT_US", "200"))
+        .expect("server");
+    let w = watch_pid(stock.pid(), 2.0);
+    drive(&stock, 8, 1.0);
+    let (code, lines, _) = w.finish();
+    assert_eq!(code, 0);
+    assert!(
+        get(&lines, "final")["total"]["runtime_counters"].is_null(),
+        "counters reported for a process without the runtime"
+    );
+    drop(stock);
+
+    let rt = Server::start(
+        &ServerSpec::new("hostile_server")
+            .env("TOFFLOAD_EMU_LAT_US", "200")
+            .env("TOFFLOAD_GUARD", "detect")
+            .env("LD_PRELOAD", lib.display().to_string()),
+    )
+    .expect("server");
+    let w = watch_pid(rt.pid(), 2.5);
+    drive(&rt, 16, 1.5);
+    let (code, lines, _) = w.finish();
+    assert_eq!(code, 0);
+    let c = &get(&lines, "final")["total"]["runtime_counters"];
+    println!("runtime counters: {c}");
+    assert!(c["fibers_created"].as_u64().unwrap_or(0) >= 16, "{c}");
+    assert!(c["offloads"].as_u64().unwrap_or(0) > 0, "{c}");
+    assert_eq!(c["guard"], "detect", "{c}");
+    assert!(c["guard_conflicts"].as_u64().unwrap_or(0) > 0, "{c}");
+}
