@@ -243,11 +243,13 @@ impl Proc {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         let t0 = Instant::now();
+        let mut hung = String::new();
         let status = loop {
             if let Ok(Some(st)) = child.try_wait() {
                 break st;
             }
             if t0.elapsed() > Duration::from_secs(10) {
+                hung = threads_of(child.id());
                 let _ = child.kill();
                 break child.wait().expect("wait");
             }
@@ -260,13 +262,48 @@ impl Proc {
                 .ok()
                 .and_then(|s| serde_json::from_str(s.trim()).ok())
         });
+        let mut stderr = read_lossy(&self.stderr);
+        if !hung.is_empty() {
+            stderr.push_str(&format!(
+                "\n(still running 10 s after SIGTERM; its threads: tid state wchan syscall)\n{hung}"
+            ));
+        }
         Stopped {
             status,
             stdout: read_lossy(&self.stdout),
-            stderr: read_lossy(&self.stderr),
+            stderr,
             stats,
         }
     }
+}
+
+/// Each thread of a process: tid, state, kernel wait channel and current syscall
+/// (what a process that ignores SIGTERM is stuck in).
+fn threads_of(pid: u32) -> String {
+    let mut out = String::new();
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in rd.flatten() {
+        let p = t.path();
+        let get = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default();
+        let stat = get("stat");
+        let state = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next())
+            .unwrap_or("?")
+            .to_string();
+        let syscall = get("syscall");
+        out.push_str(&format!(
+            "{} {} {} {} {}\n",
+            t.file_name().to_string_lossy(),
+            get("comm").trim(),
+            state,
+            get("wchan").trim(),
+            syscall.split_whitespace().next().unwrap_or("?")
+        ));
+    }
+    out
 }
 
 impl Drop for Proc {
