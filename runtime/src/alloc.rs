@@ -14,6 +14,23 @@ const MIN_SHIFT: usize = 4; // 16 B
 const MAX_SHIFT: usize = 16; // 64 KiB
 const CLASSES: usize = MAX_SHIFT - MIN_SHIFT + 1;
 const CHUNK: usize = 1 << 20;
+/// Chunks handed out so far (append-only, never freed): lets `owns` say whether an
+/// address is runtime memory without allocating.
+const MAX_CHUNKS: usize = 1 << 14;
+static CHUNKS: [std::sync::atomic::AtomicUsize; MAX_CHUNKS] =
+    [const { std::sync::atomic::AtomicUsize::new(0) }; MAX_CHUNKS];
+static NCHUNKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// True if `addr` lies in a chunk of this allocator (so it is runtime memory: never a
+/// glibc thread descriptor).
+pub fn owns(addr: usize) -> bool {
+    use std::sync::atomic::Ordering::Acquire;
+    let n = NCHUNKS.load(Acquire).min(MAX_CHUNKS);
+    CHUNKS[..n].iter().any(|c| {
+        let b = c.load(Acquire);
+        b != 0 && addr >= b && addr < b + CHUNK
+    })
+}
 
 struct Class {
     /// Singly linked free blocks (the link is stored in the block).
@@ -104,6 +121,10 @@ unsafe impl GlobalAlloc for Allocator {
                     let p = map(CHUNK);
                     if p.is_null() {
                         return p;
+                    }
+                    let i = NCHUNKS.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                    if i < MAX_CHUNKS {
+                        CHUNKS[i].store(p as usize, std::sync::atomic::Ordering::Release);
                     }
                     g.bump = p as usize;
                     g.end = p as usize + CHUNK;

@@ -459,6 +459,9 @@ pub unsafe extern "C" fn __toffload_pthread_create(
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_join(t: pthread_t, ret: *mut *mut c_void) -> c_int {
+    if thread::is_stale_fiber(t) {
+        return libc::ESRCH;
+    }
     if let Some(r) = thread::join(t, ret, None, false) {
         return r;
     }
@@ -478,6 +481,9 @@ pub unsafe extern "C" fn pthread_join(t: pthread_t, ret: *mut *mut c_void) -> c_
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_tryjoin_np(t: pthread_t, ret: *mut *mut c_void) -> c_int {
+    if thread::is_stale_fiber(t) {
+        return libc::ESRCH;
+    }
     thread::join(t, ret, None, true).unwrap_or_else(|| (real::pthread_tryjoin_np())(t, ret))
 }
 
@@ -487,6 +493,9 @@ pub unsafe extern "C" fn pthread_timedjoin_np(
     ret: *mut *mut c_void,
     ts: *const timespec,
 ) -> c_int {
+    if thread::is_stale_fiber(t) {
+        return libc::ESRCH;
+    }
     if !thread::is_fiber(t) || crate::settings().disabled.join {
         return (real::pthread_timedjoin_np())(t, ret, ts);
     }
@@ -503,6 +512,9 @@ pub unsafe extern "C" fn pthread_clockjoin_np(
     clock: clockid_t,
     ts: *const timespec,
 ) -> c_int {
+    if thread::is_stale_fiber(t) {
+        return libc::ESRCH;
+    }
     if !thread::is_fiber(t) || crate::settings().disabled.join {
         return (real::pthread_clockjoin_np())(t, ret, clock, ts);
     }
@@ -514,6 +526,9 @@ pub unsafe extern "C" fn pthread_clockjoin_np(
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_detach(t: pthread_t) -> c_int {
+    if thread::is_stale_fiber(t) {
+        return libc::ESRCH;
+    }
     thread::detach(t).unwrap_or_else(|| (real::pthread_detach())(t))
 }
 
@@ -526,26 +541,41 @@ pub unsafe extern "C" fn pthread_exit(ret: *mut c_void) -> ! {
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_getattr_np(t: pthread_t, attr: *mut pthread_attr_t) -> c_int {
+    if thread::is_stale_fiber(t) {
+        return libc::ESRCH;
+    }
     thread::getattr(t, attr).unwrap_or_else(|| (real::pthread_getattr_np())(t, attr))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_kill(t: pthread_t, sig: c_int) -> c_int {
+    if thread::is_stale_fiber(t) {
+        return libc::ESRCH;
+    }
     thread::kill(t, sig).unwrap_or_else(|| (real::pthread_kill())(t, sig))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_setname_np(t: pthread_t, name: *const c_char) -> c_int {
+    if thread::is_stale_fiber(t) {
+        return libc::ESRCH;
+    }
     thread::setname(t, name).unwrap_or_else(|| (real::pthread_setname_np())(t, name))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_getname_np(t: pthread_t, name: *mut c_char, len: usize) -> c_int {
+    if thread::is_stale_fiber(t) {
+        return libc::ESRCH;
+    }
     thread::getname(t, name, len).unwrap_or_else(|| (real::pthread_getname_np())(t, name, len))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_cancel(t: pthread_t) -> c_int {
+    if thread::is_stale_fiber(t) {
+        return libc::ESRCH;
+    }
     if thread::is_fiber(t) {
         // Asynchronous cancellation of a fiber would unwind a stack we are not on.
         crate::log_at!(

@@ -34,6 +34,14 @@ pub fn is_fiber(h: pthread_t) -> bool {
         .is_some_and(|s| s.contains(&(h as usize)))
 }
 
+/// A handle of a fiber that has ended and been freed: runtime memory, not a live fiber.
+/// glibc must never see it (joining or detaching it there crashes or hangs in glibc's
+/// stack cache: stunnel joins its client threads at exit while some of them detach
+/// themselves and end); the caller gets ESRCH, as for any finished thread.
+pub fn is_stale_fiber(h: pthread_t) -> bool {
+    cfg!(feature = "preload") && crate::alloc::owns(h as usize) && !is_fiber(h)
+}
+
 fn object_of(addr: usize) -> Option<(usize, String)> {
     // SAFETY: dladdr only reads the link maps.
     unsafe {
