@@ -9,7 +9,8 @@ use std::process::Stdio;
 pub fn run(extra: &[String]) -> Result {
     let dist = crate::build::all()?;
     let mut cmd = proc::cargo();
-    cmd.args(["test", "--release", "--workspace"])
+    // --no-fail-fast: one failing suite must not hide the others' results.
+    cmd.args(["test", "--release", "--workspace", "--no-fail-fast"])
         .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist"));
     if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
         cmd.env("TOFFLOAD_NO_SKIP", "1");
