@@ -157,21 +157,22 @@ pub fn on_fiber_finished(f: &Fiber) {
     let mut j = f.join.lock();
     j.exited = true;
     f.exited.store(1, Release);
-    if j.detached {
+    let joiner = j.joiner;
+    // Detached and nobody waiting: free it now. A joiner that started waiting before
+    // the fiber detached itself (stunnel joins its client threads at exit while they
+    // detach themselves) must still be woken, or it sleeps forever: it frees the fiber.
+    if j.detached && matches!(joiner, Joiner::None) {
         drop(j);
         forget(f);
         return;
     }
-    match j.joiner {
+    drop(j);
+    match joiner {
         Joiner::Fiber(w) => {
-            drop(j);
             // SAFETY: a joining fiber waits in join until it sees `exited`.
             fiber::wake(unsafe { &*w });
         }
-        Joiner::Thread => {
-            drop(j);
-            futex_wake(&f.exited);
-        }
+        Joiner::Thread => futex_wake(&f.exited),
         Joiner::None => {}
     }
 }
@@ -250,8 +251,10 @@ pub unsafe fn join(
         // SAFETY: caller's out-pointer.
         unsafe { *ret = f.retval.get() };
     }
+    let detached = f.join.lock().detached;
     forget(f);
-    Some(0)
+    // Joining a thread that detached itself meanwhile is undefined in POSIX; we say so.
+    Some(if detached { libc::EINVAL } else { 0 })
 }
 
 pub unsafe fn detach(h: pthread_t) -> Option<c_int> {
@@ -263,11 +266,12 @@ pub unsafe fn detach(h: pthread_t) -> Option<c_int> {
     if j.detached {
         return Some(libc::EINVAL);
     }
-    if j.exited {
+    if j.exited && matches!(j.joiner, Joiner::None) {
         drop(j);
         forget(f);
         return Some(0);
     }
+    // Running, or finished with a joiner about to free it.
     j.detached = true;
     Some(0)
 }
