@@ -9,6 +9,7 @@
 
 use crate::config::{self, BackendKind, WaitStyle};
 use crate::cuda::{Cuda, CudaConfig};
+use crate::remote::{Remote, RemoteConfig};
 use crate::{AccelError, Accelerator, EmuConfig, Emulated, OpId, OpState};
 use std::ffi::{c_int, c_long};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -30,16 +31,26 @@ struct Settings {
     wait: WaitStyle,
     emu: EmuConfig,
     cuda: CudaConfig,
+    remote: RemoteConfig,
 }
 
 fn settings() -> Result<Settings, config::ConfigError> {
     let get = &config::from_env;
-    Ok(Settings {
+    let s = Settings {
         backend: config::backend(get)?,
         wait: config::wait_style(get)?,
         emu: EmuConfig::from_env()?,
         cuda: CudaConfig::from_env()?,
-    })
+        remote: RemoteConfig::from_env()?,
+    };
+    if s.backend == BackendKind::Remote && s.remote.endpoints.is_empty() {
+        return Err(config::ConfigError {
+            var: "TOFFLOAD_REMOTE",
+            value: String::new(),
+            expected: "host:port[,host:port...] (required with TOFFLOAD_BACKEND=remote)",
+        });
+    }
+    Ok(s)
 }
 
 fn unusable(why: &dyn std::fmt::Display, errno: i32) {
@@ -138,6 +149,10 @@ fn start() {
         BackendKind::Cuda => match Cuda::new(s.cuda) {
             Ok(d) => Box::new(d),
             Err(e) => return unusable(&format_args!("TOFFLOAD_BACKEND=cuda: {e}"), e.errno()),
+        },
+        BackendKind::Remote => match Remote::new(s.remote) {
+            Ok(d) => Box::new(d),
+            Err(e) => return unusable(&format_args!("TOFFLOAD_BACKEND=remote: {e}"), libc::EINVAL),
         },
     };
     DEVICE.store(Box::into_raw(Box::new(dev)), Release);

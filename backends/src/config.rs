@@ -18,6 +18,8 @@ pub enum BackendKind {
     Emulated,
     /// AES-128-CTR on an NVIDIA GPU (backends/src/cuda).
     Cuda,
+    /// Ops run by toffload-remoted daemons (backends/src/remote, TOFFLOAD_REMOTE).
+    Remote,
 }
 
 /// A knob with a value we cannot accept.
@@ -76,6 +78,7 @@ pub(crate) fn parse_backend(s: &str) -> Option<BackendKind> {
     match s {
         "emulated" => Some(BackendKind::Emulated),
         "cuda" => Some(BackendKind::Cuda),
+        "remote" => Some(BackendKind::Remote),
         _ => None,
     }
 }
@@ -90,7 +93,7 @@ pub fn backend(get: &dyn Fn(&str) -> Option<String>) -> Result<BackendKind, Conf
     Ok(knob(
         get,
         "TOFFLOAD_BACKEND",
-        "`emulated` or `cuda`",
+        "`emulated`, `cuda` or `remote`",
         parse_backend,
     )?
     .unwrap_or(BackendKind::Emulated))
@@ -150,10 +153,17 @@ mod tests {
             backend(&env(&[("TOFFLOAD_BACKEND", " cuda ")])).unwrap(),
             BackendKind::Cuda
         );
+        assert_eq!(
+            backend(&env(&[("TOFFLOAD_BACKEND", "remote")])).unwrap(),
+            BackendKind::Remote
+        );
         for bad in ["CUDA", "gpu", "quantum"] {
             let e = backend(&env(&[("TOFFLOAD_BACKEND", bad)])).unwrap_err();
             assert_eq!(e.var, "TOFFLOAD_BACKEND");
-            assert!(e.to_string().contains("`emulated` or `cuda`"), "{e}");
+            assert!(
+                e.to_string().contains("`emulated`, `cuda` or `remote`"),
+                "{e}"
+            );
         }
     }
 

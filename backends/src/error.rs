@@ -21,6 +21,8 @@ pub enum AccelError {
     NoDevice,
     /// Device or pinned host memory is exhausted (ENOMEM).
     OutOfMemory,
+    /// No result before the operation's deadline (ETIMEDOUT; the remote backend).
+    TimedOut,
 }
 
 impl AccelError {
@@ -35,6 +37,7 @@ impl AccelError {
             AccelError::DeviceFault => libc::EIO,
             AccelError::NoDevice => libc::ENODEV,
             AccelError::OutOfMemory => libc::ENOMEM,
+            AccelError::TimedOut => libc::ETIMEDOUT,
         }
     }
 }
@@ -55,6 +58,7 @@ impl fmt::Display for AccelError {
             AccelError::Unusable => write!(f, "backend unusable (see its load-time message)"),
             AccelError::NoDevice => write!(f, "no device (see the backend's message)"),
             AccelError::OutOfMemory => write!(f, "out of device or pinned memory"),
+            AccelError::TimedOut => write!(f, "no result before the deadline"),
         }
     }
 }

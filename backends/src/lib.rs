@@ -12,11 +12,13 @@ pub mod cuda;
 pub mod emulated;
 mod error;
 mod futex;
+pub mod remote;
 mod slots;
 
 pub use config::{BackendKind, ConfigError, WaitStyle};
 pub use emulated::{DeviceStats, EmuConfig, Emulated};
 pub use error::AccelError;
+pub use remote::{Remote, RemoteConfig};
 
 use std::os::fd::RawFd;
 

@@ -1,0 +1,17 @@
+//! The remote backend: ops run on `toffload-remoted` daemons over TCP (optionally
+//! TLS with client certificates). See backends/REMOTE.md.
+
+pub mod cache;
+pub mod chunk;
+pub mod client;
+pub mod config;
+pub mod conn;
+pub mod daemon;
+pub mod exec;
+pub mod frame;
+pub mod journal;
+pub mod tls;
+
+pub use client::{query_stats, ClientCounters, Remote};
+pub use config::{Placement, RemoteConfig};
+pub use frame::OpKind;
