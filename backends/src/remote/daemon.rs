@@ -457,17 +457,11 @@ impl Daemon {
                 out.wake.drain();
             }
             if fds[0].revents != 0 {
-                for _ in 0..16 {
-                    let got = c.read_some()?;
-                    while let Some(body) = c.rd.next().map_err(conn::invalid)? {
-                        let msg = frame::decode(body).map_err(conn::invalid)?;
-                        self.handle(client, msg, &mut c.out, &mut jobs)?;
-                    }
-                    if !got {
-                        break;
-                    }
-                }
+                let r = self.read_frames(c, client, &mut jobs);
+                // Whatever was accepted runs, even when the connection then broke: its
+                // entries say "running", and a resend will not start it again.
                 self.dispatch(&mut jobs);
+                r?;
             }
             // Results, as much as the socket takes.
             if pending.is_empty() {
@@ -498,6 +492,25 @@ impl Daemon {
             }
             c.flush()?;
         }
+    }
+
+    fn read_frames(
+        &self,
+        c: &mut Conn,
+        client: u64,
+        jobs: &mut Vec<(OpKind, Job)>,
+    ) -> io::Result<()> {
+        for _ in 0..16 {
+            let got = c.read_some()?;
+            while let Some(body) = c.rd.next().map_err(conn::invalid)? {
+                let msg = frame::decode(body).map_err(conn::invalid)?;
+                self.handle(client, msg, &mut c.out, jobs)?;
+            }
+            if !got {
+                break;
+            }
+        }
+        Ok(())
     }
 
     fn handle(
