@@ -45,7 +45,8 @@ fn resets_and_a_daemon_restart_lose_and_duplicate_nothing() {
         ],
         &[("TOFFLOAD_EMU_LAT_US", "100")],
     );
-    let proxy = FaultProxy::start(d.addr(), 200_000, 60, 11);
+    // 40 resets in the first half, 40 more after the restart.
+    let proxy = FaultProxy::start(d.addr(), 200_000, 40, 11);
     let r = client(&[proxy.addr()], |c| c.deadline_ms = 30_000);
     let n: u64 = 100_000;
     let t0 = Instant::now();
@@ -57,6 +58,9 @@ fn resets_and_a_daemon_restart_lose_and_duplicate_nothing() {
             restarted = true;
             restart_at = done;
             resets_at_restart = proxy.resets.load(std::sync::atomic::Ordering::Relaxed);
+            proxy
+                .max_resets
+                .fetch_add(40, std::sync::atomic::Ordering::Relaxed);
             d.restart();
         }
     });

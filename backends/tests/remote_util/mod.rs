@@ -211,6 +211,8 @@ pub struct FaultProxy {
     pub port: u16,
     pub resets: Arc<AtomicU64>,
     pub conns: Arc<AtomicU64>,
+    /// Resets still allowed in all (raise it to inject more later in a run).
+    pub max_resets: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -242,7 +244,8 @@ impl FaultProxy {
         let resets = Arc::new(AtomicU64::new(0));
         let conns = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let (r2, c2, s2) = (resets.clone(), conns.clone(), stop.clone());
+        let max = Arc::new(AtomicU64::new(max_resets));
+        let (r2, c2, s2, m2) = (resets.clone(), conns.clone(), stop.clone(), max.clone());
         let rng = Arc::new(Mutex::new(seed | 1));
         let thread = std::thread::spawn(move || {
             while !s2.load(Relaxed) {
@@ -264,7 +267,7 @@ impl FaultProxy {
                 c2.fetch_add(1, Relaxed);
                 let _ = cs.set_nodelay(true);
                 let _ = ds.set_nodelay(true);
-                let budget = if r2.load(Relaxed) >= max_resets {
+                let budget = if r2.load(Relaxed) >= m2.load(Relaxed) {
                     u64::MAX
                 } else {
                     let mut x = rng.lock().unwrap();
@@ -322,6 +325,7 @@ impl FaultProxy {
             port,
             resets,
             conns,
+            max_resets: max,
             stop,
             thread: Some(thread),
         }
