@@ -301,3 +301,61 @@ fn a_malformed_frame_closes_only_its_connection() {
         m => panic!("{m:?}"),
     }
 }
+
+/// One pass of the cache workload: `ops` ops of 2 MiB, each a static part (distinct
+/// per op, the same on every pass) and an 8 KiB part that changes every pass.
+fn cache_pass(r: &toffload_accel::Remote, ops: u64, pass: u64) -> u64 {
+    let before = r.counters().bytes_sent;
+    let mut bufs: Vec<Vec<u8>> = (0..ops)
+        .map(|i| {
+            let mut b = pattern(1000 + i, (2 << 20) - (8 << 10));
+            b.extend_from_slice(&pattern(1_000_000 * pass + i, 8 << 10));
+            b
+        })
+        .collect();
+    let want: Vec<Vec<u8>> = bufs.iter().map(|b| aes(b.clone())).collect();
+    for b in bufs.iter_mut() {
+        r.run(b, WaitStyle::Block).unwrap();
+    }
+    assert!(bufs == want, "wrong answer on pass {pass}");
+    r.counters().bytes_sent - before
+}
+
+#[test]
+fn a_second_pass_sends_at_most_2_percent_of_the_first() {
+    let dir = TempDir::new("cache");
+    let cache_dir = dir.path().join("chunks");
+    let mut d = Daemon::start(
+        &["--listen", "127.0.0.1:0", "--cache-dir", cache_dir.to_str().unwrap()],
+        &[("TOFFLOAD_EMU_LAT_US", "50")],
+    );
+    // The hazard: without the cache every pass sends everything.
+    let plain = client(&[d.addr()], |c| c.cache_min = 0);
+    let p1 = cache_pass(&plain, 16, 1);
+    let p2 = cache_pass(&plain, 16, 2);
+    println!("no cache: pass 1 {p1} bytes, pass 2 {p2} bytes");
+    assert!(p2 as f64 > 0.95 * p1 as f64);
+    drop(plain);
+    let r = client(&[d.addr()], |_| {});
+    let first = cache_pass(&r, 16, 1);
+    let second = cache_pass(&r, 16, 2);
+    let ratio = second as f64 / first as f64;
+    println!(
+        "cache: pass 1 {first} bytes, pass 2 {second} bytes ({:.2}%), {:?}",
+        ratio * 100.0,
+        r.counters()
+    );
+    assert!(first >= 16 * (2 << 20));
+    assert!(ratio <= 0.02, "second pass {:.2}% of the first", ratio * 100.0);
+    // A new client after a daemon restart learns the held chunks from the welcome
+    // (disk cache) and sends references from its first op on.
+    drop(r);
+    d.restart();
+    let r = client(&[d.addr()], |_| {});
+    let third = cache_pass(&r, 16, 3);
+    println!("after a restart, new client: {third} bytes ({:.2}%)", third as f64 / first as f64 * 100.0);
+    assert!((third as f64) <= 0.02 * first as f64);
+    assert_eq!(r.counters().missing_chunks, 0);
+    let s = stats(&d.addr());
+    assert!(s["cache_hits"] > 0);
+}
