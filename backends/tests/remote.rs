@@ -151,7 +151,7 @@ fn a_full_window_returns_eagain_and_memory_stays_bounded() {
         r.release(*id).unwrap();
     }
     // Bytes window: one op of 600 KiB fits, a second does not.
-    let mut big = vec![vec![1u8; 600 << 10], vec![2u8; 600 << 10]];
+    let mut big = [vec![1u8; 600 << 10], vec![2u8; 600 << 10]];
     // SAFETY: as above.
     let id = unsafe { r.submit(big[0].as_mut_ptr(), big[0].len()) }.unwrap();
     // SAFETY: as above.
@@ -218,7 +218,7 @@ fn raw_hello(addr: &str) -> TcpStream {
     s.write_all(&out).unwrap();
     let mut rd = frame::FrameReader::new();
     loop {
-        if let Some(b) = rd.next().unwrap() {
+        if let Some(b) = rd.next_frame().unwrap() {
             assert!(matches!(frame::decode(b).unwrap(), Msg::Welcome { .. }));
             break;
         }
@@ -291,7 +291,7 @@ fn a_malformed_frame_closes_only_its_connection() {
     s.write_all(&out).unwrap();
     let mut rd = frame::FrameReader::new();
     let msg = loop {
-        if let Some(b) = rd.next().unwrap() {
+        if let Some(b) = rd.next_frame().unwrap() {
             break b.to_vec();
         }
         assert!(rd.fill(&mut s).unwrap() > 0);
@@ -326,7 +326,12 @@ fn a_second_pass_sends_at_most_2_percent_of_the_first() {
     let dir = TempDir::new("cache");
     let cache_dir = dir.path().join("chunks");
     let mut d = Daemon::start(
-        &["--listen", "127.0.0.1:0", "--cache-dir", cache_dir.to_str().unwrap()],
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--cache-dir",
+            cache_dir.to_str().unwrap(),
+        ],
         &[("TOFFLOAD_EMU_LAT_US", "50")],
     );
     // The hazard: without the cache every pass sends everything.
@@ -346,14 +351,21 @@ fn a_second_pass_sends_at_most_2_percent_of_the_first() {
         r.counters()
     );
     assert!(first >= 16 * (2 << 20));
-    assert!(ratio <= 0.02, "second pass {:.2}% of the first", ratio * 100.0);
+    assert!(
+        ratio <= 0.02,
+        "second pass {:.2}% of the first",
+        ratio * 100.0
+    );
     // A new client after a daemon restart learns the held chunks from the welcome
     // (disk cache) and sends references from its first op on.
     drop(r);
     d.restart();
     let r = client(&[d.addr()], |_| {});
     let third = cache_pass(&r, 16, 3);
-    println!("after a restart, new client: {third} bytes ({:.2}%)", third as f64 / first as f64 * 100.0);
+    println!(
+        "after a restart, new client: {third} bytes ({:.2}%)",
+        third as f64 / first as f64 * 100.0
+    );
     assert!((third as f64) <= 0.02 * first as f64);
     assert_eq!(r.counters().missing_chunks, 0);
     let s = stats(&d.addr());

@@ -92,7 +92,10 @@ fn build(dir: &Path) -> std::path::PathBuf {
 fn a_c_program_uses_the_remote_backend_through_the_abi() {
     let dir = TempDir::new("capi");
     let bin = build(dir.path());
-    let d = Daemon::start(&["--listen", "127.0.0.1:0"], &[("TOFFLOAD_EMU_LAT_US", "100")]);
+    let d = Daemon::start(
+        &["--listen", "127.0.0.1:0"],
+        &[("TOFFLOAD_EMU_LAT_US", "100")],
+    );
     let out = Command::new(&bin)
         .env("TOFFLOAD_BACKEND", "remote")
         .env("TOFFLOAD_REMOTE", d.addr())
@@ -105,7 +108,10 @@ fn a_c_program_uses_the_remote_backend_through_the_abi() {
     assert!(stdout.contains("0 failures"));
     let op5: Vec<u8> = (0..256).map(|j| (5 * 7 + j * 13) as u8).collect();
     let want: String = aes(op5).iter().map(|b| format!("{b:02x}")).collect();
-    assert!(stdout.contains(&format!("op5 {want}")), "op 5's answer differs");
+    assert!(
+        stdout.contains(&format!("op5 {want}")),
+        "op 5's answer differs"
+    );
     assert_eq!(stats(&d.addr())["executions"], 2000 + 50);
 
     // Misconfigured: remote without TOFFLOAD_REMOTE is reported at load, calls fail EINVAL.

@@ -112,6 +112,13 @@ fn an_absent_daemon_fails_ops_at_the_deadline_and_later_ops_succeed() {
     assert_eq!((ok, failed), (0, 50));
     assert_eq!(r.counters().timed_out, 50);
     d.restart();
+    // The client reconnects on its own (backoff at most 1 s + jitter); ops submitted
+    // once it has are served.
+    let t0 = Instant::now();
+    while r.counters().connects < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "no reconnection");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let (ok, failed, wrong) = aes_workload(&r, 100, 64, 1, 16, Duration::from_secs(10), |_| {});
     assert_eq!((ok, failed, wrong), (100, 0, 0));
 }

@@ -136,7 +136,7 @@ impl Conn {
     /// Set-up phase: waits (until `deadline`) for one whole frame and returns its body.
     pub fn recv_blocking(&mut self, deadline: Instant) -> io::Result<Vec<u8>> {
         loop {
-            if let Some(body) = self.rd.next().map_err(invalid)? {
+            if let Some(body) = self.rd.next_frame().map_err(invalid)? {
                 return Ok(body.to_vec());
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -160,14 +160,25 @@ pub fn invalid(e: frame::FrameError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e)
 }
 
-/// poll(2) on a set of fds; returns the revents in the same order.
+/// ppoll(2) on a set of fds (nanosecond timeout: poll's milliseconds would turn a
+/// 20 us coalescing delay into 1 ms).
 pub fn poll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<()> {
-    let ms = match timeout {
-        None => -1,
-        Some(d) => d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32,
+    let ts = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: a valid array of pollfd; a valid or null timespec; no signal mask change.
+    let rc = unsafe {
+        libc::ppoll(
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            tsp,
+            std::ptr::null(),
+        )
     };
-    // SAFETY: a valid array of pollfd.
-    let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
     if rc < 0 {
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::Interrupted {

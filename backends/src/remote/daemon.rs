@@ -171,10 +171,13 @@ struct Client {
     conn: Option<Arc<ConnOut>>,
 }
 
+/// A result to send: (seq, status, bytes).
+type Outgoing = (u64, i32, Arc<[u8]>);
+
 /// What a connection's thread has to send.
 struct ConnOut {
     id: u64,
-    results: Mutex<Vec<(u64, i32, Arc<[u8]>)>>,
+    results: Mutex<Vec<Outgoing>>,
     closed: std::sync::atomic::AtomicBool,
     wake: EventFd,
 }
@@ -436,7 +439,7 @@ impl Daemon {
 
     fn serve_conn(&self, c: &mut Conn, client: u64, out: &ConnOut) -> io::Result<()> {
         let mut jobs: Vec<(OpKind, Job)> = Vec::new();
-        let mut pending: Vec<(u64, i32, Arc<[u8]>)> = Vec::new();
+        let mut pending: Vec<Outgoing> = Vec::new();
         loop {
             if out.closed.load(Acquire) {
                 return Ok(());
@@ -502,7 +505,7 @@ impl Daemon {
     ) -> io::Result<()> {
         for _ in 0..16 {
             let got = c.read_some()?;
-            while let Some(body) = c.rd.next().map_err(conn::invalid)? {
+            while let Some(body) = c.rd.next_frame().map_err(conn::invalid)? {
                 let msg = frame::decode(body).map_err(conn::invalid)?;
                 self.handle(client, msg, &mut c.out, jobs)?;
             }
@@ -681,7 +684,7 @@ impl Daemon {
         }
         let mut core = self.lock();
         let core = &mut *core;
-        let mut send: Vec<(Arc<ConnOut>, u64, i32, Arc<[u8]>)> = Vec::with_capacity(batch.len());
+        let mut send: Vec<(Arc<ConnOut>, Outgoing)> = Vec::with_capacity(batch.len());
         for f in batch {
             core.n.executions += 1;
             core.n.executions_total += 1;
@@ -714,7 +717,7 @@ impl Daemon {
                         data: Arc::clone(&data),
                     };
                     if let Some(o) = &cl.conn {
-                        send.push((Arc::clone(o), f.seq, f.status, data));
+                        send.push((Arc::clone(o), (f.seq, f.status, data)));
                     }
                 }
             }
@@ -734,8 +737,8 @@ impl Daemon {
             }
         }
         let mut woken: Vec<u64> = Vec::new();
-        for (o, seq, st, d) in send {
-            o.results.lock().unwrap().push((seq, st, d));
+        for (o, r) in send {
+            o.results.lock().unwrap().push(r);
             if !woken.contains(&o.id) {
                 woken.push(o.id);
                 o.wake.signal();

@@ -663,7 +663,7 @@ impl FrameReader {
 
     /// The next whole frame's body, if one is buffered. The slice is valid until the
     /// next call to `fill`/`push`/`next`.
-    pub fn next(&mut self) -> Result<Option<&[u8]>, FrameError> {
+    pub fn next_frame(&mut self) -> Result<Option<&[u8]>, FrameError> {
         let Some(n) = self.head_len()? else {
             return Ok(None);
         };
@@ -691,7 +691,7 @@ mod tests {
         encode(m, &mut out);
         let mut r = FrameReader::new();
         r.push(&out);
-        let body = r.next().unwrap().expect("one frame");
+        let body = r.next_frame().unwrap().expect("one frame");
         assert_eq!(&decode(body).unwrap(), m);
         assert_eq!(r.buffered(), 0);
     }
@@ -760,10 +760,13 @@ mod tests {
     fn oversized_length_prefix_is_refused_before_buffering() {
         let mut r = FrameReader::new();
         r.push(&((MAX_FRAME as u32) + 1).to_le_bytes());
-        assert_eq!(r.next(), Err(FrameError::BadLength(MAX_FRAME as u64 + 1)));
+        assert_eq!(
+            r.next_frame(),
+            Err(FrameError::BadLength(MAX_FRAME as u64 + 1))
+        );
         let mut r = FrameReader::new();
         r.push(&[0, 0, 0, 0]);
-        assert!(r.next().is_err());
+        assert!(r.next_frame().is_err());
     }
 
     #[test]
@@ -798,7 +801,17 @@ mod tests {
         assert_eq!(decode(&out[4..]), Err(FrameError::ChunkSum));
     }
 
-    fn arb_payload() -> impl Strategy<Value = (Vec<u8>, Option<Vec<(bool, u8, u32)>>)> {
+    /// Raw bytes, and maybe pieces as (literal?, hash byte, length).
+    type ArbPayload = (Vec<u8>, Option<Vec<(bool, u8, u32)>>);
+    /// (seq, kind, raw bytes, pieces as (literal?, hash, length, literal bytes)).
+    type BuiltOp = (
+        u64,
+        OpKind,
+        Vec<u8>,
+        Option<Vec<(bool, [u8; 32], u32, Vec<u8>)>>,
+    );
+
+    fn arb_payload() -> impl Strategy<Value = ArbPayload> {
         (
             proptest::collection::vec(any::<u8>(), 0..300),
             proptest::option::of(proptest::collection::vec(
@@ -819,7 +832,7 @@ mod tests {
             let mut r = FrameReader::new();
             r.push(&bytes);
             for _ in 0..bytes.len() + 1 {
-                match r.next() {
+                match r.next_frame() {
                     Ok(Some(body)) => { let _ = decode(body); }
                     Ok(None) | Err(_) => break,
                 }
@@ -846,7 +859,7 @@ mod tests {
             flip in any::<proptest::sample::Index>(),
             xor in 1u8..=255,
         ) {
-            let built: Vec<(u64, OpKind, Vec<u8>, Option<Vec<(bool, [u8; 32], u32, Vec<u8>)>>)> = ops
+            let built: Vec<BuiltOp> = ops
                 .into_iter()
                 .map(|(seq, rsa, (raw, pieces))| {
                     let kind = if rsa { OpKind::RsaSign } else { OpKind::AesCtr };
@@ -906,7 +919,7 @@ mod tests {
             for c in cuts {
                 r.push(&stream[at..c]);
                 at = c;
-                while let Some(body) = r.next().unwrap() {
+                while let Some(body) = r.next_frame().unwrap() {
                     match decode(body).unwrap() { Msg::Ping { token } => got.push(token), m => panic!("{m:?}") }
                 }
             }
