@@ -33,6 +33,11 @@ pub enum Which {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// The remote backend over namespaced, shaped links (needs root) -> remote.md.
+    Remote {
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
 }
 
 pub fn run(which: Which) -> Result {
@@ -83,5 +88,6 @@ pub fn run(which: Which) -> Result {
                     .args(&args),
             )
         }
+        Which::Remote { args } => crate::bench_remote::run(args),
     }
 }

@@ -1,6 +1,7 @@
 //! `cargo xtask`: the project's own build, test, benchmark and demo driver.
 
 mod bench;
+mod bench_remote;
 mod build;
 mod demo;
 mod ebpf;
