@@ -60,6 +60,9 @@ fn load() -> &'static Settings {
         Ok(cfg) => {
             log::set_level(cfg.log);
             let active = cfg.fiberize != Fiberize::Off;
+            stats::COUNTERS
+                .state
+                .store(if active { 1 } else { 2 }, Relaxed);
             Settings { cfg, active }
         }
         Err(e) => {
@@ -67,6 +70,7 @@ fn load() -> &'static Settings {
             log::line(format_args!(
                 "{e}; the runtime stays disabled in this process"
             ));
+            stats::COUNTERS.state.store(2, Relaxed);
             Settings {
                 cfg: Config::default(),
                 active: false,

@@ -29,6 +29,10 @@ pub struct Counters {
     pub guard_conflicts: AtomicUsize,
     pub guard_serialized: AtomicUsize,
     pub guard_released: AtomicUsize,
+    /// 0 knobs not read yet, 1 active, 2 disabled (a malformed knob or
+    /// TOFFLOAD_FIBERIZE=off): lets an injector tell a runtime that loaded but stays
+    /// out of the way from one that will fiberize.
+    pub state: AtomicUsize,
 }
 
 /// "TOFFLOAD" in little-endian ASCII.
@@ -37,7 +41,7 @@ pub const COUNTERS_MAGIC: u64 = u64::from_le_bytes(*b"TOFFLOAD");
 #[export_name = "toffload_counters"]
 pub static COUNTERS: Counters = Counters {
     magic: AtomicU64::new(COUNTERS_MAGIC),
-    version: AtomicU64::new(1),
+    version: AtomicU64::new(2),
     fibers_created: AtomicUsize::new(0),
     fibers_live: AtomicUsize::new(0),
     carriers: AtomicUsize::new(0),
@@ -52,6 +56,7 @@ pub static COUNTERS: Counters = Counters {
     guard_conflicts: AtomicUsize::new(0),
     guard_serialized: AtomicUsize::new(0),
     guard_released: AtomicUsize::new(0),
+    state: AtomicUsize::new(0),
 };
 
 const EVERY_NS: u64 = 50_000_000;

@@ -9,6 +9,22 @@ pub const EXIT_BPF_UNAVAILABLE: u8 = 4;
 pub const EXIT_NO_SUCH_PID: u8 = 5;
 pub const EXIT_NO_OBJECT: u8 = 6;
 pub const EXIT_SPAWN: u8 = 7;
+/// --inject: the verdict (or the target) ruled injection out; nothing was changed.
+pub const EXIT_INJECT_REFUSED: u8 = 8;
+/// --inject: the relaunch under the runtime failed; the original command runs again.
+pub const EXIT_INJECT_FAILED: u8 = 9;
+/// --inject: the relaunch failed and so did restarting the original: the server is down.
+pub const EXIT_SERVER_DOWN: u8 = 10;
+
+/// The exit code for how an injection ended (None: not asked, or it went well).
+pub fn inject_exit_code(outcome: Option<&str>) -> Option<u8> {
+    match outcome? {
+        "refused" => Some(EXIT_INJECT_REFUSED),
+        "failed" => Some(EXIT_INJECT_FAILED),
+        "down" => Some(EXIT_SERVER_DOWN),
+        _ => None,
+    }
+}
 
 #[derive(Debug)]
 pub enum WatchError {

@@ -59,6 +59,30 @@ impl Hist {
         Some(lo + w)
     }
 
+    /// Counts regrouped into powers of two of the unit: (upper bound, count) from the
+    /// first to the last non-empty bucket (a fine bucket goes where its lower bound
+    /// falls). For a chart; percentiles come from the full geometry.
+    pub fn log2_buckets(&self) -> Vec<(f64, u64)> {
+        let mut out: Vec<u64> = vec![0; 64];
+        for (i, &c) in self.counts.iter().enumerate() {
+            if c == 0 {
+                continue;
+            }
+            let lo = self.bounds(i).0.max(1.0);
+            let b = (lo.log2().floor() as usize).min(63);
+            out[b] += c;
+        }
+        let (Some(first), Some(last)) = (
+            out.iter().position(|&c| c > 0),
+            out.iter().rposition(|&c| c > 0),
+        ) else {
+            return Vec::new();
+        };
+        (first..=last)
+            .map(|b| (2f64.powi(b as i32 + 1), out[b]))
+            .collect()
+    }
+
     /// Element-wise `self - earlier` (counters only grow; saturate on a reset).
     pub fn minus(&self, earlier: &Hist) -> Hist {
         let counts = self
@@ -102,6 +126,16 @@ mod tests {
         assert!((p50 - 500_000.0).abs() / 500_000.0 < 0.04, "{p50}");
         assert!((p99 - 990_000.0).abs() / 990_000.0 < 0.04, "{p99}");
         assert_eq!(Hist::fine(vec![0; 8]).quantile(0.5), None);
+    }
+
+    #[test]
+    fn log2_regrouping_keeps_every_count() {
+        let h = fine_of(&[3, 5, 100, 150, 1000]);
+        let b = h.log2_buckets();
+        assert_eq!(b.iter().map(|x| x.1).sum::<u64>(), 5);
+        assert_eq!(b.first().unwrap().0, 4.0);
+        assert_eq!(b.last().unwrap().0, 1024.0);
+        assert!(Hist::default().log2_buckets().is_empty());
     }
 
     #[test]

@@ -353,7 +353,10 @@ pub fn attach_uprobes(
         probes.scanned.push(path.clone());
         for sym in target::offload_symbols_in(path) {
             let mut ok = true;
-            for prog in ["offload_enter", "offload_exit"] {
+            // The return probe first: an entry seen before its return probe exists
+            // would leave the thread's nesting depth above zero for good (a busy
+            // event loop then never counts another offload).
+            for prog in ["offload_exit", "offload_enter"] {
                 let p: &mut UProbe = program(bpf, prog)?;
                 match p.attach(Some(&sym), 0, path, Some(pid as i32)) {
                     Ok(id) => links.push(Link::Up(prog, id)),
@@ -385,7 +388,7 @@ pub fn reattach_uprobes(
     links: &mut Vec<Link>,
 ) -> Result<(), WatchError> {
     for (path, sym) in &probes.targets {
-        for prog in ["offload_enter", "offload_exit"] {
+        for prog in ["offload_exit", "offload_enter"] {
             let p: &mut UProbe = program(bpf, prog)?;
             let id = p
                 .attach(Some(sym), 0, path, Some(pid as i32))

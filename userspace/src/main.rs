@@ -4,8 +4,11 @@ use clap::{Args, Parser, Subcommand};
 use std::process::ExitCode;
 use std::time::Duration;
 use toffload_watch::error::WatchError;
+use toffload_watch::inject_flow::InjectRequest;
+use toffload_watch::report::Final;
 use toffload_watch::session::{self, Options};
-use toffload_watch::{spawn, target};
+use toffload_watch::sink::Report;
+use toffload_watch::{dashboard, inject, spawn, target};
 
 #[derive(Parser)]
 #[command(
@@ -38,6 +41,35 @@ struct Common {
     /// for the rest, which cuts the overhead in proportion; rates are per traced second.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u8).range(1..=100))]
     sample: u8,
+    /// Show the live dashboard instead of text (keys: ? help, i inject, p pause, q quit).
+    #[arg(long, conflicts_with = "json")]
+    tui: bool,
+    /// Once the verdict is in, restart the target under the bundled fiber runtime (same
+    /// command line, environment, directory and user) and keep watching the new pid.
+    #[arg(long)]
+    inject: bool,
+    /// With --inject: print exactly what would be done, change nothing.
+    #[arg(long, requires = "inject")]
+    dry_run: bool,
+    /// With --inject (or key i): inject even when the verdict says it will not work.
+    #[arg(long)]
+    force: bool,
+    /// With --inject: windows with requests to watch before deciding.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    inject_after: u32,
+    /// Extra environment for the relaunched process only, e.g. TOFFLOAD_GUARD=detect
+    /// (repeatable).
+    #[arg(long, value_name = "KEY=VALUE", value_parser = parse_env)]
+    inject_env: Vec<(String, String)>,
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() && !k.contains(char::is_whitespace) => {
+            Ok((k.to_string(), v.to_string()))
+        }
+        _ => Err(format!("{s:?} is not KEY=VALUE")),
+    }
 }
 
 #[derive(Subcommand)]
@@ -75,21 +107,49 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn options(c: &Common) -> Options {
+    let io = inject::Options {
+        dry_run: c.dry_run,
+        force: c.force,
+        env: c.inject_env.clone(),
+        ready_limit: Duration::ZERO,
+    };
     Options {
         interval: c.interval,
         duration: c.duration,
         json: c.json,
         sample: f64::from(c.sample) / 100.0,
+        inject: c.inject.then(|| InjectRequest {
+            opts: io.clone(),
+            after_windows: c.inject_after as usize,
+        }),
+        interactive_inject: io,
     }
 }
 
-async fn watch_pid(pid: u32, opts: Options) -> Result<(), WatchError> {
-    let a = session::attach(pid)?;
-    session::run(a, &opts, &mut std::io::stdout()).await?;
-    Ok(())
+/// Runs the session through the dashboard or the text/JSON report.
+async fn watch(a: session::Attached, opts: &Options, tui: bool) -> Result<Final, WatchError> {
+    if tui {
+        let mut d = dashboard::DashboardSink::enter()
+            .map_err(|e| WatchError::Other(format!("starting the dashboard: {e}")))?;
+        let r = session::run(a, opts, &mut d).await;
+        d.leave();
+        r
+    } else {
+        let mut out = std::io::stdout();
+        let mut sink = Report {
+            out: &mut out,
+            json: opts.json,
+        };
+        session::run(a, opts, &mut sink).await
+    }
 }
 
-async fn watch_command(argv: Vec<String>, opts: Options) -> Result<(), WatchError> {
+async fn watch_pid(pid: u32, opts: Options, tui: bool) -> Result<Final, WatchError> {
+    let a = session::attach(pid)?;
+    watch(a, &opts, tui).await
+}
+
+async fn watch_command(argv: Vec<String>, opts: Options, tui: bool) -> Result<Final, WatchError> {
     // Check before starting anything, so that a refused watch leaves no process.
     toffload_watch::loader::check_privileges()?;
     let mut held = spawn::start(&argv)?;
@@ -104,12 +164,15 @@ async fn watch_command(argv: Vec<String>, opts: Options) -> Result<(), WatchErro
     {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let r = session::run(a, &opts, &mut std::io::stdout()).await;
-    if r.is_err() || target::alive(held.pid()) {
+    let r = watch(a, &opts, tui).await;
+    // The command is ours to end, unless it was replaced by an injection (the
+    // relaunched server outlives the watch like any injected server).
+    let replaced = r.as_ref().is_ok_and(|f| f.injection.is_some());
+    if !replaced && (r.is_err() || target::alive(held.pid())) {
         held.kill();
     }
     eprintln!("toffload-watch: {} {}", argv[0], held.wait());
-    r.map(|_| ())
+    r
 }
 
 fn main() -> ExitCode {
@@ -126,16 +189,19 @@ fn main() -> ExitCode {
     };
     let result = match (cli.cmd, cli.pid) {
         (Some(Cmd::Run { common, command }), _) => {
-            rt.block_on(watch_command(command, options(&common)))
+            rt.block_on(watch_command(command, options(&common), common.tui))
         }
-        (None, Some(pid)) => rt.block_on(watch_pid(pid, options(&cli.common))),
+        (None, Some(pid)) => rt.block_on(watch_pid(pid, options(&cli.common), cli.common.tui)),
         (None, None) => {
             eprintln!("toffload-watch: give --pid N, or `run -- CMD ARGS...` (see --help)");
             return ExitCode::from(2);
         }
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(fin) => match toffload_watch::error::inject_exit_code(fin.inject_outcome.as_deref()) {
+            Some(code) => ExitCode::from(code),
+            None => ExitCode::SUCCESS,
+        },
         Err(e) => {
             eprintln!("toffload-watch: {e}");
             ExitCode::from(e.exit_code())

@@ -34,6 +34,8 @@ pub struct Offload {
     pub latency_p99_us: Option<f64>,
     /// Share of the stall spent runnable but not yet running after the wake-up.
     pub wake_share: Option<f64>,
+    /// The stall's histogram regrouped by powers of two: (upper bound us, count).
+    pub stall_hist_us: Vec<(f64, u64)>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -84,6 +86,11 @@ pub struct Window {
     pub threads_created: u64,
     pub accepts: u64,
     pub threads_per_accept: Option<f64>,
+    /// Threads that made offload calls in the window: the connections served at once.
+    pub offload_threads: usize,
+    /// Voluntary context switches per request of those threads: what blocking costs
+    /// them (the model takes it out of the fibers' per-request CPU).
+    pub blocking_switches_per_request: Option<f64>,
     pub io_uring_enters: u64,
     pub io_uring_setups: u64,
     pub mux_waits: u64,
@@ -94,6 +101,10 @@ pub struct Window {
     /// The fiber runtime's own counters, when the target runs under libtoffload.so
     /// (fibers, offloads, the conflict guard's faults, conflicts and waits).
     pub runtime_counters: Option<crate::runtime_counters::RuntimeCounters>,
+    /// The model's prediction from this window (stock servers; see model/).
+    pub model: Option<crate::model::Assessment>,
+    /// After an injection: before/after throughput next to the prediction.
+    pub injection: Option<crate::inject_flow::InjectionStatus>,
 }
 
 fn nr(name: &str) -> usize {
@@ -159,7 +170,24 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         latency_p99_us: done.quantile(0.99).map(|v| v / 1e3),
         wake_share: (stall_ns > 0)
             .then(|| d(abi::C_OFFLOAD_WAKE_NS).min(stall_ns) as f64 / stall_ns as f64),
+        stall_hist_us: stall
+            .log2_buckets()
+            .into_iter()
+            .map(|(ns, c)| (ns / 1e3, c))
+            .collect(),
     };
+    // Per-thread deltas of the threads that waited on the offload.
+    let (mut offload_threads, mut offload_thread_vol) = (0usize, 0u64);
+    for (tid, t) in &cur.threads {
+        let before = prev.threads.get(tid);
+        let calls = t
+            .offload_calls
+            .saturating_sub(before.map_or(0, |b| b.offload_calls));
+        if calls > 0 {
+            offload_threads += 1;
+            offload_thread_vol += t.vol.saturating_sub(before.map_or(0, |b| b.vol));
+        }
+    }
     let futex = cur.futex.minus(&prev.futex);
     let futex_per_request = (requests > 0).then(|| {
         let r = requests as f64;
@@ -246,13 +274,37 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         threads_created,
         accepts,
         threads_per_accept: (accepts > 0).then(|| threads_created as f64 / accepts as f64),
+        offload_threads,
+        blocking_switches_per_request: (offload_calls > 0)
+            .then(|| offload_thread_vol as f64 / offload_calls as f64),
         io_uring_enters,
         io_uring_setups: calls(cur, prev, &["io_uring_setup"]),
         mux_waits,
         threads_missed: d(abi::C_THREADS_MISSED),
         verdict: classifier::classify(&evidence),
         runtime_counters: None,
+        model: None,
+        injection: None,
     }
+}
+
+/// A process under the runtime: its offloads go through libtoffload.so, which the
+/// uprobes do not time, so its requests come from the runtime's own counters.
+pub fn apply_runtime_counters(
+    w: &mut Window,
+    prev: Option<&crate::runtime_counters::RuntimeCounters>,
+    cur: Option<crate::runtime_counters::RuntimeCounters>,
+) {
+    if let (Some(p), Some(c)) = (prev, cur.as_ref()) {
+        let offloads = c.offloads.saturating_sub(p.offloads);
+        if w.offload.calls == 0 && offloads > 0 {
+            w.requests = offloads;
+            w.requests_per_sec = offloads as f64 / w.secs;
+            w.request_source = "runtime offloads";
+            w.cpu_per_request_us = Some(w.on_cpu_ms * 1e3 / offloads as f64);
+        }
+    }
+    w.runtime_counters = cur;
 }
 
 #[cfg(test)]

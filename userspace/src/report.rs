@@ -58,6 +58,11 @@ pub struct Final {
     pub threads: Vec<ThreadRow>,
     /// The busiest futex call stacks, frames as module+offset.
     pub futex_stacks: Vec<StackRow>,
+    /// The injection's last status, when one was made.
+    pub injection: Option<crate::inject_flow::InjectionStatus>,
+    /// How --inject ended: "injected", "refused", "failed" (original restored), "down",
+    /// "plan" (dry run); None without --inject.
+    pub inject_outcome: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -218,11 +223,87 @@ pub fn window_text(w: &Window, title: &str) -> String {
         );
     }
     let _ = writeln!(s, "  verdict: {} -- {}", w.verdict.label, w.verdict.because);
+    if let Some(a) = &w.model {
+        s += &model_text(a);
+    }
+    if let Some(st) = &w.injection {
+        s += &injection_text(st);
+    }
     s
+}
+
+pub fn inject_text(i: &crate::inject_flow::InjectEvent) -> String {
+    let mut s = format!("inject [{}] pid {}", i.action, i.old_pid);
+    if let Some(n) = i.new_pid {
+        let _ = write!(s, " -> {n}");
+    }
+    let _ = writeln!(s, ": {}", i.message);
+    let _ = writeln!(s, "  verdict: {}", i.verdict);
+    if let (Some(b), Some(p)) = (i.before_rps, i.predicted_speedup) {
+        let _ = writeln!(
+            s,
+            "  before {b:.0} req/s; predicted {p:.2}x{}",
+            i.predicted_rps
+                .map(|r| format!(" ({r:.0} req/s)"))
+                .unwrap_or_default()
+        );
+    }
+    if let Some(plan) = &i.plan {
+        s += plan;
+    }
+    s
+}
+
+pub fn model_text(a: &crate::model::Assessment) -> String {
+    let mut s = String::new();
+    match (&a.zero_edit, a.zero_edit_speedup) {
+        (Some(p), _) => {
+            let _ = writeln!(s, "  predicted (zero-edit): {}", p.summary());
+            let terms: Vec<String> = p.lines().iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let _ = writeln!(s, "    inputs: {}", terms.join("; "));
+        }
+        (None, Some(x)) => {
+            let _ = writeln!(s, "  predicted (zero-edit): {x:.2}x");
+        }
+        (None, None) => {}
+    }
+    if let Some(stop) = &a.stop {
+        let _ = writeln!(s, "  STOP: {stop}");
+    }
+    if let Some(r) = &a.recipe_text {
+        let _ = writeln!(s, "  minimal edit: {r}");
+    }
+    s
+}
+
+pub fn injection_text(st: &crate::inject_flow::InjectionStatus) -> String {
+    let f = |v: Option<f64>, unit: &str| {
+        v.map(|x| format!("{x:.2}{unit}"))
+            .unwrap_or_else(|| "-".into())
+    };
+    format!(
+        "  injected pid {} -> {}: before {:.0} req/s, after {} req/s ({} windows): measured {}, \
+         predicted {}, prediction error {}\n",
+        st.old_pid,
+        st.new_pid,
+        st.before_rps,
+        st.after_rps
+            .map(|x| format!("{x:.0}"))
+            .unwrap_or_else(|| "-".into()),
+        st.after_windows,
+        f(st.measured_speedup, "x"),
+        f(st.predicted_speedup, "x"),
+        st.prediction_error
+            .map(|e| format!("{:+.0}%", e * 100.0))
+            .unwrap_or_else(|| "-".into()),
+    )
 }
 
 pub fn final_text(f: &Final) -> String {
     let mut s = window_text(&f.total, &format!("TOTAL ({})", f.ended));
+    if let Some(st) = &f.injection {
+        s += &injection_text(st);
+    }
     for t in &f.threads {
         let _ = writeln!(
             s,

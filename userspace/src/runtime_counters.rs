@@ -9,8 +9,8 @@ use serde::Serialize;
 
 /// "TOFFLOAD" little-endian, and the layout version this reader knows.
 const MAGIC: u64 = u64::from_le_bytes(*b"TOFFLOAD");
-const VERSION: u64 = 1;
-const WORDS: usize = 16;
+const VERSION: u64 = 2;
+const WORDS: usize = 17;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct RuntimeCounters {
@@ -29,6 +29,8 @@ pub struct RuntimeCounters {
     pub guard_conflicts: u64,
     pub guard_serialized: u64,
     pub guard_released: u64,
+    /// "loading", "active" or "disabled" (a malformed knob or TOFFLOAD_FIBERIZE=off).
+    pub state: &'static str,
 }
 
 /// Decodes the block; None unless the magic and version match.
@@ -55,6 +57,11 @@ pub fn decode(w: &[u64; WORDS]) -> Option<RuntimeCounters> {
         guard_conflicts: w[13],
         guard_serialized: w[14],
         guard_released: w[15],
+        state: match w[16] {
+            1 => "active",
+            2 => "disabled",
+            _ => "loading",
+        },
     })
 }
 

@@ -1,17 +1,23 @@
 //! A watch from start to end: checks, load and attach, the calibration, then one
 //! window per interval until the duration passes, the process exits or the user
-//! interrupts; then the final report over the whole watch.
+//! interrupts; then the final report over the whole watch. With --inject (or the
+//! dashboard's key i) the watched server is restarted under the fiber runtime part
+//! way through, and the watch follows the new pid.
 
 use crate::calibrate;
 use crate::collector::{Collector, Snapshot};
 use crate::error::WatchError;
 use crate::futex::Layout;
+use crate::inject;
+use crate::inject_flow::{InjectEvent, InjectRequest, Tracker};
 use crate::loader::{self, Probes};
-use crate::metrics::{self, Context};
-use crate::report::{self, Final, Header, ThreadRow};
+use crate::metrics::{self, Context, Window};
+use crate::model;
+use crate::report::{Final, Header, ThreadRow};
+use crate::runtime_counters::{self, RuntimeCounters};
+use crate::sink::{Event, Sink, UserCmd};
 use crate::target::{self, AddressSpace};
 use aya::Ebpf;
-use std::io::Write;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug)]
@@ -22,6 +28,10 @@ pub struct Options {
     /// Share of each interval the programs are attached (1.0: always). Between bursts
     /// the watched process runs untraced; rates are per traced second.
     pub sample: f64,
+    /// --inject: restart the target under the runtime once the verdict is in.
+    pub inject: Option<InjectRequest>,
+    /// Options for an injection the dashboard asks for (key i).
+    pub interactive_inject: inject::Options,
 }
 
 /// Loaded, attached and filtering on `pid`; not yet reading.
@@ -68,14 +78,274 @@ impl Attached {
     }
 }
 
-/// Watches until the end; writes windows and the final report to `out`, and returns
-/// the final report.
-pub async fn run(
-    mut a: Attached,
-    opts: &Options,
-    out: &mut dyn Write,
-) -> Result<Final, WatchError> {
-    let pid = a.pid;
+/// One watched process: its programs, collector and the state windows are cut from.
+struct Tracked {
+    a: Attached,
+    collector: Collector,
+    header: Header,
+    layout: Layout,
+    baseline: Snapshot,
+    prev: Snapshot,
+    ctx: Context,
+    maps_len: usize,
+    counters_at: Option<u64>,
+    prev_rc: Option<RuntimeCounters>,
+    facts: model::inputs::TargetFacts,
+    /// Sampling: attached now, since when, traced time so far, the epoch.
+    on: bool,
+    on_since: Duration,
+    traced: Duration,
+    epoch: u64,
+}
+
+impl Tracked {
+    fn new(
+        mut a: Attached,
+        switch_us: Option<f64>,
+        started: Instant,
+    ) -> Result<Tracked, WatchError> {
+        let pid = a.pid;
+        let maps = target::maps(pid);
+        a.probe_files(&loader::mapped_files(&maps))?;
+        let mut collector = Collector::new(&mut a.bpf)?;
+        let header = Header {
+            pid,
+            comm: target::comm(pid),
+            exe: target::exe(pid)
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            runtime: target::runtime(pid),
+            probes: a.probes.clone(),
+            missing: a.missing.clone(),
+            context_switch_us: switch_us,
+        };
+        let layout = Layout::new(
+            AddressSpace::from_maps(&maps),
+            a.probes.offload_modules.clone(),
+        );
+        let first = collector.snapshot(0.0, &[pid], &layout);
+        // The baseline: whatever ran between attach and now counts from zero, so that a
+        // short-lived target (run mode) loses nothing.
+        let baseline = Snapshot {
+            t: 0.0,
+            threads: first.threads.clone(),
+            ..Snapshot::zero()
+        };
+        let ctx = Context {
+            runtime: header.runtime.clone(),
+            offload_probed: !a.probes.offload.is_empty(),
+        };
+        // Where libtoffload.so keeps its counters in the target, once it is mapped.
+        let counters_at = runtime_counters::locate(pid);
+        let prev_rc = counters_at.and_then(|at| runtime_counters::read(pid, at));
+        Ok(Tracked {
+            facts: model::inputs::TargetFacts::read(pid),
+            a,
+            collector,
+            header,
+            layout,
+            baseline,
+            prev: first,
+            ctx,
+            maps_len: maps.len(),
+            counters_at,
+            prev_rc,
+            on: true,
+            on_since: started.elapsed(),
+            traced: Duration::ZERO,
+            epoch: 1,
+        })
+    }
+
+    fn pid(&self) -> u32 {
+        self.a.pid
+    }
+
+    fn traced_now(&self, started: Instant) -> Duration {
+        self.traced
+            + if self.on {
+                started.elapsed().saturating_sub(self.on_since)
+            } else {
+                Duration::ZERO
+            }
+    }
+
+    /// Keeps the layout (mappings, new offload libraries) current while the process
+    /// lives, since a process that has exited has no mappings left to read.
+    fn refresh_maps(&mut self) {
+        if !self.on {
+            return;
+        }
+        let maps = target::maps(self.pid());
+        if !maps.is_empty() && maps.len() != self.maps_len {
+            self.maps_len = maps.len();
+            if let Err(e) = self.a.probe_files(&loader::mapped_files(&maps)) {
+                eprintln!("toffload-watch: {e}");
+            }
+            self.ctx.offload_probed = !self.a.probes.offload.is_empty();
+            self.counters_at = runtime_counters::locate(self.pid());
+            self.layout = Layout::new(
+                AddressSpace::from_maps(&maps),
+                self.a.probes.offload_modules.clone(),
+            );
+        }
+    }
+
+    fn read_counters(&self) -> Option<RuntimeCounters> {
+        self.counters_at
+            .and_then(|at| runtime_counters::read(self.pid(), at))
+    }
+
+    /// The window since the last one, with the runtime's counters and the model.
+    fn window(&mut self, started: Instant) -> Window {
+        let t = self.traced_now(started);
+        let cur = self
+            .collector
+            .snapshot(t.as_secs_f64(), &[self.pid()], &self.layout);
+        let mut w = metrics::window(&self.prev, &cur, &self.ctx);
+        let rc = self.read_counters();
+        metrics::apply_runtime_counters(&mut w, self.prev_rc.as_ref(), rc);
+        self.prev_rc = rc;
+        self.prev = cur;
+        w.model = self.assess(&w);
+        w
+    }
+
+    /// The model runs on stock servers only: under the runtime its inputs are gone.
+    fn assess(&self, w: &Window) -> Option<model::Assessment> {
+        if w.runtime_counters.is_some() || w.requests == 0 {
+            return None;
+        }
+        let inputs = model::inputs::from_window(w, self.header.context_switch_us, &self.facts);
+        let inputs = inputs.unwrap_or(model::Inputs {
+            stock_rps: w.requests_per_sec,
+            latency_us: 0.0,
+            cpu_per_request_us: w.cpu_per_request_us.unwrap_or(0.0),
+            spin: false,
+            connections: w.offload_threads.max(1) as f64,
+            cores: self.facts.cores.max(1) as f64,
+            carriers: 1.0,
+            switch_us: self.header.context_switch_us.unwrap_or(0.0),
+            blocking_switches_per_request: 0.0,
+            device_rps: None,
+        });
+        let kind =
+            if inputs.latency_us == 0.0 && w.verdict.kind == crate::classifier::Kind::Fiberizable {
+                // No offload to overlap: a prediction would be noise.
+                return Some(model::Assessment {
+                    zero_edit: None,
+                    zero_edit_speedup: None,
+                    stop: Some("no offload call seen: nothing to overlap".into()),
+                    recipe: None,
+                    recipe_speedup: None,
+                    recipe_text: None,
+                });
+            } else {
+                w.verdict.kind
+            };
+        Some(model::assess(
+            kind,
+            &inputs,
+            &self.header.comm,
+            Some(self.header.runtime.kind),
+        ))
+    }
+
+    /// Sampling: detach for the rest of the interval after the burst.
+    fn maybe_pause(
+        &mut self,
+        started: Instant,
+        window_start: Duration,
+        burst: Duration,
+    ) -> Result<(), WatchError> {
+        let elapsed = started.elapsed();
+        if self.on && elapsed >= window_start + burst {
+            loader::set_epoch(&mut self.a.bpf, None)?;
+            loader::detach(&mut self.a.bpf, &mut self.a.links);
+            self.traced += elapsed.saturating_sub(self.on_since);
+            self.on = false;
+        }
+        Ok(())
+    }
+
+    fn resume(&mut self, started: Instant) -> Result<(), WatchError> {
+        if self.on {
+            return Ok(());
+        }
+        self.epoch += 1;
+        let (_, links) = loader::attach_tracepoints(&mut self.a.bpf, self.a.raw_sched)?;
+        self.a.links.extend(links);
+        loader::reattach_uprobes(
+            &mut self.a.bpf,
+            self.a.pid,
+            &self.a.probes,
+            &mut self.a.links,
+        )?;
+        // After the tracepoints, so an offload is never timed without them.
+        loader::set_epoch(&mut self.a.bpf, Some(self.epoch))?;
+        self.on = true;
+        self.on_since = started.elapsed();
+        Ok(())
+    }
+
+    fn final_report(&mut self, started: Instant, ended: &str) -> Final {
+        // A last read, so that what happened since the last window (or up to the exit)
+        // counts.
+        let t = self.traced_now(started);
+        let mut last = self
+            .collector
+            .snapshot(t.as_secs_f64(), &[self.pid()], &self.layout);
+        if last.live_threads == 0 {
+            last.live_threads = self.prev.live_threads;
+        }
+        let mut total = metrics::window(&self.baseline, &last, &self.ctx);
+        let rc = self.read_counters();
+        // Over the whole watch of this pid, the runtime's counters count from zero.
+        metrics::apply_runtime_counters(
+            &mut total,
+            rc.map(|_| RuntimeCounters::default()).as_ref(),
+            rc,
+        );
+        total.model = self.assess(&total);
+        let mut threads: Vec<ThreadRow> = last
+            .threads
+            .iter()
+            .map(|(&tid, t)| ThreadRow::from(tid, t))
+            .collect();
+        let pid = self.pid();
+        threads.sort_by_key(|t| (t.tid != pid, std::cmp::Reverse(t.voluntary + t.involuntary)));
+        threads.truncate(20);
+        let futex_stacks = last
+            .futex_stacks
+            .iter()
+            .map(|(calls, frames)| crate::report::StackRow {
+                calls: *calls,
+                frames: crate::report::symbolize(&self.layout.space, frames),
+            })
+            .collect();
+        Final {
+            ended: ended.to_string(),
+            total,
+            threads,
+            futex_stacks,
+            injection: None,
+            inject_outcome: None,
+        }
+    }
+}
+
+/// Where an injection stands in this watch.
+#[derive(Default)]
+struct InjectState {
+    tracker: Tracker,
+    /// "injected", "refused", "failed", "down", "plan".
+    outcome: Option<&'static str>,
+    /// The relaunched process (kept so that it is reaped if it dies during the watch).
+    child: Option<inject::Relaunched>,
+}
+
+/// Watches until the end; renders through `sink` and returns the final report.
+pub async fn run(a: Attached, opts: &Options, sink: &mut dyn Sink) -> Result<Final, WatchError> {
     // Installed first (before "attached" is announced) and once, so that a signal
     // arriving at any point, even between two polls, ends the watch with a report.
     let signal = |kind| {
@@ -84,117 +354,75 @@ pub async fn run(
     };
     let mut sigint = signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut sigterm = signal(tokio::signal::unix::SignalKind::terminate())?;
-    let maps = target::maps(pid);
-    a.probe_files(&loader::mapped_files(&maps))?;
-    let mut collector = Collector::new(&mut a.bpf)?;
-    let header = Header {
-        pid,
-        comm: target::comm(pid),
-        exe: target::exe(pid)
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        runtime: target::runtime(pid),
-        probes: a.probes.clone(),
-        missing: a.missing.clone(),
-        context_switch_us: calibrate::context_switch_us(2000),
-    };
-    emit(out, opts.json, "header", &header, || {
-        report::header_text(&header)
-    })?;
+    let started = Instant::now();
+    let switch_us = calibrate::context_switch_us(2000);
+    let mut tr = Tracked::new(a, switch_us, started)?;
+    sink.emit(Event::Header(&tr.header))?;
     // Tests and scripts wait for this line before loading the target.
-    eprintln!("toffload-watch: attached to pid {pid}");
+    eprintln!("toffload-watch: attached to pid {}", tr.pid());
 
-    let start = Instant::now();
-    let mut layout = Layout::new(
-        AddressSpace::from_maps(&maps),
-        a.probes.offload_modules.clone(),
-    );
-    let first = collector.snapshot(0.0, &[pid], &layout);
-    // The baseline: whatever ran between attach and now counts from zero, so that a
-    // short-lived target (run mode) loses nothing.
-    let baseline = Snapshot {
-        t: 0.0,
-        threads: first.threads.clone(),
-        ..Snapshot::zero()
-    };
-    let mut prev = first;
-    let mut ctx = Context {
-        runtime: header.runtime.clone(),
-        offload_probed: !a.probes.offload.is_empty(),
-    };
-    // A short poll: notices the exit quickly, and keeps the layout (mappings, new
-    // offload libraries) current while the process lives, since a process that has
-    // exited has no mappings left to read.
+    // A short poll: notices the exit and the user's keys quickly.
     let poll = Duration::from_millis(20);
     let mut next_window = opts.interval;
-    let mut maps_len = maps.len();
-    // Where libtoffload.so keeps its counters in the target, once it is mapped.
-    let mut counters_at = crate::runtime_counters::locate(pid);
-    // Sampling: attached for the first `sample` share of each interval. The clock
-    // the windows use counts traced time only.
     let sampled = opts.sample < 1.0;
     let burst = opts.interval.mul_f64(opts.sample.clamp(0.01, 1.0));
-    let (mut on, mut on_since, mut traced) = (true, start.elapsed(), Duration::ZERO);
-    let mut epoch = 1u64;
-    let traced_now = |on: bool, on_since: Duration, traced: Duration| {
-        traced
-            + if on {
-                start.elapsed().saturating_sub(on_since)
-            } else {
-                Duration::ZERO
-            }
-    };
+    let mut inj = InjectState::default();
     let ended;
     loop {
-        let elapsed = start.elapsed();
-        if sampled && on && elapsed >= next_window.saturating_sub(opts.interval) + burst {
-            loader::set_epoch(&mut a.bpf, None)?;
-            loader::detach(&mut a.bpf, &mut a.links);
-            traced += elapsed.saturating_sub(on_since);
-            on = false;
+        if sampled {
+            tr.maybe_pause(started, next_window.saturating_sub(opts.interval), burst)?;
         }
         if let Some(d) = opts.duration {
-            if elapsed >= d {
+            if started.elapsed() >= d {
                 ended = "duration";
                 break;
             }
         }
-        if !target::alive(pid) {
+        if !target::alive(tr.pid()) {
             ended = "process exited";
             break;
         }
-        let maps = if on { target::maps(pid) } else { Vec::new() };
-        if !maps.is_empty() && maps.len() != maps_len {
-            maps_len = maps.len();
-            if let Err(e) = a.probe_files(&loader::mapped_files(&maps)) {
-                eprintln!("toffload-watch: {e}");
-            }
-            ctx.offload_probed = !a.probes.offload.is_empty();
-            counters_at = crate::runtime_counters::locate(pid);
-            layout = Layout::new(
-                AddressSpace::from_maps(&maps),
-                a.probes.offload_modules.clone(),
-            );
-        }
-        if elapsed >= next_window {
+        tr.refresh_maps();
+        let mut inject_now: Option<inject::Options> = None;
+        if started.elapsed() >= next_window {
             next_window += opts.interval;
-            let t = traced_now(on, on_since, traced);
-            let cur = collector.snapshot(t.as_secs_f64(), &[pid], &layout);
-            let mut w = metrics::window(&prev, &cur, &ctx);
-            w.runtime_counters = counters_at.and_then(|at| crate::runtime_counters::read(pid, at));
-            emit(out, opts.json, "window", &w, || {
-                report::window_text(&w, "window")
-            })?;
-            prev = cur;
-            if !on {
-                epoch += 1;
-                let (_, links) = loader::attach_tracepoints(&mut a.bpf, a.raw_sched)?;
-                a.links.extend(links);
-                loader::reattach_uprobes(&mut a.bpf, pid, &a.probes, &mut a.links)?;
-                // After the tracepoints, so an offload is never timed without them.
-                loader::set_epoch(&mut a.bpf, Some(epoch))?;
-                on = true;
-                on_since = start.elapsed();
+            let mut w = tr.window(started);
+            if inj.tracker.status.is_some() {
+                w.injection = inj.tracker.after(&w);
+            } else {
+                inj.tracker.stock(&w);
+            }
+            sink.emit(Event::Window(&w))?;
+            if sampled {
+                tr.resume(started)?;
+            }
+            if let Some(req) = &opts.inject {
+                if inj.outcome.is_none() && inj.tracker.windows_seen() >= req.after_windows {
+                    inject_now = Some(req.opts.clone());
+                }
+            }
+        }
+        match sink.poll() {
+            Some(UserCmd::Quit) => {
+                ended = "quit";
+                break;
+            }
+            Some(UserCmd::Inject) if inj.outcome.is_none() || inj.outcome == Some("plan") => {
+                inject_now = Some(opts.interactive_inject.clone());
+            }
+            Some(UserCmd::Inject) => sink.status("already injected in this watch"),
+            None => {}
+        }
+        if let Some(io) = inject_now {
+            match do_inject(&mut tr, &mut inj, &io, sink, started, switch_us)? {
+                Step::Continue => {
+                    // Windows restart from the injection.
+                    next_window = started.elapsed() + opts.interval;
+                }
+                Step::End(why) => {
+                    ended = why;
+                    break;
+                }
             }
         }
         tokio::select! {
@@ -203,56 +431,148 @@ pub async fn run(
             _ = sigterm.recv() => { ended = "terminated"; break; }
         }
     }
-    // A last read, so that what happened since the last window (or up to the exit)
-    // counts.
-    let t = traced_now(on, on_since, traced);
-    let mut last = collector.snapshot(t.as_secs_f64(), &[pid], &layout);
-    if last.live_threads == 0 {
-        last.live_threads = prev.live_threads;
-    }
-    let mut total = metrics::window(&baseline, &last, &ctx);
-    total.runtime_counters = counters_at.and_then(|at| crate::runtime_counters::read(pid, at));
-    let mut threads: Vec<ThreadRow> = last
-        .threads
-        .iter()
-        .map(|(&tid, t)| ThreadRow::from(tid, t))
-        .collect();
-    threads.sort_by_key(|t| (t.tid != pid, std::cmp::Reverse(t.voluntary + t.involuntary)));
-    threads.truncate(20);
-    let futex_stacks = last
-        .futex_stacks
-        .iter()
-        .map(|(calls, frames)| report::StackRow {
-            calls: *calls,
-            frames: report::symbolize(&layout.space, frames),
-        })
-        .collect();
-    let fin = Final {
-        ended: ended.to_string(),
-        total,
-        threads,
-        futex_stacks,
-    };
+    let mut fin = tr.final_report(started, ended);
+    fin.injection = inj.tracker.status.clone();
+    fin.inject_outcome = inj.outcome.map(str::to_string);
     if ended == "process exited" {
-        eprintln!("toffload-watch: pid {pid} exited; final report follows");
+        eprintln!(
+            "toffload-watch: pid {} exited; final report follows",
+            tr.pid()
+        );
     }
-    emit(out, opts.json, "final", &fin, || report::final_text(&fin))?;
+    sink.emit(Event::Final(&fin))?;
+    // A relaunched server outlives the watch: the child handle is dropped, not killed.
+    drop(inj.child.take());
     Ok(fin)
 }
 
-fn emit<T: serde::Serialize>(
-    out: &mut dyn Write,
-    json: bool,
-    key: &str,
-    v: &T,
-    text: impl FnOnce() -> String,
-) -> Result<(), WatchError> {
-    let s = if json {
-        report::json_line(key, v) + "\n"
-    } else {
-        text()
+enum Step {
+    Continue,
+    End(&'static str),
+}
+
+fn event(tr: &Tracked, inj: &InjectState, action: &'static str, message: String) -> InjectEvent {
+    let (predicted_speedup, predicted_rps) = inj.tracker.predicted();
+    InjectEvent {
+        action,
+        old_pid: tr.pid(),
+        new_pid: None,
+        verdict: inj.tracker.verdict_text(),
+        message,
+        before_rps: inj.tracker.before_rps(),
+        predicted_speedup,
+        predicted_rps,
+        plan: None,
+    }
+}
+
+fn do_inject(
+    tr: &mut Tracked,
+    inj: &mut InjectState,
+    io: &inject::Options,
+    sink: &mut dyn Sink,
+    started: Instant,
+    switch_us: Option<f64>,
+) -> Result<Step, WatchError> {
+    let interactive = sink.interactive();
+    if let Err(why) = inj.tracker.decide(io.force) {
+        let e = event(
+            tr,
+            inj,
+            "refused",
+            format!("not injecting: {why} (--force overrides)"),
+        );
+        sink.emit(Event::Inject(&e))?;
+        inj.outcome = Some("refused");
+        return Ok(if interactive {
+            Step::Continue
+        } else {
+            Step::End("injection refused")
+        });
+    }
+    let plan = match inject::plan(tr.pid(), io) {
+        Ok(p) => p,
+        Err(why) => {
+            let e = event(tr, inj, "refused", format!("cannot inject: {why}"));
+            sink.emit(Event::Inject(&e))?;
+            inj.outcome = Some("refused");
+            return Ok(if interactive {
+                Step::Continue
+            } else {
+                Step::End("injection refused")
+            });
+        }
     };
-    out.write_all(s.as_bytes())
-        .and_then(|_| out.flush())
-        .map_err(|e| WatchError::Other(format!("writing the report: {e}")))
+    if io.dry_run {
+        let mut e = event(tr, inj, "plan", "dry run: nothing was changed".into());
+        e.plan = Some(plan.describe());
+        sink.emit(Event::Inject(&e))?;
+        inj.outcome = Some("plan");
+        return Ok(Step::Continue);
+    }
+    sink.status(&format!(
+        "injecting the fiber runtime into pid {}...",
+        tr.pid()
+    ));
+    let old = tr.pid();
+    match inject::execute(&plan, io) {
+        Ok(rel) => {
+            let new_pid = rel.pid;
+            inj.tracker.injected(old, new_pid);
+            let mut e = event(
+                tr,
+                inj,
+                "injected",
+                format!(
+                    "pid {old} restarted under {} as pid {new_pid}; listening again",
+                    plan.runtime.display()
+                ),
+            );
+            e.new_pid = Some(new_pid);
+            inj.child = Some(rel);
+            inj.outcome = Some("injected");
+            follow(tr, new_pid, started, switch_us)?;
+            sink.emit(Event::Inject(&e))?;
+            sink.emit(Event::Header(&tr.header))?;
+            Ok(Step::Continue)
+        }
+        Err(f) => {
+            let (action, new_pid, msg) = match &f {
+                inject::Failure::NotStarted(_) => ("refused", None, f.to_string()),
+                inject::Failure::Restored { restored, .. } => {
+                    ("failed", Some(restored.pid), f.to_string())
+                }
+                inject::Failure::Down { .. } => ("down", None, f.to_string()),
+            };
+            let mut e = event(tr, inj, action, msg);
+            e.new_pid = new_pid;
+            inj.outcome = Some(action);
+            if let inject::Failure::Restored { restored, .. } = f {
+                let pid = restored.pid;
+                inj.child = Some(restored);
+                follow(tr, pid, started, switch_us)?;
+                sink.emit(Event::Inject(&e))?;
+                sink.emit(Event::Header(&tr.header))?;
+            } else {
+                sink.emit(Event::Inject(&e))?;
+            }
+            Ok(match action {
+                "down" => Step::End("server down"),
+                "refused" if !interactive => Step::End("injection refused"),
+                _ => Step::Continue,
+            })
+        }
+    }
+}
+
+/// Moves the watch to `pid`: fresh programs filtered on it.
+fn follow(
+    tr: &mut Tracked,
+    pid: u32,
+    started: Instant,
+    switch_us: Option<f64>,
+) -> Result<(), WatchError> {
+    let a = attach(pid)?;
+    *tr = Tracked::new(a, switch_us, started)?;
+    Ok(())
 }

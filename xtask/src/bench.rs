@@ -27,6 +27,12 @@ pub enum Which {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// The model: predicted vs measured zero-edit speedup over a sweep (needs root).
+    Model {
+        /// Extra arguments for toffload-model-bench (--runs N, --secs S, --points N).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
     /// toffload-watch's overhead: watched vs unwatched server throughput (needs root).
     Watch {
         /// Extra arguments for the benchmark binary (--runs N, --secs S).
@@ -72,6 +78,16 @@ pub fn run(which: Which) -> Result {
                     .args(["--runs", "5", "--secs", "1.5", "--switch", "--idle"])
                     .arg("--out")
                     .arg(&out)
+                    .args(&args)
+                    .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist")),
+            )
+        }
+        Which::Model { args } => {
+            let dist = crate::build::all()?;
+            proc::run(
+                Command::new(dist.bin.join("toffload-model-bench"))
+                    .arg("--out")
+                    .arg(paths::results().join("model.md"))
                     .args(&args)
                     .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist")),
             )

@@ -40,6 +40,8 @@ fn c_sources(rel: &str) -> Result<Vec<String>> {
 const RUST_BINS: &[&str] = &[
     "toffload-load",
     "toffload-demo",
+    "toffload-story",
+    "toffload-model-bench",
     "toffload-guard-bench",
     "toffload-watch",
 ];
@@ -52,20 +54,9 @@ pub fn all() -> Result<Dist> {
     crate::setup::system_packages()?;
     // First, so that toffload-watch below embeds a fresh object.
     crate::ebpf::build()?;
-    proc::run(proc::cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "toffload-accel",
-        "-p",
-        "toffload-tests",
-        "-p",
-        "toffload-watch",
-        "--lib",
-        "--bins",
-    ]))?;
     // The runtime's staticlib, with its interposers (feature preload), built on its
-    // own so that the workspace's test build never links them into a test binary.
+    // own so that the workspace's test build never links them into a test binary; and
+    // linked before toffload-watch is built, which bundles libtoffload.so.
     proc::run(proc::cargo().args([
         "build",
         "--release",
@@ -81,6 +72,19 @@ pub fn all() -> Result<Dist> {
         fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
     }
     let release = paths::release();
+    link_runtime(&release, &lib)?;
+    proc::run(proc::cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "toffload-accel",
+        "-p",
+        "toffload-tests",
+        "-p",
+        "toffload-watch",
+        "--lib",
+        "--bins",
+    ]))?;
     install(&release.join("libtoffload_accel.so"), &lib)?;
     install(
         &paths::root().join("backends/include/toffload_accel.h"),
@@ -89,7 +93,6 @@ pub fn all() -> Result<Dist> {
     for b in RUST_BINS {
         install(&release.join(b), &bin)?;
     }
-    link_runtime(&release, &lib)?;
     for s in SERVERS {
         compile_server(s, &bin, &lib, &include)?;
     }

@@ -1,12 +1,17 @@
-//! `cargo xtask demo`: build, then run the demo binary (tests/src/bin/toffload-demo.rs)
-//! from the dist folder; the demo itself lives with the harness it drives.
+//! `cargo xtask demo`: build, then run the story (tests/src/bin/toffload-story.rs:
+//! watch, predict, inject, measure) from the dist folder; `--table` runs the stock vs
+//! runtime table instead (tests/src/bin/toffload-demo.rs). Both live with the harness
+//! they drive.
 
 use crate::proc::{self, Result};
 use std::process::Command;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Arguments for toffload-demo (see `cargo xtask demo -- --help`).
+    /// The stock vs runtime table over a latency sweep instead of the story.
+    #[arg(long)]
+    table: bool,
+    /// Arguments for toffload-story, or with --table toffload-demo (`-- --help`).
     #[arg(last = true)]
     args: Vec<String>,
 }
@@ -14,8 +19,12 @@ pub struct Args {
 pub fn run(a: &Args) -> Result {
     let dist = crate::build::all()?;
     proc::run(
-        Command::new(dist.bin.join("toffload-demo"))
-            .args(&a.args)
-            .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist")),
+        Command::new(dist.bin.join(if a.table {
+            "toffload-demo"
+        } else {
+            "toffload-story"
+        }))
+        .args(&a.args)
+        .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist")),
     )
 }

@@ -1,0 +1,280 @@
+//! `cargo xtask bench model`: the model against measurement. For each point of a
+//! sweep (offload latency, connections, per-request CPU, wait style, lanes) a stock
+//! conn_server is watched by toffload-watch, whose window gives the verdict and the
+//! predicted zero-edit speedup; then the same point is measured unwatched, stock and
+//! under libtoffload.so, and the measured speedup is set beside the prediction.
+//! Server on core 0, load generator (and watcher) on core 1. Needs root (BPF).
+
+use clap::Parser;
+use serde_json::Value;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use toffload_tests::harness::{self, Server, ServerSpec};
+use toffload_tests::load::{self, Config};
+
+#[derive(Parser)]
+#[command(
+    name = "toffload-model-bench",
+    about = "the model's predictions against measured speedups"
+)]
+struct Args {
+    /// Measured seconds per run.
+    #[arg(long, default_value_t = 2.0)]
+    secs: f64,
+    /// Runs per point (medians).
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    /// Only the first N points (quick checks).
+    #[arg(long)]
+    points: Option<usize>,
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy)]
+struct Point {
+    lat: u32,
+    conns: usize,
+    cpu_us: u32,
+    wait: &'static str,
+    lanes: u32,
+}
+
+const fn p(lat: u32, conns: usize, cpu_us: u32, wait: &'static str, lanes: u32) -> Point {
+    Point {
+        lat,
+        conns,
+        cpu_us,
+        wait,
+        lanes,
+    }
+}
+
+const POINTS: &[Point] = &[
+    p(20, 64, 0, "block", 64),
+    p(200, 64, 0, "block", 64),
+    p(1000, 64, 0, "block", 64),
+    p(2000, 64, 0, "block", 64),
+    p(200, 8, 0, "block", 64),
+    p(1000, 8, 0, "block", 64),
+    p(2000, 8, 0, "block", 64),
+    p(200, 64, 50, "block", 64),
+    p(1000, 64, 200, "block", 64),
+    p(200, 64, 0, "spin", 64),
+    p(1000, 64, 0, "spin", 64),
+    p(1000, 8, 0, "spin", 64),
+    p(500, 64, 0, "block", 4),
+    // Behind the wall: CPU per request above the offload.
+    p(100, 64, 200, "block", 64),
+    p(200, 64, 400, "block", 64),
+];
+
+fn spec(pt: Point, runtime: bool) -> Result<ServerSpec, String> {
+    let mut s = ServerSpec::new("conn_server")
+        .arg("--cpu-us")
+        .arg(pt.cpu_us.to_string())
+        .env("TOFFLOAD_EMU_LAT_US", pt.lat.to_string())
+        .env("TOFFLOAD_EMU_LANES", pt.lanes.to_string())
+        .env("TOFFLOAD_WAIT", pt.wait)
+        .cpu((harness::cpus() >= 2).then_some(0));
+    if runtime {
+        let lib = harness::dist().join("lib/libtoffload.so");
+        if !lib.exists() {
+            return Err(format!(
+                "{} missing: run `cargo xtask build`",
+                lib.display()
+            ));
+        }
+        s = s.env("LD_PRELOAD", lib.display().to_string());
+    }
+    Ok(s)
+}
+
+fn drive(port: u16, conns: usize, secs: f64) -> Result<load::Report, String> {
+    let mut c = Config::new(port);
+    c.conns = conns;
+    c.duration = Duration::from_secs_f64(secs);
+    c.warmup = Duration::from_millis(400);
+    let r = load::run(&c).map_err(|e| e.to_string())?;
+    if r.wrong > 0 {
+        return Err(format!("{} wrong answers", r.wrong));
+    }
+    Ok(r)
+}
+
+/// Unwatched requests/s.
+fn measure(pt: Point, runtime: bool, secs: f64) -> Result<f64, String> {
+    let server = Server::start(&spec(pt, runtime)?)?;
+    let r = drive(server.port, pt.conns, secs)?;
+    drop(server);
+    Ok(r.requests_per_sec)
+}
+
+struct Watched {
+    verdict: String,
+    predicted: Option<f64>,
+    binding: String,
+    stop: bool,
+    watched_rps: f64,
+}
+
+/// The stock server under the watcher: the last full window's verdict and model.
+fn watched(pt: Point, secs: f64) -> Result<Watched, String> {
+    let server = Server::start(&spec(pt, false)?)?;
+    let port = server.port;
+    let conns = pt.conns;
+    let total = secs + 1.0;
+    let bg = std::thread::spawn(move || drive(port, conns, total));
+    std::thread::sleep(Duration::from_millis(300));
+    let out = Command::new(harness::bin("toffload-watch")?)
+        .args(["--json", "--interval"])
+        .arg(format!("{:.2}s", secs / 2.0))
+        .arg("--duration")
+        .arg(format!("{secs}s"))
+        .arg("--pid")
+        .arg(server.pid().to_string())
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|e| format!("toffload-watch: {e}"))?;
+    let _ = bg.join().map_err(|_| "load thread panicked")??;
+    drop(server);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let best = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v.get("window").cloned())
+        .filter(|w| w["requests"].as_u64().unwrap_or(0) > 0)
+        .max_by(|a, b| {
+            let r = |w: &Value| w["secs"].as_f64().unwrap_or(0.0);
+            r(a).total_cmp(&r(b))
+        })
+        .ok_or("no window with requests")?;
+    let m = &best["model"];
+    Ok(Watched {
+        verdict: best["verdict"]["kind"].as_str().unwrap_or("-").to_string(),
+        predicted: m["zero_edit_speedup"].as_f64(),
+        binding: m["zero_edit"]["binding"]
+            .as_str()
+            .unwrap_or("-")
+            .to_string(),
+        stop: !m["stop"].is_null(),
+        watched_rps: best["requests_per_sec"].as_f64().unwrap_or(0.0),
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn main() {
+    let a = Args::parse();
+    if let Err(e) = run(&a) {
+        eprintln!("toffload-model-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(a: &Args) -> Result<(), String> {
+    // SAFETY: no arguments.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("needs root: the predictions come from toffload-watch (eBPF)".into());
+    }
+    if harness::cpus() >= 2 {
+        harness::pin_current_thread(1).map_err(|e| format!("pinning: {e}"))?;
+    }
+    let points = &POINTS[..a.points.unwrap_or(POINTS.len()).min(POINTS.len())];
+    let mut table = String::new();
+    let _ = writeln!(
+        table,
+        "| latency us | conns | cpu us | wait | lanes | verdict | watched stock req/s | stock req/s | runtime req/s | measured | predicted | binding | stop | error |\n|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---|---|---:|"
+    );
+    let mut errors = Vec::new();
+    let mut behind_ok = true;
+    for &pt in points {
+        let mut w_runs = Vec::new();
+        let (mut stock, mut rt) = (Vec::new(), Vec::new());
+        for _ in 0..a.runs {
+            w_runs.push(watched(pt, a.secs)?);
+            stock.push(measure(pt, false, a.secs)?);
+            rt.push(measure(pt, true, a.secs)?);
+        }
+        let (stock, rt) = (median(stock), median(rt));
+        let measured = rt / stock;
+        let preds: Vec<f64> = w_runs.iter().filter_map(|w| w.predicted).collect();
+        let predicted = (!preds.is_empty()).then(|| median(preds));
+        let w = &w_runs[w_runs.len() / 2];
+        let err = predicted.map(|p| p / measured - 1.0);
+        let behind = w.verdict == "behind_wall";
+        if behind && predicted.is_some_and(|p| p >= 1.10) {
+            behind_ok = false;
+        }
+        if let Some(e) = err {
+            errors.push(e.abs());
+        }
+        let row =
+            format!(
+            "| {} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.2}x | {} | {} | {} | {} |",
+            pt.lat,
+            pt.conns,
+            pt.cpu_us,
+            pt.wait,
+            pt.lanes,
+            w.verdict,
+            w.watched_rps,
+            stock,
+            rt,
+            measured,
+            predicted.map(|p| format!("{p:.2}x")).unwrap_or_else(|| "-".into()),
+            w.binding,
+            if w.stop { "stop" } else { "" },
+            err.map(|e| format!("{:+.0}%", e * 100.0)).unwrap_or_else(|| "-".into()),
+        );
+        println!("{row}");
+        let _ = writeln!(table, "{row}");
+    }
+    let med = median(errors.clone());
+    let worst = errors.iter().cloned().fold(0.0, f64::max);
+    let summary = format!(
+        "\nMedian absolute error {:.0}% (target <= 15%: {}), worst {:.0}% (target <= 35%: {}), \
+         behind-wall points predicted as no gain (< 1.10x): {}. {} points, {} run(s) each, {:.1} s \
+         per run; load average {}.\n",
+        med * 100.0,
+        if med <= 0.15 { "met" } else { "NOT met" },
+        worst * 100.0,
+        if worst <= 0.35 { "met" } else { "NOT met" },
+        if behind_ok { "yes" } else { "NO" },
+        points.len(),
+        a.runs,
+        a.secs,
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    println!("{summary}");
+    if let Some(out) = &a.out {
+        let doc = format!(
+            "# The model against measurement\n\n`cargo xtask bench model` \
+             (tests/src/bin/toffload-model-bench.rs): conn_server on the emulated device, server \
+             on core 0, load generator and watcher on core 1. \"watched stock\" is the rate while \
+             toffload-watch traced it (its probes cost the server CPU); \"stock\" and \"runtime\" \
+             are unwatched runs; measured = runtime / stock; predicted = the watcher's zero-edit \
+             speedup from the stock window; error = predicted / measured - 1.\n\n{table}{summary}"
+        );
+        std::fs::write(out, doc).map_err(|e| format!("{}: {e}", out.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,172 @@
+//! The injection inside a watch: which windows count as "before", when the decision is
+//! taken and on what verdict, and the measured "after" next to the prediction.
+
+use crate::classifier::Kind;
+use crate::metrics::Window;
+use crate::model::Assessment;
+use serde::Serialize;
+
+/// `--inject`: what to do and after how many windows with requests.
+#[derive(Clone, Debug)]
+pub struct InjectRequest {
+    pub opts: crate::inject::Options,
+    pub after_windows: usize,
+}
+
+/// One injection step, as reported (JSON key "inject").
+#[derive(Clone, Debug, Serialize)]
+pub struct InjectEvent {
+    /// "plan" (dry run), "refused", "injected", "failed" (original restored), "down".
+    pub action: &'static str,
+    pub old_pid: u32,
+    pub new_pid: Option<u32>,
+    pub verdict: String,
+    pub message: String,
+    pub before_rps: Option<f64>,
+    pub predicted_speedup: Option<f64>,
+    pub predicted_rps: Option<f64>,
+    /// The dry run's plan, every step.
+    pub plan: Option<String>,
+}
+
+/// Before/after, carried in every window after the injection and in the final report.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct InjectionStatus {
+    pub old_pid: u32,
+    pub new_pid: u32,
+    pub before_rps: f64,
+    pub predicted_speedup: Option<f64>,
+    pub predicted_rps: Option<f64>,
+    /// Median requests/s of the windows after the first one under the runtime.
+    pub after_rps: Option<f64>,
+    pub measured_speedup: Option<f64>,
+    /// predicted / measured - 1.
+    pub prediction_error: Option<f64>,
+    pub after_windows: usize,
+}
+
+pub fn median(v: &[f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let n = s.len();
+    Some(if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    })
+}
+
+/// Follows a watch's windows around an injection.
+#[derive(Default)]
+pub struct Tracker {
+    before: Vec<f64>,
+    verdict: Option<(Kind, String)>,
+    assessment: Option<Assessment>,
+    after: Vec<f64>,
+    seen_after: usize,
+    pub status: Option<InjectionStatus>,
+}
+
+impl Tracker {
+    /// A window of the stock server. Idle windows say nothing about the verdict.
+    pub fn stock(&mut self, w: &Window) {
+        if w.requests == 0 || w.verdict.kind == Kind::Undecided {
+            return;
+        }
+        self.before.push(w.requests_per_sec);
+        // Keep the recent past: a server warming up is not what is injected.
+        if self.before.len() > 5 {
+            self.before.remove(0);
+        }
+        self.verdict = Some((
+            w.verdict.kind,
+            format!("{} -- {}", w.verdict.label, w.verdict.because),
+        ));
+        self.assessment = w.model.clone();
+    }
+
+    pub fn windows_seen(&self) -> usize {
+        self.before.len()
+    }
+
+    pub fn verdict_text(&self) -> String {
+        self.verdict
+            .as_ref()
+            .map(|v| v.1.clone())
+            .unwrap_or_else(|| "undecided (no requests seen yet)".into())
+    }
+
+    /// Ok when injecting makes sense (or is forced), else why not.
+    pub fn decide(&self, force: bool) -> Result<(), String> {
+        match &self.verdict {
+            None if force => Ok(()),
+            None => Err("no requests seen yet: the verdict is undecided".into()),
+            Some((Kind::Fiberizable, _)) => Ok(()),
+            Some(_) if force => Ok(()),
+            Some((_, why)) => Err(format!("the verdict is {why}")),
+        }
+    }
+
+    pub fn before_rps(&self) -> Option<f64> {
+        median(&self.before)
+    }
+
+    pub fn predicted(&self) -> (Option<f64>, Option<f64>) {
+        let z = self.assessment.as_ref().and_then(|a| a.zero_edit.as_ref());
+        (
+            self.assessment.as_ref().and_then(|a| a.zero_edit_speedup),
+            z.map(|p| p.fiber_rps),
+        )
+    }
+
+    /// The injection happened: from now on windows are "after".
+    pub fn injected(&mut self, old_pid: u32, new_pid: u32) {
+        let (predicted_speedup, predicted_rps) = self.predicted();
+        self.status = Some(InjectionStatus {
+            old_pid,
+            new_pid,
+            before_rps: self.before_rps().unwrap_or(0.0),
+            predicted_speedup,
+            predicted_rps,
+            after_rps: None,
+            measured_speedup: None,
+            prediction_error: None,
+            after_windows: 0,
+        });
+    }
+
+    /// A window of the injected server; the first is its warm-up and does not count.
+    pub fn after(&mut self, w: &Window) -> Option<InjectionStatus> {
+        let st = self.status.as_mut()?;
+        self.seen_after += 1;
+        if self.seen_after > 1 && w.requests > 0 {
+            self.after.push(w.requests_per_sec);
+        }
+        st.after_windows = self.after.len();
+        st.after_rps = median(&self.after);
+        st.measured_speedup = st
+            .after_rps
+            .filter(|_| st.before_rps > 0.0)
+            .map(|a| a / st.before_rps);
+        st.prediction_error = match (st.predicted_speedup, st.measured_speedup) {
+            (Some(p), Some(m)) if m > 0.0 => Some(p / m - 1.0),
+            _ => None,
+        };
+        Some(st.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+    }
+}

@@ -1,0 +1,151 @@
+//! The model's inputs from what the watcher measured: one window of the stock server,
+//! the context-switch cost calibrated at start, and what /proc says of the target
+//! (the cores it may use, the runtime knobs and device it was started with).
+
+use super::Inputs;
+use crate::metrics::Window;
+use std::collections::HashMap;
+
+/// What the model needs about the target besides a window.
+#[derive(Clone, Debug, Default)]
+pub struct TargetFacts {
+    /// Cores in the process's affinity mask.
+    pub cores: usize,
+    /// Its environment (as it was started: /proc/PID/environ).
+    pub env: HashMap<String, String>,
+    /// libtoffload_accel.so is mapped: the device knobs in `env` apply.
+    pub accel_mapped: bool,
+}
+
+impl TargetFacts {
+    pub fn read(pid: u32) -> TargetFacts {
+        TargetFacts {
+            cores: affinity_cores(pid).unwrap_or_else(online_cores),
+            env: environ(pid),
+            accel_mapped: std::fs::read_to_string(format!("/proc/{pid}/maps"))
+                .is_ok_and(|m| m.contains("libtoffload_accel.so")),
+        }
+    }
+
+    /// Carriers the runtime will start: TOFFLOAD_CARRIERS (default 1).
+    pub fn carriers(&self) -> usize {
+        self.env
+            .get("TOFFLOAD_CARRIERS")
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|&n: &usize| n >= 1)
+            .unwrap_or(1)
+    }
+
+    /// The emulated device's ceiling, lanes / latency, when the target runs on it
+    /// with the knobs it was started with (defaults: 64 lanes, 100 us).
+    pub fn device_rps(&self) -> Option<f64> {
+        let backend = self.env.get("TOFFLOAD_BACKEND").map(|s| s.trim());
+        if !self.accel_mapped || !matches!(backend, None | Some("") | Some("emulated")) {
+            return None;
+        }
+        let num = |k: &str, d: f64| {
+            self.env
+                .get(k)
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(d)
+        };
+        let lat = num("TOFFLOAD_EMU_LAT_US", 100.0);
+        let lanes = num("TOFFLOAD_EMU_LANES", 64.0);
+        (lat > 0.0 && lanes >= 1.0).then(|| lanes * 1e6 / lat)
+    }
+}
+
+/// The inputs from one stock window; None when the window cannot feed the model (no
+/// offload seen, or no CPU figure).
+pub fn from_window(w: &Window, switch_us: Option<f64>, facts: &TargetFacts) -> Option<Inputs> {
+    if w.offload.calls == 0 || w.requests == 0 {
+        return None;
+    }
+    let latency = w.offload.latency_p50_us.or(w.offload.stall_p50_us)?;
+    let cpu = w.cpu_per_request_us?;
+    let cores = facts.cores.max(1) as f64;
+    Some(Inputs {
+        stock_rps: w.requests_per_sec,
+        latency_us: latency,
+        cpu_per_request_us: cpu,
+        spin: w.offload.spin_share.unwrap_or(0.0) > 0.5,
+        connections: w.offload_threads.max(1) as f64,
+        cores,
+        carriers: (facts.carriers() as f64).min(cores),
+        switch_us: switch_us.unwrap_or(0.0),
+        blocking_switches_per_request: w.blocking_switches_per_request.unwrap_or(0.0),
+        device_rps: facts.device_rps(),
+    })
+}
+
+fn affinity_cores(pid: u32) -> Option<usize> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+    cpu_list_len(list.trim())
+}
+
+/// "0-3,8,10-11" -> 7.
+pub fn cpu_list_len(list: &str) -> Option<usize> {
+    let mut n = 0;
+    for part in list.split(',').filter(|p| !p.is_empty()) {
+        n += match part.split_once('-') {
+            Some((a, b)) => b.trim().parse::<usize>().ok()? + 1 - a.trim().parse::<usize>().ok()?,
+            None => {
+                part.trim().parse::<usize>().ok()?;
+                1
+            }
+        };
+    }
+    (n > 0).then_some(n)
+}
+
+fn online_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The target's environment; empty when unreadable.
+pub fn environ(pid: u32) -> HashMap<String, String> {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .map(|b| parse_environ(&b))
+        .unwrap_or_default()
+}
+
+pub fn parse_environ(b: &[u8]) -> HashMap<String, String> {
+    b.split(|&c| c == 0)
+        .filter_map(|kv| {
+            let s = String::from_utf8_lossy(kv);
+            let (k, v) = s.split_once('=')?;
+            Some((k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(cpu_list_len("0"), Some(1));
+        assert_eq!(cpu_list_len("0-3,8,10-11"), Some(7));
+        assert_eq!(cpu_list_len("x"), None);
+        assert_eq!(cpu_list_len(""), None);
+    }
+
+    #[test]
+    fn device_ceiling_from_the_emulated_knobs() {
+        let mut f = TargetFacts {
+            cores: 1,
+            accel_mapped: true,
+            env: parse_environ(b"TOFFLOAD_EMU_LAT_US=500\0TOFFLOAD_EMU_LANES=4\0PATH=/bin\0"),
+        };
+        assert_eq!(f.device_rps(), Some(8000.0));
+        assert_eq!(f.carriers(), 1);
+        f.env.insert("TOFFLOAD_BACKEND".into(), "cuda".into());
+        assert_eq!(f.device_rps(), None);
+        f.env.insert("TOFFLOAD_CARRIERS".into(), "3".into());
+        assert_eq!(f.carriers(), 3);
+    }
+}

@@ -1,0 +1,326 @@
+//! The model: from one stock window's measurements, the throughput a zero-edit fiber
+//! runtime would reach, the ceiling that binds it, and where overlap will not pay.
+//!
+//! ../shared/DESIGN.md gives the starting formulas:
+//!
+//!   T_fiber = min( C / c_f, D, N / (L + c_f) )      c_f = fiber per-request CPU
+//!
+//! with the speedup taken against the measured stock rate. The one term the watcher
+//! cannot read off the stock server is c_f, the per-request CPU under fibers. It is
+//! the stock per-request CPU (already without the spin) less what the connection
+//! threads spend on blocking (their voluntary context switches per request times the
+//! measured switch cost) plus what the runtime adds per request (a park and resume per
+//! yield, the non-blocking retry of each socket call and the carrier's share of its
+//! epoll wait). Every input is shown with the prediction, so a wrong number can be
+//! traced to the measurement that produced it.
+
+pub mod inputs;
+pub mod recipes;
+
+use serde::Serialize;
+
+/// Fiber park + resume, microseconds: `cargo xtask bench runtime` (bench_switch)
+/// measured 52 ns on this kind of machine.
+pub const FIBER_SWITCH_US: f64 = 0.052;
+/// What the runtime adds per yield besides the switch: the non-blocking retry of the
+/// call that would have blocked (recv or accel_done returning "not yet") and the
+/// carrier's share of its epoll_pwait2 + completion-fd read. Measured, not fitted:
+/// tests/results/model.md's calibration row (a 0-latency conn_server under the
+/// runtime, CPU per request minus the stock server's at the same point).
+pub const RUNTIME_PER_YIELD_US: f64 = 1.2;
+/// Yields per request of a thread-per-connection server: one at the offload, one at
+/// the read that waits for the next request.
+pub const YIELDS_PER_REQUEST: f64 = 2.0;
+/// Overlap must beat the fiber's own CPU by this factor to be worth it (the paper's
+/// Prediction 2: L clearly above c + k*s).
+pub const OVERLAP_PAYS: f64 = 1.5;
+/// Below this predicted speedup the model says "no gain".
+pub const NO_GAIN: f64 = 1.10;
+
+/// What the model reads off a stock window.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Inputs {
+    /// R: measured requests/s of the stock server.
+    pub stock_rps: f64,
+    /// L: offload latency (the stall less its wake-up delay), us.
+    pub latency_us: f64,
+    /// c: on-CPU time per request, without the on-CPU part of the stall, us.
+    pub cpu_per_request_us: f64,
+    /// The stock wait spins (the thread is on CPU for most of the stall).
+    pub spin: bool,
+    /// N: threads that made offload calls (connections served concurrently).
+    pub connections: f64,
+    /// P: cores the process may run on.
+    pub cores: f64,
+    /// C: carriers the runtime will start (TOFFLOAD_CARRIERS, at most P).
+    pub carriers: f64,
+    /// X: context-switch cost, us (measured at the watch's start).
+    pub switch_us: f64,
+    /// Voluntary context switches per request of the connection threads.
+    pub blocking_switches_per_request: f64,
+    /// D: the device's throughput when the window shows it saturated, requests/s.
+    pub device_rps: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ceiling {
+    /// The carriers' CPU: C / c_f.
+    Cpu,
+    /// The device's throughput.
+    Device,
+    /// Too few connections to cover the latency: N / (L + c_f).
+    Overlap,
+}
+
+impl Ceiling {
+    pub fn label(self) -> &'static str {
+        match self {
+            Ceiling::Cpu => "CPU (carriers busy)",
+            Ceiling::Device => "device throughput",
+            Ceiling::Overlap => "overlap capacity (connections / latency)",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Prediction {
+    pub inputs: Inputs,
+    /// c_f: predicted per-request CPU under fibers, us.
+    pub fiber_cpu_us: f64,
+    /// The three ceilings, requests/s (device only when known).
+    pub cpu_ceiling_rps: f64,
+    pub device_ceiling_rps: Option<f64>,
+    pub overlap_ceiling_rps: f64,
+    pub fiber_rps: f64,
+    pub binding: Ceiling,
+    /// fiber_rps / stock_rps.
+    pub speedup: f64,
+    /// The stock rate the formulas give (T_spin or T_block), beside the measured one:
+    /// a large gap says the stock server is limited by something the model lacks.
+    pub stock_model_rps: f64,
+    /// Why overlap will not pay, when it will not.
+    pub stop: Option<String>,
+}
+
+/// The runtime's per-request overhead for `k` yields.
+pub fn runtime_overhead_us(yields: f64) -> f64 {
+    yields * (FIBER_SWITCH_US + RUNTIME_PER_YIELD_US)
+}
+
+pub fn predict(i: &Inputs) -> Prediction {
+    let c = i.cpu_per_request_us.max(0.0);
+    let l = i.latency_us.max(0.0);
+    let n = i.connections.max(1.0);
+    let p = i.cores.max(1.0);
+    let carriers = i.carriers.clamp(1.0, p);
+    // Blocking's CPU leaves with the kernel threads; the runtime's own comes in. The
+    // stock CPU can never drop below the runtime's share (a noisy small c).
+    let blocking = i.blocking_switches_per_request.max(0.0) * i.switch_us.max(0.0);
+    let added = runtime_overhead_us(YIELDS_PER_REQUEST);
+    let fiber_cpu = (c - blocking).max(0.0) + added;
+    let per_s = |us: f64| 1e6 / us.max(1e-3);
+    let cpu_ceiling = carriers * per_s(fiber_cpu);
+    let overlap_ceiling = n * per_s(l + fiber_cpu);
+    let mut fiber = cpu_ceiling.min(overlap_ceiling);
+    let mut binding = if cpu_ceiling <= overlap_ceiling {
+        Ceiling::Cpu
+    } else {
+        Ceiling::Overlap
+    };
+    if let Some(d) = i.device_rps {
+        if d < fiber {
+            fiber = d;
+            binding = Ceiling::Device;
+        }
+    }
+    let x = i.switch_us.max(0.0);
+    let stock_model = if i.spin {
+        p.min(n) * per_s(c + l)
+    } else {
+        (p * per_s(c + 2.0 * x)).min(n * per_s(l + c + x))
+    };
+    let stock = if i.stock_rps > 0.0 {
+        i.stock_rps
+    } else {
+        stock_model
+    };
+    let speedup = fiber / stock.max(1e-9);
+    let stop = if l < OVERLAP_PAYS * fiber_cpu {
+        Some(format!(
+            "offload latency {l:.1} us is not clearly above the fibers' per-request CPU \
+             {fiber_cpu:.1} us: nothing idle to overlap"
+        ))
+    } else if binding == Ceiling::Device && speedup < NO_GAIN {
+        Some(format!(
+            "the device is the ceiling ({fiber:.0} req/s): more requests in flight cannot \
+             finish sooner"
+        ))
+    } else if speedup < NO_GAIN {
+        Some(format!(
+            "predicted {speedup:.2}x: the stock server already reaches what fibers would"
+        ))
+    } else {
+        None
+    };
+    Prediction {
+        inputs: i.clone(),
+        fiber_cpu_us: fiber_cpu,
+        cpu_ceiling_rps: cpu_ceiling,
+        device_ceiling_rps: i.device_rps,
+        overlap_ceiling_rps: overlap_ceiling,
+        fiber_rps: fiber,
+        binding,
+        speedup,
+        stock_model_rps: stock_model,
+        stop,
+    }
+}
+
+impl Prediction {
+    /// The inputs and intermediate terms as label/value lines, for text and the TUI.
+    pub fn lines(&self) -> Vec<(String, String)> {
+        let i = &self.inputs;
+        let mut v = vec![
+            ("R stock".into(), format!("{:.0} req/s", i.stock_rps)),
+            ("L latency".into(), format!("{:.1} us", i.latency_us)),
+            (
+                "c CPU/req".into(),
+                format!(
+                    "{:.1} us ({} wait)",
+                    i.cpu_per_request_us,
+                    if i.spin { "spin" } else { "block" }
+                ),
+            ),
+            (
+                "blocking".into(),
+                format!(
+                    "{:.2} sw/req x {:.2} us",
+                    i.blocking_switches_per_request, i.switch_us
+                ),
+            ),
+            ("c_f fiber".into(), format!("{:.1} us", self.fiber_cpu_us)),
+            (
+                "N P C".into(),
+                format!(
+                    "{:.0} conns, {:.0} cores, {:.0} carriers",
+                    i.connections, i.cores, i.carriers
+                ),
+            ),
+            (
+                "CPU ceil".into(),
+                format!("{:.0} req/s", self.cpu_ceiling_rps),
+            ),
+            (
+                "overlap ceil".into(),
+                format!("{:.0} req/s", self.overlap_ceiling_rps),
+            ),
+        ];
+        if let Some(d) = self.device_ceiling_rps {
+            v.push(("device ceil".into(), format!("{d:.0} req/s")));
+        }
+        v
+    }
+
+    /// One line: "1.52x (31,000 -> 47,000 req/s), bound by CPU".
+    pub fn summary(&self) -> String {
+        format!(
+            "{:.2}x ({:.0} -> {:.0} req/s), bound by {}",
+            self.speedup,
+            self.inputs.stock_rps,
+            self.fiber_rps,
+            self.binding.label()
+        )
+    }
+}
+
+/// The model's answer for one server: the zero-edit prediction where the runtime can
+/// engage, else why not; and the minimal-edit recipe where one is known.
+#[derive(Clone, Debug, Serialize)]
+pub struct Assessment {
+    /// The zero-edit prediction (fiberizable and behind-wall servers).
+    pub zero_edit: Option<Prediction>,
+    /// The zero-edit speedup: the prediction's, 1.0 where the runtime loads but never
+    /// engages (event loops), None where it must not be injected (the walls).
+    pub zero_edit_speedup: Option<f64>,
+    /// Why zero-edit overlap will not pay or cannot work.
+    pub stop: Option<String>,
+    pub recipe: Option<recipes::Recipe>,
+    pub recipe_speedup: Option<f64>,
+    /// The recipe as one line, with this server's predicted speedup.
+    pub recipe_text: Option<String>,
+}
+
+pub fn assess(
+    verdict: crate::classifier::Kind,
+    inputs: &Inputs,
+    command: &str,
+    runtime: Option<crate::target::RuntimeKind>,
+) -> Assessment {
+    use crate::classifier::Kind;
+    let recipe = recipes::lookup(command, runtime);
+    // An event loop serves on one thread per core at most; a thread-per-connection
+    // server rerouted keeps its threads.
+    let loops = if verdict == Kind::EventLoop {
+        1.0
+    } else {
+        inputs.cores
+    };
+    let recipe_speedup = (recipe.is_some() && inputs.latency_us > 0.0)
+        .then(|| recipes::predicted_speedup(inputs, loops).1);
+    let recipe_text = recipe
+        .as_ref()
+        .map(|r| recipes::describe(r, recipe_speedup));
+    let (zero_edit, zero_edit_speedup, stop) = match verdict {
+        Kind::Fiberizable | Kind::BehindWall => {
+            let p = predict(inputs);
+            let s = p.speedup;
+            let stop = p.stop.clone();
+            (Some(p), Some(s), stop)
+        }
+        Kind::EventLoop => (
+            None,
+            Some(1.0),
+            Some(
+                "event loop: no thread per connection to turn into a fiber; the runtime \
+                  loads safely and never engages (1.00x): the minimal-edit reroute is the path"
+                    .into(),
+            ),
+        ),
+        Kind::BelowLibcWall => (
+            None,
+            None,
+            Some(
+                "below the libc wall: a fiber would block its whole carrier in a raw \
+                  futex or io_uring wait; do not inject"
+                    .into(),
+            ),
+        ),
+        Kind::BesideWall => (
+            None,
+            None,
+            Some(
+                "beside the libc wall: the managed runtime keeps thread identity in \
+                  native TLS, which fibers sharing a carrier would corrupt; do not inject"
+                    .into(),
+            ),
+        ),
+        Kind::NotDynamic => (
+            None,
+            None,
+            Some("statically linked: LD_PRELOAD cannot interpose anything".into()),
+        ),
+        Kind::Undecided => (None, None, Some("no requests seen yet".into())),
+    };
+    Assessment {
+        zero_edit,
+        zero_edit_speedup,
+        stop,
+        recipe,
+        recipe_speedup,
+        recipe_text,
+    }
+}
+
+#[cfg(test)]
+mod tests;

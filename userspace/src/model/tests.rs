@@ -1,0 +1,191 @@
+use super::*;
+use crate::classifier::Kind;
+use crate::target::RuntimeKind;
+
+/// conn_server-like: 64 connections blocking on a 200 us offload, 12 us of CPU per
+/// request of which 2 switches x 1.5 us are the blocking itself, one core.
+fn base() -> Inputs {
+    Inputs {
+        stock_rps: 30_000.0,
+        latency_us: 200.0,
+        cpu_per_request_us: 12.0,
+        spin: false,
+        connections: 64.0,
+        cores: 1.0,
+        carriers: 1.0,
+        switch_us: 1.5,
+        blocking_switches_per_request: 2.0,
+        device_rps: None,
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-6 * b.abs().max(1.0)
+}
+
+#[test]
+fn cpu_ceiling_binds_with_many_connections() {
+    let p = predict(&base());
+    // c_f = 12 - 2 x 1.5 + 2 x (0.052 + 1.2)
+    let cf = 12.0 - 3.0 + runtime_overhead_us(YIELDS_PER_REQUEST);
+    assert!(close(p.fiber_cpu_us, cf), "{}", p.fiber_cpu_us);
+    assert_eq!(p.binding, Ceiling::Cpu);
+    assert!(close(p.fiber_rps, 1e6 / cf));
+    assert!(close(p.speedup, 1e6 / cf / 30_000.0));
+    assert!(p.stop.is_none(), "{:?}", p.stop);
+    // Two carriers on two cores double the CPU ceiling; carriers beyond the cores
+    // do not.
+    let mut i = base();
+    i.cores = 2.0;
+    i.carriers = 2.0;
+    assert!(close(predict(&i).cpu_ceiling_rps, 2e6 / cf));
+    i.carriers = 8.0;
+    assert!(close(predict(&i).cpu_ceiling_rps, 2e6 / cf));
+}
+
+#[test]
+fn overlap_ceiling_binds_with_few_connections() {
+    let mut i = base();
+    i.connections = 4.0;
+    i.latency_us = 1000.0;
+    i.stock_rps = 3_900.0;
+    let p = predict(&i);
+    assert_eq!(p.binding, Ceiling::Overlap);
+    assert!(close(p.fiber_rps, 4e6 / (1000.0 + p.fiber_cpu_us)));
+    // Four blocking threads already keep four ops in flight: no gain.
+    assert!(p.speedup < NO_GAIN, "{}", p.speedup);
+    assert!(p.stop.is_some());
+}
+
+#[test]
+fn device_ceiling_binds_when_known() {
+    let mut i = base();
+    i.device_rps = Some(8_000.0);
+    i.stock_rps = 7_990.0;
+    let p = predict(&i);
+    assert_eq!(p.binding, Ceiling::Device);
+    assert!(close(p.fiber_rps, 8_000.0));
+    assert!(
+        p.stop.as_deref().unwrap().contains("device"),
+        "{:?}",
+        p.stop
+    );
+}
+
+#[test]
+fn spin_wait_is_predicted_against_its_measured_rate() {
+    let mut i = base();
+    i.spin = true;
+    i.stock_rps = 270.0;
+    i.blocking_switches_per_request = 1.0;
+    let p = predict(&i);
+    assert_eq!(p.binding, Ceiling::Cpu);
+    assert!(p.speedup > 100.0, "{}", p.speedup);
+    // The formula's stock rate for a spinning server is min(P, N) / (c + L).
+    assert!(close(p.stock_model_rps, 1e6 / 212.0));
+}
+
+#[test]
+fn behind_the_wall_is_no_gain() {
+    // CPU per request above the latency: nothing idle to overlap.
+    let mut i = base();
+    i.cpu_per_request_us = 300.0;
+    i.stock_rps = 1e6 / 303.0;
+    let a = assess(Kind::BehindWall, &i, "/usr/bin/conn_server", None);
+    let p = a.zero_edit.as_ref().unwrap();
+    assert!(p.speedup < NO_GAIN, "{}", p.speedup);
+    assert!(
+        a.stop.as_deref().unwrap().contains("not clearly above"),
+        "{:?}",
+        a.stop
+    );
+}
+
+#[test]
+fn short_offload_is_stopped() {
+    let mut i = base();
+    i.latency_us = 12.0;
+    i.stock_rps = 60_000.0;
+    let p = predict(&i);
+    assert!(p.stop.is_some());
+}
+
+#[test]
+fn stock_formulas() {
+    let i = base();
+    let p = predict(&i);
+    // Blocking: min(P / (c + 2X), N / (L + c + X)).
+    let want = (1e6 / 15.0f64).min(64e6 / 213.5);
+    assert!(close(p.stock_model_rps, want), "{}", p.stock_model_rps);
+}
+
+#[test]
+fn walls_get_no_zero_edit_prediction() {
+    for (kind, word) in [
+        (Kind::BelowLibcWall, "below"),
+        (Kind::BesideWall, "beside"),
+        (Kind::NotDynamic, "statically"),
+    ] {
+        let a = assess(kind, &base(), "mariadbd", None);
+        assert!(
+            a.zero_edit.is_none() && a.zero_edit_speedup.is_none(),
+            "{kind:?}"
+        );
+        assert!(
+            a.stop.as_deref().unwrap().contains(word),
+            "{kind:?}: {:?}",
+            a.stop
+        );
+    }
+}
+
+#[test]
+fn event_loop_gets_one_and_a_recipe() {
+    let mut i = base();
+    i.connections = 50.0;
+    i.stock_rps = 1e6 / 212.0;
+    let a = assess(Kind::EventLoop, &i, "/usr/bin/redis-server", None);
+    assert_eq!(a.zero_edit_speedup, Some(1.0));
+    let r = a.recipe.as_ref().unwrap();
+    assert_eq!((r.lines_added, r.lines_modified), (83, 0));
+    // The reroute keeps 50 requests in flight on one loop: bound by the loop's CPU.
+    let (t, s) = recipes::predicted_speedup(&i, 1.0);
+    assert!(close(t, 1e6 / 15.0), "{t}");
+    assert!(close(a.recipe_speedup.unwrap(), s));
+    assert!(a.recipe_text.unwrap().contains("+83 lines"));
+}
+
+#[test]
+fn recipes_are_found_by_name_and_runtime() {
+    assert_eq!(recipes::lookup("nginx", None).unwrap().lines_added, 112);
+    assert_eq!(
+        recipes::lookup("/usr/bin/python3.11", None)
+            .unwrap()
+            .lines_added,
+        22
+    );
+    assert_eq!(
+        recipes::lookup("memcached", None).unwrap().lines_modified,
+        1
+    );
+    assert_eq!(
+        recipes::lookup("mariadbd", None).unwrap().server,
+        "MariaDB 10.6"
+    );
+    assert_eq!(
+        recipes::lookup("myservice", Some(RuntimeKind::Go))
+            .unwrap()
+            .server,
+        "Go 1.18"
+    );
+    assert!(recipes::lookup("conn_server", Some(RuntimeKind::GlibcDynamic)).is_none());
+}
+
+#[test]
+fn lines_show_every_input() {
+    let p = predict(&base());
+    let text: String = p.lines().iter().map(|(k, v)| format!("{k}={v};")).collect();
+    for want in ["30000 req/s", "200.0 us", "12.0 us", "64 conns", "1.50 us"] {
+        assert!(text.contains(want), "{want} missing in {text}");
+    }
+}

@@ -1,0 +1,109 @@
+//! Shared by the watcher's integration suites: serialisation (every test measures
+//! on a 2-core machine), the skip rule, and a watcher child followed until attached.
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Mutex};
+use std::time::Duration;
+use toffload_tests::harness;
+
+/// One at a time: every test measures something on a 2-core machine.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// False (after harness::skip, which fails under CI) when not root or unbuilt.
+pub fn ready() -> bool {
+    // SAFETY: no arguments.
+    if unsafe { libc::geteuid() } != 0 {
+        harness::skip("toffload-watch tests need root (BPF)");
+        return false;
+    }
+    if let Err(e) = harness::bin("toffload-watch") {
+        harness::skip(&e);
+        return false;
+    }
+    true
+}
+
+pub fn watch_cmd() -> Command {
+    Command::new(harness::bin("toffload-watch").expect("built"))
+}
+
+/// A running watcher whose stderr is followed until it says it is attached.
+pub struct Watcher {
+    pub child: Child,
+    pub stderr: mpsc::Receiver<String>,
+}
+
+impl Watcher {
+    pub fn start(mut cmd: Command) -> Watcher {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start toffload-watch");
+        let err = child.stderr.take().expect("piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("watch: {line}");
+                let _ = tx.send(line);
+            }
+        });
+        let w = Watcher { child, stderr: rx };
+        w.wait_attached();
+        w
+    }
+
+    pub fn wait_attached(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            match self.stderr.recv_timeout(Duration::from_millis(200)) {
+                Ok(l) if l.contains("attached to pid") => return,
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(_) => panic!("toffload-watch ended before attaching"),
+            }
+        }
+        panic!("toffload-watch did not attach within 30 s");
+    }
+
+    /// Waits for the exit; (status code, JSON lines by key, stderr lines).
+    pub fn finish(mut self) -> (i32, Vec<(String, Value)>, Vec<String>) {
+        let mut out = String::new();
+        self.child
+            .stdout
+            .take()
+            .expect("piped")
+            .read_to_string(&mut out)
+            .expect("read stdout");
+        let status = self.child.wait().expect("wait");
+        let err: Vec<String> = self.stderr.try_iter().collect();
+        (status.code().unwrap_or(-1), json_lines(&out), err)
+    }
+}
+
+pub fn json_lines(out: &str) -> Vec<(String, Value)> {
+    out.lines()
+        .filter(|l| l.starts_with("{\""))
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| {
+            let (k, v) = v.as_object()?.iter().next()?;
+            Some((k.clone(), v.clone()))
+        })
+        .collect()
+}
+
+pub fn get<'a>(lines: &'a [(String, Value)], key: &str) -> &'a Value {
+    &lines
+        .iter()
+        .rev()
+        .find(|(k, _)| k == key)
+        .unwrap_or_else(|| panic!("no {key:?} line in {lines:?}"))
+        .1
+}
