@@ -204,10 +204,30 @@ fn run(a: &Args) -> Result<(), String> {
     for &pt in points {
         let mut w_runs = Vec::new();
         let (mut stock, mut rt) = (Vec::new(), Vec::new());
+        let mut failed = None;
         for _ in 0..a.runs {
-            w_runs.push(watched(pt, a.secs)?);
-            stock.push(measure(pt, false, a.secs)?);
-            rt.push(measure(pt, true, a.secs)?);
+            let r = (|| -> Result<(), String> {
+                w_runs.push(watched(pt, a.secs)?);
+                stock.push(measure(pt, false, a.secs)?);
+                rt.push(measure(pt, true, a.secs)?);
+                Ok(())
+            })();
+            if let Err(e) = r {
+                failed = Some(e);
+                break;
+            }
+        }
+        if let Some(e) = failed {
+            // A point that cannot be measured is a row that says why, and counts as a
+            // miss: the summary must not look better for it.
+            let row = format!(
+                "| {} | {} | {} | {} | {} | FAILED: {e} | | | | | | | | |",
+                pt.lat, pt.conns, pt.cpu_us, pt.wait, pt.lanes
+            );
+            println!("{row}");
+            let _ = writeln!(table, "{row}");
+            errors.push(f64::INFINITY);
+            continue;
         }
         let (stock, rt) = (median(stock), median(rt));
         let measured = rt / stock;
