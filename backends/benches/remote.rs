@@ -107,16 +107,7 @@ fn second_pass() -> (u64, u64) {
 
 fn placement(runs: usize) -> Vec<(Placement, f64, Vec<u64>)> {
     let net = Net::new("bl", &[LAN, WAN]).unwrap();
-    let (_f, _dl1, a1) = daemon_on(
-        &net.links[0],
-        &[],
-        &[("TOFFLOAD_EMU_LAT_US", "200"), ("TOFFLOAD_EMU_LANES", "64")],
-    );
-    let (_s, _dl2, a2) = daemon_on(
-        &net.links[1],
-        &[],
-        &[("TOFFLOAD_EMU_LAT_US", "2000"), ("TOFFLOAD_EMU_LANES", "4")],
-    );
+    let d = netns::unequal_daemons(&net);
     let mut out = Vec::new();
     for p in [
         Placement::RoundRobin,
@@ -126,24 +117,8 @@ fn placement(runs: usize) -> Vec<(Placement, f64, Vec<u64>)> {
         let mut v = Vec::new();
         let mut per = Vec::new();
         for _ in 0..runs {
-            let (a1, a2) = (a1.clone(), a2.clone());
-            let (rate, pe) = in_ns(&net.client_ns, move || {
-                let r = client(&[a1, a2], |c| {
-                    c.placement = p;
-                    c.deadline_ms = 60_000;
-                });
-                let mut b = pattern(0, 4096);
-                r.run(&mut b, WaitStyle::Block).unwrap();
-                let n = 20_000;
-                let t0 = Instant::now();
-                let (ok, failed, wrong) =
-                    aes_workload(&r, n, 4096, 2, 64, Duration::from_secs(120), |_| {});
-                assert_eq!((ok, failed, wrong), (n, 0, 0));
-                (
-                    n as f64 / t0.elapsed().as_secs_f64(),
-                    r.counters().per_endpoint,
-                )
-            });
+            let (rate, pe) =
+                netns::placement_run(&net, &d, p, 20_000, 60_000, Duration::from_secs(120));
             v.push(rate);
             per = pe;
         }

@@ -114,18 +114,19 @@ pub(crate) fn parse_range(s: &str, lo: u64, hi: u64) -> Option<u64> {
     (lo..=hi).contains(&v).then_some(v)
 }
 
+/// A knob lookup over fixed pairs, for the backends' knob tests.
+#[cfg(test)]
+pub(crate) fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let m: std::collections::HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |k| m.get(k).cloned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
-
-    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let m: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |k| m.get(k).cloned()
-    }
 
     #[test]
     fn wait_style_parses_and_rejects() {

@@ -131,6 +131,43 @@ impl<T: Copy + Default> Slots<T> {
         self.slots[index as usize].generation.load(Acquire)
     }
 
+    /// The release protocol of a backend whose completer frees cancelled slots: a
+    /// pending op becomes CANCELLED (the completer frees the slot when the op comes due
+    /// and never touches the buffer); a transform in progress is waited out (a few
+    /// microseconds); a finished op's slot is freed after `on_free` sees its record.
+    pub fn release(&self, id: i64, on_free: impl FnOnce(T)) -> Result<(), AccelError> {
+        let c = self.lookup(id)?;
+        let state = &c.slot.state;
+        loop {
+            let s = state.load(Acquire);
+            match s & !WAITER {
+                PENDING => {
+                    if state
+                        .compare_exchange(s, CANCELLED, AcqRel, Acquire)
+                        .is_ok()
+                    {
+                        if s & WAITER != 0 {
+                            futex::wake_all(state);
+                        }
+                        return Ok(());
+                    }
+                }
+                RUNNING => std::thread::yield_now(),
+                DONE | FAILED => {
+                    if state.compare_exchange(s, FREE, AcqRel, Acquire).is_ok() {
+                        on_free(c.slot.op());
+                        self.free(c.index);
+                        return Ok(());
+                    }
+                }
+                _ => return Err(AccelError::BadHandle),
+            }
+            if self.generation_of(c.index) != c.generation {
+                return Err(AccelError::BadHandle);
+            }
+        }
+    }
+
     /// Returns a slot to the free list.
     pub fn free(&self, index: u32) {
         self.slots[index as usize].state.store(FREE, Release);

@@ -113,40 +113,14 @@ fn predicted_placement_beats_round_robin_across_unequal_daemons() {
     }
     // A fast daemon on the LAN link, a slow one (4 lanes, 2 ms) on the WAN link.
     let net = Net::new("pl", &[LAN, WAN]).unwrap();
-    let (_fast, _dl1, a1) = daemon_on(
-        &net.links[0],
-        &[],
-        &[("TOFFLOAD_EMU_LAT_US", "200"), ("TOFFLOAD_EMU_LANES", "64")],
-    );
-    let (_slow, _dl2, a2) = daemon_on(
-        &net.links[1],
-        &[],
-        &[("TOFFLOAD_EMU_LAT_US", "2000"), ("TOFFLOAD_EMU_LANES", "4")],
-    );
+    let d = netns::unequal_daemons(&net);
     let mut rates = Vec::new();
     for p in [
         Placement::RoundRobin,
         Placement::LeastLoaded,
         Placement::Predicted,
     ] {
-        let (a1, a2) = (a1.clone(), a2.clone());
-        let (rate, per) = in_ns(&net.client_ns, move || {
-            let r = client(&[a1, a2], |c| {
-                c.placement = p;
-                c.deadline_ms = 30_000;
-            });
-            let mut b = pattern(0, 4096);
-            r.run(&mut b, WaitStyle::Block).unwrap();
-            let n = 6000;
-            let t0 = Instant::now();
-            let (ok, failed, wrong) =
-                aes_workload(&r, n, 4096, 2, 64, Duration::from_secs(40), |_| {});
-            assert_eq!((ok, failed, wrong), (n, 0, 0));
-            (
-                n as f64 / t0.elapsed().as_secs_f64(),
-                r.counters().per_endpoint,
-            )
-        });
+        let (rate, per) = netns::placement_run(&net, &d, p, 6000, 30_000, Duration::from_secs(40));
         println!("{p:?}: {rate:.0} ops/s, ops per daemon {per:?}");
         rates.push(rate);
     }

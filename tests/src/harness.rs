@@ -190,3 +190,49 @@ impl Drop for Server {
         let _ = self.child.wait();
     }
 }
+
+/// The median (mean of the middle two for an even count); NaN when empty.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// A TCP port free on loopback now (for a server that must keep its port across a
+/// restart, which an ephemeral `--port 0` cannot).
+pub fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port: {e}"))
+}
+
+/// Makes this process the reaper of its orphaned descendants: a server relaunched by
+/// an injection outlives the watcher that started it and must not be left a zombie.
+pub fn become_subreaper() {
+    // SAFETY: plain prctl on ourselves.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+}
+
+/// SIGTERM to an adopted descendant, then reap it; true once it is gone within `limit`.
+pub fn end_adopted(pid: u32, limit: Duration) -> bool {
+    // SAFETY: plain signal.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < limit {
+        // SAFETY: plain waitpid on a process we adopted as subreaper.
+        let r = unsafe { libc::waitpid(pid as i32, std::ptr::null_mut(), libc::WNOHANG) };
+        if r == pid as i32 || (r < 0 && !std::path::Path::new(&format!("/proc/{pid}")).exists()) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}

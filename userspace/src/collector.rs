@@ -32,6 +32,9 @@ pub struct Snapshot {
     pub live_threads: usize,
     /// The busiest futex call stacks: (calls, user frames).
     pub futex_stacks: Vec<(u64, Vec<u64>)>,
+    /// The fiber runtime's counters, read from the target's memory at the same time
+    /// (None when it does not run libtoffload.so).
+    pub runtime: Option<crate::runtime_counters::RuntimeCounters>,
 }
 
 impl Snapshot {
@@ -209,6 +212,8 @@ impl Collector {
             threads: self.seen_threads.clone(),
             live_threads,
             futex_stacks,
+            // The kernel's side only; the session adds the runtime's counters.
+            runtime: None,
         }
     }
 }

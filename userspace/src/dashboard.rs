@@ -69,15 +69,8 @@ impl DashboardSink {
         }
         if let Some(st) = &w.injection {
             self.state.injection = Some(tui::InjectionView {
-                state: format!(
-                    "injected; measured {} vs predicted {}",
-                    st.measured_speedup
-                        .map(|x| format!("{x:.2}x"))
-                        .unwrap_or_else(|| "(measuring)".into()),
-                    st.predicted_speedup
-                        .map(|x| format!("{x:.2}x"))
-                        .unwrap_or_else(|| "-".into())
-                ),
+                // The panel shows measured and predicted speedups itself.
+                state: "injected".into(),
                 old_pid: Some(st.old_pid),
                 new_pid: Some(st.new_pid),
                 before_rps: Some(st.before_rps),
@@ -184,20 +177,19 @@ impl Sink for DashboardSink {
 
     fn poll(&mut self) -> Option<UserCmd> {
         let d = self.d.as_mut()?;
-        let cmd = match d.poll(Duration::ZERO) {
+        match d.poll(Duration::ZERO) {
             Ok(Some(tui::Command::Quit)) => Some(UserCmd::Quit),
             Ok(Some(tui::Command::Inject)) => Some(UserCmd::Inject),
             Ok(Some(tui::Command::Pause(p))) => {
                 self.state.paused = p;
+                let _ = self.redraw();
                 None
             }
+            // Keys and resizes are redrawn by the dashboard itself.
             Ok(None) => None,
             // The terminal is gone: nothing more can be shown or asked.
             Err(_) => Some(UserCmd::Quit),
-        };
-        // Keys and resizes show at once, not at the next window.
-        let _ = self.redraw();
-        cmd
+        }
     }
 }
 

@@ -140,7 +140,18 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
     let secs = (cur.t - prev.t).max(1e-9);
     let d = |i: usize| cur.counter(i).saturating_sub(prev.counter(i));
     let offload_calls = d(abi::C_OFFLOAD_CALLS);
-    let (requests, request_source) = if ctx.offload_probed {
+    // Under libtoffload.so the offloads go through the runtime, which the uprobes do
+    // not time: its own counters count them (from zero when `prev` had none).
+    let runtime_offloads = cur
+        .runtime
+        .map(|c| {
+            c.offloads
+                .saturating_sub(prev.runtime.map_or(0, |p| p.offloads))
+        })
+        .unwrap_or(0);
+    let (requests, request_source) = if offload_calls == 0 && runtime_offloads > 0 {
+        (runtime_offloads, "runtime offloads")
+    } else if ctx.offload_probed {
         (offload_calls, "offload calls")
     } else {
         (calls(cur, prev, SOCKET_READS), "socket reads")
@@ -236,7 +247,7 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         runtime: Some(ctx.runtime.kind),
         dynamic: ctx.runtime.dynamic,
         requests,
-        offload_calls,
+        offload_calls: offload_calls.max(runtime_offloads),
         // The stall without its wake-up delay: on a saturated CPU a woken thread waits
         // for a core, which is CPU contention, not the offload.
         stall_p50_us: offload.latency_p50_us.or(offload.stall_p50_us),
@@ -282,29 +293,10 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         mux_waits,
         threads_missed: d(abi::C_THREADS_MISSED),
         verdict: classifier::classify(&evidence),
-        runtime_counters: None,
+        runtime_counters: cur.runtime,
         model: None,
         injection: None,
     }
-}
-
-/// A process under the runtime: its offloads go through libtoffload.so, which the
-/// uprobes do not time, so its requests come from the runtime's own counters.
-pub fn apply_runtime_counters(
-    w: &mut Window,
-    prev: Option<&crate::runtime_counters::RuntimeCounters>,
-    cur: Option<crate::runtime_counters::RuntimeCounters>,
-) {
-    if let (Some(p), Some(c)) = (prev, cur.as_ref()) {
-        let offloads = c.offloads.saturating_sub(p.offloads);
-        if w.offload.calls == 0 && offloads > 0 {
-            w.requests = offloads;
-            w.requests_per_sec = offloads as f64 / w.secs;
-            w.request_source = "runtime offloads";
-            w.cpu_per_request_us = Some(w.on_cpu_ms * 1e3 / offloads as f64);
-        }
-    }
-    w.runtime_counters = cur;
 }
 
 #[cfg(test)]

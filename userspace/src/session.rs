@@ -14,7 +14,7 @@ use crate::loader::{self, Probes};
 use crate::metrics::{self, Context, Window};
 use crate::model;
 use crate::report::{Final, Header, ThreadRow};
-use crate::runtime_counters::{self, RuntimeCounters};
+use crate::runtime_counters;
 use crate::sink::{Event, Sink, UserCmd};
 use crate::target::{self, AddressSpace};
 use aya::Ebpf;
@@ -89,7 +89,6 @@ struct Tracked {
     ctx: Context,
     maps_len: usize,
     counters_at: Option<u64>,
-    prev_rc: Option<RuntimeCounters>,
     facts: model::inputs::TargetFacts,
     /// Sampling: attached now, since when, traced time so far, the epoch.
     on: bool,
@@ -123,7 +122,10 @@ impl Tracked {
             AddressSpace::from_maps(&maps),
             a.probes.offload_modules.clone(),
         );
-        let first = collector.snapshot(0.0, &[pid], &layout);
+        // Where libtoffload.so keeps its counters in the target, once it is mapped.
+        let counters_at = runtime_counters::locate(pid);
+        let mut first = collector.snapshot(0.0, &[pid], &layout);
+        first.runtime = counters_at.and_then(|at| runtime_counters::read(pid, at));
         // The baseline: whatever ran between attach and now counts from zero, so that a
         // short-lived target (run mode) loses nothing.
         let baseline = Snapshot {
@@ -135,9 +137,6 @@ impl Tracked {
             runtime: header.runtime.clone(),
             offload_probed: !a.probes.offload.is_empty(),
         };
-        // Where libtoffload.so keeps its counters in the target, once it is mapped.
-        let counters_at = runtime_counters::locate(pid);
-        let prev_rc = counters_at.and_then(|at| runtime_counters::read(pid, at));
         Ok(Tracked {
             facts: model::inputs::TargetFacts::read(pid),
             a,
@@ -149,7 +148,6 @@ impl Tracked {
             ctx,
             maps_len: maps.len(),
             counters_at,
-            prev_rc,
             on: true,
             on_since: started.elapsed(),
             traced: Duration::ZERO,
@@ -191,21 +189,22 @@ impl Tracked {
         }
     }
 
-    fn read_counters(&self) -> Option<RuntimeCounters> {
-        self.counters_at
-            .and_then(|at| runtime_counters::read(self.pid(), at))
-    }
-
-    /// The window since the last one, with the runtime's counters and the model.
-    fn window(&mut self, started: Instant) -> Window {
+    /// The kernel's numbers and the runtime's counters, read together.
+    fn snapshot(&mut self, started: Instant) -> Snapshot {
         let t = self.traced_now(started);
-        let cur = self
+        let mut s = self
             .collector
             .snapshot(t.as_secs_f64(), &[self.pid()], &self.layout);
+        s.runtime = self
+            .counters_at
+            .and_then(|at| runtime_counters::read(self.pid(), at));
+        s
+    }
+
+    /// The window since the last one, with the model.
+    fn window(&mut self, started: Instant) -> Window {
+        let cur = self.snapshot(started);
         let mut w = metrics::window(&self.prev, &cur, &self.ctx);
-        let rc = self.read_counters();
-        metrics::apply_runtime_counters(&mut w, self.prev_rc.as_ref(), rc);
-        self.prev_rc = rc;
         self.prev = cur;
         w.model = self.assess(&w);
         w
@@ -217,35 +216,9 @@ impl Tracked {
             return None;
         }
         let inputs = model::inputs::from_window(w, self.header.context_switch_us, &self.facts);
-        let inputs = inputs.unwrap_or(model::Inputs {
-            stock_rps: w.requests_per_sec,
-            latency_us: 0.0,
-            cpu_per_request_us: w.cpu_per_request_us.unwrap_or(0.0),
-            spin: false,
-            connections: w.offload_threads.max(1) as f64,
-            cores: self.facts.cores.max(1) as f64,
-            carriers: 1.0,
-            switch_us: self.header.context_switch_us.unwrap_or(0.0),
-            blocking_switches_per_request: 0.0,
-            device_rps: None,
-        });
-        let kind =
-            if inputs.latency_us == 0.0 && w.verdict.kind == crate::classifier::Kind::Fiberizable {
-                // No offload to overlap: a prediction would be noise.
-                return Some(model::Assessment {
-                    zero_edit: None,
-                    zero_edit_speedup: None,
-                    stop: Some("no offload call seen: nothing to overlap".into()),
-                    recipe: None,
-                    recipe_speedup: None,
-                    recipe_text: None,
-                });
-            } else {
-                w.verdict.kind
-            };
         Some(model::assess(
-            kind,
-            &inputs,
+            w.verdict.kind,
+            inputs.as_ref(),
             &self.header.comm,
             Some(self.header.runtime.kind),
         ))
@@ -291,21 +264,11 @@ impl Tracked {
     fn final_report(&mut self, started: Instant, ended: &str) -> Final {
         // A last read, so that what happened since the last window (or up to the exit)
         // counts.
-        let t = self.traced_now(started);
-        let mut last = self
-            .collector
-            .snapshot(t.as_secs_f64(), &[self.pid()], &self.layout);
+        let mut last = self.snapshot(started);
         if last.live_threads == 0 {
             last.live_threads = self.prev.live_threads;
         }
         let mut total = metrics::window(&self.baseline, &last, &self.ctx);
-        let rc = self.read_counters();
-        // Over the whole watch of this pid, the runtime's counters count from zero.
-        metrics::apply_runtime_counters(
-            &mut total,
-            rc.map(|_| RuntimeCounters::default()).as_ref(),
-            rc,
-        );
         total.model = self.assess(&total);
         let mut threads: Vec<ThreadRow> = last
             .threads
@@ -354,8 +317,9 @@ pub async fn run(a: Attached, opts: &Options, sink: &mut dyn Sink) -> Result<Fin
     };
     let mut sigint = signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut sigterm = signal(tokio::signal::unix::SignalKind::terminate())?;
-    let started = Instant::now();
     let switch_us = calibrate::context_switch_us(2000);
+    // After the calibration, so that the first window is a whole interval.
+    let started = Instant::now();
     let mut tr = Tracked::new(a, switch_us, started)?;
     sink.emit(Event::Header(&tr.header))?;
     // Tests and scripts wait for this line before loading the target.
@@ -407,10 +371,14 @@ pub async fn run(a: Attached, opts: &Options, sink: &mut dyn Sink) -> Result<Fin
                 ended = "quit";
                 break;
             }
-            Some(UserCmd::Inject) if inj.outcome.is_none() || inj.outcome == Some("plan") => {
+            // A plan or a refusal can be asked again (the verdict may have changed).
+            Some(UserCmd::Inject) if matches!(inj.outcome, None | Some("plan" | "refused")) => {
                 inject_now = Some(opts.interactive_inject.clone());
             }
-            Some(UserCmd::Inject) => sink.status("already injected in this watch"),
+            Some(UserCmd::Inject) => sink.status(&format!(
+                "not injecting again: this watch already did ({})",
+                inj.outcome.unwrap_or("-")
+            )),
             None => {}
         }
         if let Some(io) = inject_now {
@@ -475,27 +443,18 @@ fn do_inject(
     switch_us: Option<f64>,
 ) -> Result<Step, WatchError> {
     let interactive = sink.interactive();
-    if let Err(why) = inj.tracker.decide(io.force) {
-        let e = event(
-            tr,
-            inj,
-            "refused",
-            format!("not injecting: {why} (--force overrides)"),
-        );
-        sink.emit(Event::Inject(&e))?;
-        inj.outcome = Some("refused");
-        return Ok(if interactive {
-            Step::Continue
-        } else {
-            Step::End("injection refused")
-        });
-    }
-    let plan = match inject::plan(tr.pid(), io) {
+    let decided = inj
+        .tracker
+        .decide(io.force)
+        .map_err(|why| format!("not injecting: {why} (--force overrides)"))
+        .and_then(|()| inject::plan(tr.pid(), io).map_err(|why| format!("cannot inject: {why}")));
+    let plan = match decided {
         Ok(p) => p,
-        Err(why) => {
-            let e = event(tr, inj, "refused", format!("cannot inject: {why}"));
+        Err(msg) => {
+            let e = event(tr, inj, "refused", msg);
             sink.emit(Event::Inject(&e))?;
             inj.outcome = Some("refused");
+            // At the keys the user may try again; a scripted --inject ends here.
             return Ok(if interactive {
                 Step::Continue
             } else {

@@ -8,21 +8,9 @@
 mod common;
 use common::{get, ready, serial, watch_cmd, Watcher};
 use serde_json::Value;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use toffload_tests::harness::{self, Server, ServerSpec};
 use toffload_tests::load::{self, Config};
-
-fn subreaper() {
-    // SAFETY: plain prctl on ourselves.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 /// conn_server on a fixed port (a relaunch gets the same command line, so it must
 /// listen where the old one did), pinned to core 0 when there are two.
@@ -102,23 +90,6 @@ fn maps_have_runtime(pid: u32) -> bool {
         .is_ok_and(|m| m.contains("/libtoffload.so"))
 }
 
-/// SIGTERM, then reap (we are the subreaper); true when it is gone.
-fn end_and_reap(pid: u32) -> bool {
-    // SAFETY: plain signal to a process this test started (via the watcher).
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        let mut status = 0;
-        // SAFETY: plain waitpid.
-        let r = unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
-        if r == pid as i32 || (r < 0 && !std::path::Path::new(&format!("/proc/{pid}")).exists()) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
-}
-
 /// Any conn_server still listening on `port`: an orphan.
 fn listeners_on(port: u16) -> Vec<u32> {
     let mut out = Vec::new();
@@ -144,8 +115,8 @@ fn inject_raises_throughput() {
     if !ready() {
         return;
     }
-    subreaper();
-    let port = free_port();
+    harness::become_subreaper();
+    let port = harness::free_port().expect("a free port");
     let mut server = conn_server(port, "spin", 1000);
     let old = server.pid();
     pin_load();
@@ -178,7 +149,10 @@ fn inject_raises_throughput() {
         .expect("measured");
     assert!(measured >= 10.0, "watcher measured {measured:.2}x: {fin}");
     assert!(fin["injection"]["predicted_speedup"].as_f64().is_some());
-    assert!(end_and_reap(new), "the injected server {new} did not end");
+    assert!(
+        harness::end_adopted(new, Duration::from_secs(10)),
+        "the injected server {new} did not end"
+    );
     assert!(
         listeners_on(port).is_empty(),
         "left behind: {:?}",
@@ -192,7 +166,7 @@ fn dry_run_changes_nothing() {
     if !ready() {
         return;
     }
-    let port = free_port();
+    let port = harness::free_port().expect("a free port");
     let mut server = conn_server(port, "block", 200);
     let pid = server.pid();
     let bg = background_load(port, 5.0);
@@ -228,7 +202,7 @@ fn refuses_an_event_loop() {
     if !ready() {
         return;
     }
-    let port = free_port();
+    let port = harness::free_port().expect("a free port");
     let mut server = Server::start(
         &ServerSpec::new("evloop_server")
             .arg("--port")
@@ -266,8 +240,8 @@ fn restores_the_original_when_the_relaunch_fails() {
     if !ready() {
         return;
     }
-    subreaper();
-    let port = free_port();
+    harness::become_subreaper();
+    let port = harness::free_port().expect("a free port");
     let mut server = conn_server(port, "block", 200);
     let old = server.pid();
     let bg = background_load(port, 7.0);
@@ -295,7 +269,7 @@ fn restores_the_original_when_the_relaunch_fails() {
     );
     let after = load::run(&load_cfg(port, 1.0)).expect("load after");
     assert!(after.completed > 0 && after.wrong == 0 && during.wrong == 0);
-    assert!(end_and_reap(restored));
+    assert!(harness::end_adopted(restored, Duration::from_secs(10)));
     assert!(
         listeners_on(port).is_empty(),
         "left behind: {:?}",

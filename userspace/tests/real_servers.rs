@@ -3,30 +3,19 @@
 //! redis-server, nginx, memcached: event loop; a small Java server on the JDK: beside
 //! wall; stunnel4 (a thread per connection): fiberizable.
 
-use serde_json::Value;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 use toffload_tests::harness;
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
+mod common;
+use common::{get, serial, watch_cmd, Watcher};
 
 /// Root, the watcher built, and every program named on PATH; else skip.
 fn ready(programs: &[&str]) -> bool {
-    // SAFETY: no arguments.
-    if unsafe { libc::geteuid() } != 0 {
-        harness::skip("toffload-watch tests need root (BPF)");
-        return false;
-    }
-    if let Err(e) = harness::bin("toffload-watch") {
-        harness::skip(&e);
+    if !common::ready() {
         return false;
     }
     for p in programs {
@@ -47,10 +36,7 @@ fn which(p: &str) -> Option<PathBuf> {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    harness::free_port().expect("a free port")
 }
 
 fn tmpdir(name: &str) -> PathBuf {
@@ -91,44 +77,16 @@ fn start(cmd: &mut Command, port: u16) -> Proc {
 /// Watches `pid` for `secs` while `load` runs (started once the watcher is attached);
 /// returns the final verdict (kind, because).
 fn verdict(pid: u32, secs: f64, load: impl FnOnce()) -> (String, String) {
-    let mut child = Command::new(harness::bin("toffload-watch").expect("built"))
-        .args(["--json", "--interval", "10s", "--duration"])
+    let mut cmd = watch_cmd();
+    cmd.args(["--json", "--interval", "10s", "--duration"])
         .arg(format!("{secs}s"))
         .arg("--pid")
-        .arg(pid.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("toffload-watch");
-    let err = child.stderr.take().expect("piped");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(err).lines().map_while(Result::ok) {
-            eprintln!("watch: {l}");
-            let _ = tx.send(l);
-        }
-    });
-    loop {
-        match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(l) if l.contains("attached to pid") => break,
-            Ok(_) => {}
-            Err(_) => panic!("toffload-watch did not attach"),
-        }
-    }
+        .arg(pid.to_string());
+    let w = Watcher::start(cmd);
     load();
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .expect("piped")
-        .read_to_string(&mut out)
-        .expect("stdout");
-    assert!(child.wait().expect("wait").success());
-    let fin: Value = out
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find_map(|v| v.get("final").cloned())
-        .expect("a final report");
+    let (code, lines, _) = w.finish();
+    assert_eq!(code, 0, "toffload-watch exit code");
+    let fin = get(&lines, "final");
     let v = &fin["total"]["verdict"];
     println!(
         "verdict {} -- {} (requests {}, threads {}, futex {})",

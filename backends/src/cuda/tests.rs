@@ -2,16 +2,8 @@
 //! tests that need one are in tests/cuda_gpu.rs (and run there on a fake driver too).
 
 use super::*;
-use std::collections::HashMap;
+use crate::config::env;
 use std::time::{Duration, Instant};
-
-fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-    let m: HashMap<String, String> = pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    move |k| m.get(k).cloned()
-}
 
 #[test]
 fn knobs_parse_and_reject() {

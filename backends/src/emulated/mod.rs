@@ -7,7 +7,7 @@ mod engine;
 mod lanes;
 
 use crate::config::{self, knob, ConfigError};
-use crate::slots::{Slots, CANCELLED, DONE, FAILED, FREE, PENDING, RUNNING, WAITER};
+use crate::slots::{Slots, DONE, FAILED, PENDING, RUNNING, WAITER};
 use crate::{AccelError, Accelerator, OpId, OpState};
 use engine::Engine;
 use std::os::fd::RawFd;
@@ -195,38 +195,8 @@ impl Accelerator for Emulated {
     }
 
     fn release(&self, id: OpId) -> Result<(), AccelError> {
-        let c = self.slots().lookup(id.0)?;
-        let state = &c.slot.state;
-        loop {
-            let s = state.load(Acquire);
-            match s & !WAITER {
-                // Cancel: the device frees the slot when the op comes due, and never
-                // touches the buffer.
-                PENDING => {
-                    if state
-                        .compare_exchange(s, CANCELLED, AcqRel, Acquire)
-                        .is_ok()
-                    {
-                        if s & WAITER != 0 {
-                            crate::futex::wake_all(state);
-                        }
-                        return Ok(());
-                    }
-                }
-                // Mid-transform: wait the few microseconds until it is whole.
-                RUNNING => std::thread::yield_now(),
-                DONE | FAILED => {
-                    if state.compare_exchange(s, FREE, AcqRel, Acquire).is_ok() {
-                        self.slots().free(c.index);
-                        return Ok(());
-                    }
-                }
-                _ => return Err(AccelError::BadHandle),
-            }
-            if self.slots().generation_of(c.index) != c.generation {
-                return Err(AccelError::BadHandle);
-            }
-        }
+        // A cancelled op's slot is freed by the device thread when it comes due.
+        self.slots().release(id.0, |_| {})
     }
 
     fn completion_fd(&self) -> RawFd {

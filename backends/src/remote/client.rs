@@ -14,7 +14,7 @@ use super::frame::{
     self, Load, Msg, Op, OpKind, Payload, Piece, MAX_OPS_PER_FRAME, MAX_OP_BYTES,
     STATUS_MISSING_CHUNK, VERSION,
 };
-use crate::slots::{Slots, CANCELLED, DONE, FAILED, FREE, PENDING, RUNNING, WAITER};
+use crate::slots::{Slots, CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITER};
 use crate::{AccelError, Accelerator, OpId, OpState};
 use openssl::ssl::SslConnector;
 use std::collections::{BTreeMap, HashSet, VecDeque};
@@ -322,39 +322,12 @@ impl Accelerator for Remote {
     }
 
     fn release(&self, id: OpId) -> Result<(), AccelError> {
+        // A cancelled op's slot is freed by the I/O thread when its result (or its
+        // deadline) comes, and its buffer is never touched.
         let sh = &*self.sh;
-        let c = sh.slots.lookup(id.0)?;
-        let state = &c.slot.state;
-        loop {
-            let s = state.load(Acquire);
-            match s & !WAITER {
-                // Cancel: the I/O thread frees the slot when the result (or the
-                // deadline) comes, and never touches the buffer.
-                PENDING => {
-                    if state
-                        .compare_exchange(s, CANCELLED, AcqRel, Acquire)
-                        .is_ok()
-                    {
-                        if s & WAITER != 0 {
-                            crate::futex::wake_all(state);
-                        }
-                        return Ok(());
-                    }
-                }
-                RUNNING => std::thread::yield_now(),
-                DONE | FAILED => {
-                    if state.compare_exchange(s, FREE, AcqRel, Acquire).is_ok() {
-                        sh.bytes_in_flight.fetch_sub(c.slot.op().len, AcqRel);
-                        sh.slots.free(c.index);
-                        return Ok(());
-                    }
-                }
-                _ => return Err(AccelError::BadHandle),
-            }
-            if sh.slots.generation_of(c.index) != c.generation {
-                return Err(AccelError::BadHandle);
-            }
-        }
+        sh.slots.release(id.0, |op| {
+            sh.bytes_in_flight.fetch_sub(op.len, AcqRel);
+        })
     }
 
     fn completion_fd(&self) -> RawFd {

@@ -170,15 +170,7 @@ impl RemoteConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
-
-    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let m: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |k| m.get(k).cloned()
-    }
+    use crate::config::env;
 
     #[test]
     fn parses_and_rejects() {

@@ -395,3 +395,57 @@ pub fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static
     .join()
     .expect("thread in namespace")
 }
+
+/// The placement scenario: a fast daemon (200 us, 64 lanes) on `net.links[0]` and a
+/// slow one (2 ms, 4 lanes) on `net.links[1]`; kept alive by the returned guards.
+pub struct UnequalDaemons {
+    _fast: (super::Daemon, Option<DelayLine>),
+    _slow: (super::Daemon, Option<DelayLine>),
+    pub addrs: [String; 2],
+}
+
+pub fn unequal_daemons(net: &Net) -> UnequalDaemons {
+    let (f, fdl, a1) = daemon_on(
+        &net.links[0],
+        &[],
+        &[("TOFFLOAD_EMU_LAT_US", "200"), ("TOFFLOAD_EMU_LANES", "64")],
+    );
+    let (s, sdl, a2) = daemon_on(
+        &net.links[1],
+        &[],
+        &[("TOFFLOAD_EMU_LAT_US", "2000"), ("TOFFLOAD_EMU_LANES", "4")],
+    );
+    UnequalDaemons {
+        _fast: (f, fdl),
+        _slow: (s, sdl),
+        addrs: [a1, a2],
+    }
+}
+
+/// One placement run from the client namespace: `n` 4 KiB AES ops, 64 in flight, all
+/// answered right within `limit`; (ops/s, ops per daemon).
+pub fn placement_run(
+    net: &Net,
+    d: &UnequalDaemons,
+    p: toffload_accel::remote::Placement,
+    n: u64,
+    deadline_ms: u64,
+    limit: Duration,
+) -> (f64, Vec<u64>) {
+    let addrs = d.addrs.to_vec();
+    in_ns(&net.client_ns, move || {
+        let r = super::client(&addrs, |c| {
+            c.placement = p;
+            c.deadline_ms = deadline_ms;
+        });
+        let mut b = super::pattern(0, 4096);
+        toffload_accel::Accelerator::run(&r, &mut b, toffload_accel::WaitStyle::Block).unwrap();
+        let t0 = Instant::now();
+        let (ok, failed, wrong) = super::aes_workload(&r, n, 4096, 2, 64, limit, |_| {});
+        assert_eq!((ok, failed, wrong), (n, 0, 0));
+        (
+            n as f64 / t0.elapsed().as_secs_f64(),
+            r.counters().per_endpoint,
+        )
+    })
+}

@@ -16,7 +16,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-use toffload_tests::harness::{self, Server, ServerSpec};
+use toffload_tests::harness::{self, median, Server, ServerSpec};
 use toffload_tests::load::{self, Config};
 
 #[derive(Parser)]
@@ -194,19 +194,6 @@ fn sample(a: &Args, p: Point, runtime: bool) -> Result<Sample, String> {
         errors: r.errors,
         stats: st,
     })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// Medians over the runs of one mode of one point.

@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
-use toffload_tests::harness::{self, Server, ServerSpec};
+use toffload_tests::harness::{self, median, Server, ServerSpec};
 use toffload_tests::load::{self, Config};
 
 #[derive(Parser)]
@@ -162,19 +162,6 @@ fn watched(pt: Point, secs: f64) -> Result<Watched, String> {
         stop: !m["stop"].is_null(),
         watched_rps: best["requests_per_sec"].as_f64().unwrap_or(0.0),
     })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n == 0 {
-        return f64::NAN;
-    }
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 fn main() {

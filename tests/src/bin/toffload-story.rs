@@ -9,7 +9,7 @@ use clap::Parser;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use toffload_tests::harness::{self, Server, ServerSpec};
 use toffload_tests::load::{self, Config};
 
@@ -49,24 +49,16 @@ fn main() {
     }
 }
 
-fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("no free port: {e}"))
-}
-
 fn story(a: &Args) -> Result<(), String> {
     // SAFETY: no arguments.
     if unsafe { libc::geteuid() } != 0 {
         return Err("the story attaches eBPF probes: run it as root (sudo)".into());
     }
     // The injected server's parent (the watcher) exits before we do: reap it here.
-    // SAFETY: plain prctl on ourselves.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    harness::become_subreaper();
     let watch = harness::bin("toffload-watch")?;
     let two = harness::cpus() >= 2;
-    let port = free_port()?;
+    let port = harness::free_port()?;
     println!(
         "== 1. stock conn_server: {} connections, {} us offload ({} wait), emulated AES device",
         a.conns, a.latency_us, a.wait
@@ -141,19 +133,8 @@ fn story(a: &Args) -> Result<(), String> {
     // injection was refused) is ours to stop.
     let pid = injected.unwrap_or(old);
     drop(server);
-    if pid != old {
-        // SAFETY: signalling the server this story started.
-        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_secs(5) {
-            // SAFETY: plain waitpid on a process we adopted as subreaper.
-            if unsafe { libc::waitpid(pid as i32, std::ptr::null_mut(), libc::WNOHANG) }
-                == pid as i32
-            {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+    if pid != old && !harness::end_adopted(pid, Duration::from_secs(5)) {
+        eprintln!("toffload-story: the injected server {pid} did not end");
     }
     if during.wrong > 0 {
         return Err(format!("{} wrong answers", during.wrong));

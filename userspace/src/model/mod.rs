@@ -251,9 +251,10 @@ pub struct Assessment {
     pub recipe_text: Option<String>,
 }
 
+/// `inputs` is None when the window had no offload call to measure.
 pub fn assess(
     verdict: crate::classifier::Kind,
-    inputs: &Inputs,
+    inputs: Option<&Inputs>,
     command: &str,
     runtime: Option<crate::target::RuntimeKind>,
 ) -> Assessment {
@@ -261,24 +262,32 @@ pub fn assess(
     let recipe = recipes::lookup(command, runtime);
     // An event loop serves on one thread per core at most; a thread-per-connection
     // server rerouted keeps its threads.
-    let loops = if verdict == Kind::EventLoop {
-        1.0
-    } else {
-        inputs.cores
-    };
-    let recipe_speedup = (recipe.is_some() && inputs.latency_us > 0.0)
-        .then(|| recipes::predicted_speedup(inputs, loops).1);
+    let recipe_speedup = inputs
+        .filter(|i| recipe.is_some() && i.latency_us > 0.0)
+        .map(|i| {
+            let loops = if verdict == Kind::EventLoop {
+                1.0
+            } else {
+                i.cores
+            };
+            recipes::predicted_speedup(i, loops).1
+        });
     let recipe_text = recipe
         .as_ref()
         .map(|r| recipes::describe(r, recipe_speedup));
-    let (zero_edit, zero_edit_speedup, stop) = match verdict {
-        Kind::Fiberizable | Kind::BehindWall => {
+    let (zero_edit, zero_edit_speedup, stop) = match (verdict, inputs) {
+        (Kind::Fiberizable | Kind::BehindWall, None) => (
+            None,
+            None,
+            Some("no offload call seen: nothing to overlap".into()),
+        ),
+        (Kind::Fiberizable | Kind::BehindWall, Some(inputs)) => {
             let p = predict(inputs);
             let s = p.speedup;
             let stop = p.stop.clone();
             (Some(p), Some(s), stop)
         }
-        Kind::EventLoop => (
+        (Kind::EventLoop, _) => (
             None,
             Some(1.0),
             Some(
@@ -287,7 +296,7 @@ pub fn assess(
                     .into(),
             ),
         ),
-        Kind::BelowLibcWall => (
+        (Kind::BelowLibcWall, _) => (
             None,
             None,
             Some(
@@ -296,7 +305,7 @@ pub fn assess(
                     .into(),
             ),
         ),
-        Kind::BesideWall => (
+        (Kind::BesideWall, _) => (
             None,
             None,
             Some(
@@ -305,12 +314,12 @@ pub fn assess(
                     .into(),
             ),
         ),
-        Kind::NotDynamic => (
+        (Kind::NotDynamic, _) => (
             None,
             None,
             Some("statically linked: LD_PRELOAD cannot interpose anything".into()),
         ),
-        Kind::Undecided => (None, None, Some("no requests seen yet".into())),
+        (Kind::Undecided, _) => (None, None, Some("no requests seen yet".into())),
     };
     Assessment {
         zero_edit,

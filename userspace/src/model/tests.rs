@@ -91,7 +91,7 @@ fn behind_the_wall_is_no_gain() {
     let mut i = base();
     i.cpu_per_request_us = 300.0;
     i.stock_rps = 1e6 / 303.0;
-    let a = assess(Kind::BehindWall, &i, "/usr/bin/conn_server", None);
+    let a = assess(Kind::BehindWall, Some(&i), "/usr/bin/conn_server", None);
     let p = a.zero_edit.as_ref().unwrap();
     assert!(p.speedup < NO_GAIN, "{}", p.speedup);
     assert!(
@@ -126,7 +126,7 @@ fn walls_get_no_zero_edit_prediction() {
         (Kind::BesideWall, "beside"),
         (Kind::NotDynamic, "statically"),
     ] {
-        let a = assess(kind, &base(), "mariadbd", None);
+        let a = assess(kind, Some(&base()), "mariadbd", None);
         assert!(
             a.zero_edit.is_none() && a.zero_edit_speedup.is_none(),
             "{kind:?}"
@@ -144,7 +144,7 @@ fn event_loop_gets_one_and_a_recipe() {
     let mut i = base();
     i.connections = 50.0;
     i.stock_rps = 1e6 / 212.0;
-    let a = assess(Kind::EventLoop, &i, "/usr/bin/redis-server", None);
+    let a = assess(Kind::EventLoop, Some(&i), "/usr/bin/redis-server", None);
     assert_eq!(a.zero_edit_speedup, Some(1.0));
     let r = a.recipe.as_ref().unwrap();
     assert_eq!((r.lines_added, r.lines_modified), (83, 0));
