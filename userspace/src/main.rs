@@ -111,7 +111,6 @@ fn options(c: &Common) -> Options {
         dry_run: c.dry_run,
         force: c.force,
         env: c.inject_env.clone(),
-        ready_limit: Duration::ZERO,
     };
     Options {
         interval: c.interval,

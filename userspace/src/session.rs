@@ -474,7 +474,7 @@ fn do_inject(
         tr.pid()
     ));
     let old = tr.pid();
-    match inject::execute(&plan, io) {
+    match inject::execute(&plan) {
         Ok(rel) => {
             let new_pid = rel.pid;
             inj.tracker.injected(old, new_pid);

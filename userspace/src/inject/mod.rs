@@ -24,8 +24,6 @@ pub struct Options {
     /// Extra environment for the relaunched process only (runtime knobs such as
     /// TOFFLOAD_GUARD=detect).
     pub env: Vec<(String, String)>,
-    /// How long the relaunched server may take to listen again.
-    pub ready_limit: Duration,
 }
 
 /// Everything the injection will do, decided before anything is touched.
@@ -127,6 +125,7 @@ impl Plan {
     }
 }
 
+/// How long the relaunched server may take to listen again.
 pub const READY_LIMIT: Duration = Duration::from_secs(15);
 
 /// The relaunched process (ours until the watcher exits; it outlives the watcher).
@@ -169,58 +168,46 @@ impl std::fmt::Display for Failure {
     }
 }
 
+/// Starts `l` and waits until it serves (its runtime active when `runtime`); a start
+/// that does not get there is stopped and reaped.
+fn start_serving(
+    l: &Launch,
+    stdio: &[Option<std::os::fd::OwnedFd>; 3],
+    ports: &BTreeSet<Listen>,
+    runtime: bool,
+) -> Result<Relaunched, String> {
+    let mut child = launch::spawn(l, stdio)?;
+    let ready = launch::Ready {
+        ports,
+        runtime,
+        limit: READY_LIMIT,
+    };
+    match launch::wait_ready(&mut child, &ready) {
+        Ok(()) => {
+            let pid = child.id();
+            Ok(Relaunched { child, pid })
+        }
+        Err(e) => {
+            launch::kill(&mut child);
+            Err(e)
+        }
+    }
+}
+
 /// Runs the plan.
-pub fn execute(p: &Plan, opts: &Options) -> Result<Relaunched, Failure> {
+pub fn execute(p: &Plan) -> Result<Relaunched, Failure> {
     bundle::install().map_err(Failure::NotStarted)?;
     if !process::running(p.old_pid) {
         return Err(Failure::NotStarted(format!("pid {} is gone", p.old_pid)));
     }
     let stdio = launch::take_stdio(p.old_pid);
     launch::stop(p.old_pid, Duration::from_secs(5)).map_err(Failure::NotStarted)?;
-    let limit = if opts.ready_limit.is_zero() {
-        READY_LIMIT
-    } else {
-        opts.ready_limit
-    };
-    let why = match launch::spawn(&p.injected, &stdio) {
-        Ok(mut child) => {
-            let ready = launch::Ready {
-                ports: &p.ports,
-                runtime: true,
-                limit,
-            };
-            match launch::wait_ready(&mut child, &ready) {
-                Ok(()) => {
-                    let pid = child.id();
-                    return Ok(Relaunched { child, pid });
-                }
-                Err(e) => {
-                    launch::kill(&mut child);
-                    e
-                }
-            }
-        }
-        Err(e) => e,
+    let why = match start_serving(&p.injected, &stdio, &p.ports, true) {
+        Ok(r) => return Ok(r),
+        Err(why) => why,
     };
     // Recovery: the original command, exactly as it was.
-    let recovery = launch::spawn(&p.original, &stdio).and_then(|mut child| {
-        let ready = launch::Ready {
-            ports: &p.ports,
-            runtime: false,
-            limit,
-        };
-        match launch::wait_ready(&mut child, &ready) {
-            Ok(()) => {
-                let pid = child.id();
-                Ok(Relaunched { child, pid })
-            }
-            Err(e) => {
-                launch::kill(&mut child);
-                Err(e)
-            }
-        }
-    });
-    Err(match recovery {
+    Err(match start_serving(&p.original, &stdio, &p.ports, false) {
         Ok(restored) => Failure::Restored { why, restored },
         Err(recovery) => Failure::Down { why, recovery },
     })
