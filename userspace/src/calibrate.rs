@@ -8,6 +8,18 @@ use std::time::Instant;
 /// Microseconds per context switch, or None when the benchmark cannot run.
 pub fn context_switch_us(rounds: u32) -> Option<f64> {
     let cpu = current_cpu()?;
+    let prev = affinity();
+    let elapsed = ping_pong(cpu, rounds);
+    if let Some(set) = prev {
+        // SAFETY: restoring this thread's own affinity mask.
+        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    }
+    elapsed.map(|e| e.as_secs_f64() * 1e6 / (2.0 * rounds as f64))
+}
+
+/// `rounds` hand-offs of a byte between this thread and a helper thread, both pinned
+/// to `cpu` (this thread stays pinned): the time they took.
+pub fn ping_pong(cpu: usize, rounds: u32) -> Option<std::time::Duration> {
     let (a_r, a_w) = pipe()?;
     let (b_r, b_w) = pipe()?;
     let pong = std::thread::spawn(move || {
@@ -20,7 +32,6 @@ pub fn context_switch_us(rounds: u32) -> Option<f64> {
         }
         true
     });
-    let prev = affinity();
     pin(cpu);
     let mut buf = [0u8; 1];
     let t0 = Instant::now();
@@ -32,16 +43,17 @@ pub fn context_switch_us(rounds: u32) -> Option<f64> {
         }
     }
     let elapsed = t0.elapsed();
-    if let Some(set) = prev {
-        // SAFETY: restoring this thread's own affinity mask.
-        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if !ok {
+        // Unblocks the helper if it waits for a byte that will not come.
+        // SAFETY: closing our own write end.
+        unsafe { libc::close(a_w) };
     }
     let pong_ok = pong.join().unwrap_or(false);
-    for fd in [a_r, a_w, b_r, b_w] {
+    for fd in [a_r, b_r, b_w].into_iter().chain(ok.then_some(a_w)) {
         // SAFETY: closing our own pipe ends once both threads are done.
         unsafe { libc::close(fd) };
     }
-    (ok && pong_ok).then(|| elapsed.as_secs_f64() * 1e6 / (2.0 * rounds as f64))
+    (ok && pong_ok).then_some(elapsed)
 }
 
 fn current_cpu() -> Option<usize> {
@@ -59,7 +71,8 @@ fn affinity() -> Option<libc::cpu_set_t> {
     }
 }
 
-fn pin(cpu: usize) {
+/// Pins the calling thread to `cpu`.
+pub fn pin(cpu: usize) {
     // SAFETY: as above; affects only the calling thread.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();

@@ -17,6 +17,7 @@ pub mod inject_flow;
 pub mod loader;
 pub mod metrics;
 pub mod model;
+pub mod probe_cost;
 pub mod report;
 pub mod runtime_counters;
 pub mod session;

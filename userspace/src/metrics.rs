@@ -82,6 +82,9 @@ pub struct Window {
     pub wakeup_p50_us: Option<f64>,
     pub wakeup_p99_us: Option<f64>,
     pub syscalls_top: Vec<SyscallRow>,
+    /// All syscalls of the window (the uretprobe trampoline's, which are the
+    /// watcher's own, left out here as in the profile).
+    pub syscalls: u64,
     pub threads: usize,
     pub threads_created: u64,
     pub accepts: u64,
@@ -105,6 +108,21 @@ pub struct Window {
     pub model: Option<crate::model::Assessment>,
     /// After an injection: before/after throughput next to the prediction.
     pub injection: Option<crate::inject_flow::InjectionStatus>,
+    /// What watching cost the target in this window, and how much of it was traced.
+    pub watcher: Option<WatcherCost>,
+}
+
+/// The watch's own cost (probe_cost.rs).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct WatcherCost {
+    /// Microseconds the programs added to each request while tracing.
+    pub us_per_request: Option<f64>,
+    /// Their share of the target's on-CPU time while tracing.
+    pub share_traced: f64,
+    /// Share of the next interval that will be traced.
+    pub duty: f64,
+    /// The budget the duty keeps the average share under (None: fixed --sample).
+    pub budget: Option<f64>,
 }
 
 fn nr(name: &str) -> usize {
@@ -211,12 +229,14 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
     });
     let (vol, invol) = (d(abi::C_VOL), d(abi::C_INVOL));
     let wake = cur.wake.minus(&prev.wake);
+    let mut syscalls_total = 0;
     let mut rows: Vec<SyscallRow> = (0..abi::NR_MAX)
         .filter_map(|n| {
             let c = cur.calls(n).saturating_sub(prev.calls(n));
-            if c == 0 {
+            if c == 0 || n == syscalls::URETPROBE {
                 return None;
             }
+            syscalls_total += c;
             let ns = cur.sys_ns(n).saturating_sub(prev.sys_ns(n));
             let p99 = cur
                 .sys_hists
@@ -281,6 +301,7 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         wakeup_p50_us: wake.quantile(0.5).map(|v| v / 1e3),
         wakeup_p99_us: wake.quantile(0.99).map(|v| v / 1e3),
         syscalls_top: rows,
+        syscalls: syscalls_total,
         threads: cur.live_threads,
         threads_created,
         accepts,
@@ -296,6 +317,7 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         runtime_counters: cur.runtime,
         model: None,
         injection: None,
+        watcher: None,
     }
 }
 

@@ -19,6 +19,8 @@ pub struct Header {
     pub missing: Vec<String>,
     /// Measured at start (pipe ping-pong on one CPU).
     pub context_switch_us: Option<f64>,
+    /// What each traced event costs the target, measured at start (probe_cost.rs).
+    pub probe_cost: Option<crate::probe_cost::ProbeCost>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -117,6 +119,15 @@ pub fn header_text(h: &Header) -> String {
         "  context switch cost: {} (measured)",
         opt(h.context_switch_us, " us")
     );
+    if let Some(c) = &h.probe_cost {
+        let _ = writeln!(
+            s,
+            "  watch cost per event: syscall {:.2} us, switch {:.2} us, offload {:.2} us (measured)",
+            c.syscall_ns / 1e3,
+            c.switch_ns / 1e3,
+            c.offload_ns / 1e3
+        );
+    }
     for m in &h.missing {
         let _ = writeln!(s, "  MISSING metric: {m}");
     }
@@ -220,6 +231,20 @@ pub fn window_text(w: &Window, title: &str) -> String {
             "  WARNING: {} threads did not fit the kernel's thread table; their scheduler \
              numbers are missing",
             w.threads_missed
+        );
+    }
+    if let Some(c) = &w.watcher {
+        let budget = c
+            .budget
+            .map(|b| format!(" (budget {:.1}%)", b * 100.0))
+            .unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "  watch cost: {} per request, {:.1}% of the target's CPU while tracing; tracing {:.0}% of \
+             the next interval{budget}",
+            opt(c.us_per_request, " us"),
+            c.share_traced * 100.0,
+            c.duty * 100.0
         );
     }
     let _ = writeln!(s, "  verdict: {} -- {}", w.verdict.label, w.verdict.because);

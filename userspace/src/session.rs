@@ -13,6 +13,7 @@ use crate::inject_flow::{InjectEvent, InjectRequest, Tracker};
 use crate::loader::{self, Probes};
 use crate::metrics::{self, Context, Window};
 use crate::model;
+use crate::probe_cost::{self, ProbeCost};
 use crate::report::{Final, Header, ThreadRow};
 use crate::runtime_counters;
 use crate::sink::{Event, Sink, UserCmd};
@@ -26,8 +27,12 @@ pub struct Options {
     pub duration: Option<Duration>,
     pub json: bool,
     /// Share of each interval the programs are attached (1.0: always). Between bursts
-    /// the watched process runs untraced; rates are per traced second.
+    /// the watched process runs untraced; rates are per traced second. With a budget
+    /// this is where the watch starts, and the share then follows the budget.
     pub sample: f64,
+    /// Keep the watch's measured cost, averaged over each interval, under this share
+    /// of the target's CPU by tracing less of each interval (None: trace `sample`).
+    pub overhead_budget: Option<f64>,
     /// --inject: restart the target under the runtime once the verdict is in.
     pub inject: Option<InjectRequest>,
     /// Options for an injection the dashboard asks for (key i).
@@ -98,11 +103,7 @@ struct Tracked {
 }
 
 impl Tracked {
-    fn new(
-        mut a: Attached,
-        switch_us: Option<f64>,
-        started: Instant,
-    ) -> Result<Tracked, WatchError> {
+    fn new(mut a: Attached, calib: &Calibration, started: Instant) -> Result<Tracked, WatchError> {
         let pid = a.pid;
         let maps = target::maps(pid);
         a.probe_files(&loader::mapped_files(&maps))?;
@@ -116,7 +117,8 @@ impl Tracked {
             runtime: target::runtime(pid),
             probes: a.probes.clone(),
             missing: a.missing.clone(),
-            context_switch_us: switch_us,
+            context_switch_us: calib.switch_us,
+            probe_cost: calib.probe_cost,
         };
         let layout = Layout::new(
             AddressSpace::from_maps(&maps),
@@ -201,11 +203,19 @@ impl Tracked {
         s
     }
 
-    /// The window since the last one, with the model.
-    fn window(&mut self, started: Instant) -> Window {
+    /// The window so far, without closing it (the budget's early look).
+    fn peek(&mut self, started: Instant) -> Window {
+        let cur = self.snapshot(started);
+        metrics::window(&self.prev, &cur, &self.ctx)
+    }
+
+    /// The window since the last one, with the watch's cost (`duty` and `budget` as
+    /// in watch_cost) and the model, which takes that cost out of what it measured.
+    fn window(&mut self, started: Instant, budget: Option<f64>, duty: f64) -> Window {
         let cur = self.snapshot(started);
         let mut w = metrics::window(&self.prev, &cur, &self.ctx);
         self.prev = cur;
+        w.watcher = watch_cost(&w, self.header.probe_cost.as_ref(), budget, duty);
         w.model = self.assess(&w);
         w
     }
@@ -224,15 +234,12 @@ impl Tracked {
         ))
     }
 
-    /// Sampling: detach for the rest of the interval after the burst.
-    fn maybe_pause(
-        &mut self,
-        started: Instant,
-        window_start: Duration,
-        burst: Duration,
-    ) -> Result<(), WatchError> {
+    /// Sampling: detach for the rest of the interval once a burst has been traced
+    /// (counted from when tracing resumed, which attaching delays past the window's
+    /// start).
+    fn maybe_pause(&mut self, started: Instant, burst: Duration) -> Result<(), WatchError> {
         let elapsed = started.elapsed();
-        if self.on && elapsed >= window_start + burst {
+        if self.on && elapsed >= self.on_since + burst {
             loader::set_epoch(&mut self.a.bpf, None)?;
             loader::detach(&mut self.a.bpf, &mut self.a.links);
             self.traced += elapsed.saturating_sub(self.on_since);
@@ -269,6 +276,7 @@ impl Tracked {
             last.live_threads = self.prev.live_threads;
         }
         let mut total = metrics::window(&self.baseline, &last, &self.ctx);
+        total.watcher = watch_cost(&total, self.header.probe_cost.as_ref(), None, 1.0);
         total.model = self.assess(&total);
         let mut threads: Vec<ThreadRow> = last
             .threads
@@ -308,7 +316,14 @@ struct InjectState {
 }
 
 /// Watches until the end; renders through `sink` and returns the final report.
-pub async fn run(a: Attached, opts: &Options, sink: &mut dyn Sink) -> Result<Final, WatchError> {
+/// `calib` is measured before attaching (Calibration::measure), so that a command
+/// started for the watch does not run ahead of it.
+pub async fn run(
+    a: Attached,
+    calib: &Calibration,
+    opts: &Options,
+    sink: &mut dyn Sink,
+) -> Result<Final, WatchError> {
     // Installed first (before "attached" is announced) and once, so that a signal
     // arriving at any point, even between two polls, ends the watch with a report.
     let signal = |kind| {
@@ -317,24 +332,44 @@ pub async fn run(a: Attached, opts: &Options, sink: &mut dyn Sink) -> Result<Fin
     };
     let mut sigint = signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut sigterm = signal(tokio::signal::unix::SignalKind::terminate())?;
-    let switch_us = calibrate::context_switch_us(2000);
-    // After the calibration, so that the first window is a whole interval.
     let started = Instant::now();
-    let mut tr = Tracked::new(a, switch_us, started)?;
+    let mut tr = Tracked::new(a, calib, started)?;
     sink.emit(Event::Header(&tr.header))?;
+    if let (Some(why), Some(_)) = (&calib.probe_cost_error, opts.overhead_budget) {
+        sink.status(&format!(
+            "the watch's own cost is unknown ({why}): tracing every interval in full"
+        ));
+    }
     // Tests and scripts wait for this line before loading the target.
     eprintln!("toffload-watch: attached to pid {}", tr.pid());
 
     // A short poll: notices the exit and the user's keys quickly.
     let poll = Duration::from_millis(20);
     let mut next_window = opts.interval;
-    let sampled = opts.sample < 1.0;
-    let burst = opts.interval.mul_f64(opts.sample.clamp(0.01, 1.0));
+    let mut duty = opts.sample.clamp(MIN_DUTY, 1.0);
+    // Whether this interval's early look (below) was taken.
+    let mut looked = false;
     let mut inj = InjectState::default();
     let ended;
     loop {
+        // Under a budget, an interval traced in full is looked at after its first
+        // EARLY_LOOK: a server whose events cost more than the budget is then traced
+        // for the budget's share of this interval already, not only from the next.
+        let window_start = next_window.saturating_sub(opts.interval);
+        if let Some(budget) = opts.overhead_budget {
+            let look_at = window_start + EARLY_LOOK.min(opts.interval / 4);
+            if !looked && duty >= 1.0 && tr.on && started.elapsed() >= look_at {
+                looked = true;
+                let w = tr.peek(started);
+                if let Some(c) = watch_cost(&w, calib.probe_cost.as_ref(), Some(budget), duty) {
+                    duty = c.duty;
+                }
+            }
+        }
+        let sampled = duty < 1.0;
         if sampled {
-            tr.maybe_pause(started, next_window.saturating_sub(opts.interval), burst)?;
+            let burst = opts.interval.mul_f64(duty);
+            tr.maybe_pause(started, burst)?;
         }
         if let Some(d) = opts.duration {
             if started.elapsed() >= d {
@@ -350,14 +385,18 @@ pub async fn run(a: Attached, opts: &Options, sink: &mut dyn Sink) -> Result<Fin
         let mut inject_now: Option<inject::Options> = None;
         if started.elapsed() >= next_window {
             next_window += opts.interval;
-            let mut w = tr.window(started);
+            looked = false;
+            let mut w = tr.window(started, opts.overhead_budget, duty);
+            if let Some(c) = &w.watcher {
+                duty = c.duty;
+            }
             if inj.tracker.status.is_some() {
                 w.injection = inj.tracker.after(&w);
             } else {
                 inj.tracker.stock(&w);
             }
             sink.emit(Event::Window(&w))?;
-            if sampled {
+            if sampled || duty < 1.0 {
                 tr.resume(started)?;
             }
             if let Some(req) = &opts.inject {
@@ -382,10 +421,13 @@ pub async fn run(a: Attached, opts: &Options, sink: &mut dyn Sink) -> Result<Fin
             None => {}
         }
         if let Some(io) = inject_now {
-            match do_inject(&mut tr, &mut inj, &io, sink, started, switch_us)? {
+            match do_inject(&mut tr, &mut inj, &io, sink, started, calib)? {
                 Step::Continue => {
-                    // Windows restart from the injection.
+                    // Windows restart from the injection, and the new process's cost is
+                    // looked at afresh.
                     next_window = started.elapsed() + opts.interval;
+                    duty = opts.sample.clamp(MIN_DUTY, 1.0);
+                    looked = false;
                 }
                 Step::End(why) => {
                     ended = why;
@@ -440,7 +482,7 @@ fn do_inject(
     io: &inject::Options,
     sink: &mut dyn Sink,
     started: Instant,
-    switch_us: Option<f64>,
+    calib: &Calibration,
 ) -> Result<Step, WatchError> {
     let interactive = sink.interactive();
     let decided = inj
@@ -490,7 +532,7 @@ fn do_inject(
             e.new_pid = Some(new_pid);
             inj.child = Some(rel);
             inj.outcome = Some("injected");
-            follow(tr, new_pid, started, switch_us)?;
+            follow(tr, new_pid, started, calib)?;
             sink.emit(Event::Inject(&e))?;
             sink.emit(Event::Header(&tr.header))?;
             Ok(Step::Continue)
@@ -509,7 +551,7 @@ fn do_inject(
             if let inject::Failure::Restored { restored, .. } = f {
                 let pid = restored.pid;
                 inj.child = Some(restored);
-                follow(tr, pid, started, switch_us)?;
+                follow(tr, pid, started, calib)?;
                 sink.emit(Event::Inject(&e))?;
                 sink.emit(Event::Header(&tr.header))?;
             } else {
@@ -529,9 +571,103 @@ fn follow(
     tr: &mut Tracked,
     pid: u32,
     started: Instant,
-    switch_us: Option<f64>,
+    calib: &Calibration,
 ) -> Result<(), WatchError> {
     let a = attach(pid)?;
-    *tr = Tracked::new(a, switch_us, started)?;
+    *tr = Tracked::new(a, calib, started)?;
     Ok(())
+}
+
+/// How long an interval is traced in full before the budget's early look.
+const EARLY_LOOK: Duration = Duration::from_millis(200);
+
+/// The least share of an interval traced under a budget: below it a burst sees too
+/// few requests to say anything.
+pub const MIN_DUTY: f64 = 0.02;
+
+/// What is measured once at start.
+pub struct Calibration {
+    pub switch_us: Option<f64>,
+    pub probe_cost: Option<ProbeCost>,
+    /// Why the cost per event could not be measured (said once the watch is on).
+    pub probe_cost_error: Option<String>,
+}
+
+impl Calibration {
+    /// The context-switch cost and the watch's cost per event (a fraction of a second).
+    pub fn measure() -> Calibration {
+        let (probe_cost, probe_cost_error) = match probe_cost::measure() {
+            Ok(c) => (Some(c), None),
+            Err(why) => (None, Some(why)),
+        };
+        // The child's untraced ping-pong is the switch cost, measured undisturbed;
+        // without it, the same on this thread.
+        let switch_us = match &probe_cost {
+            Some(c) if c.handoff_ns > 0.0 => Some(c.handoff_ns / 1e3),
+            _ => calibrate::context_switch_us(2000),
+        };
+        Calibration {
+            switch_us,
+            probe_cost,
+            probe_cost_error,
+        }
+    }
+}
+
+/// The window's watch cost, and the share of the next interval to trace: all of it
+/// when the cost is within the budget, else budget / cost (at least MIN_DUTY), so that
+/// the cost averaged over the interval stays near the budget.
+pub fn watch_cost(
+    w: &Window,
+    cost: Option<&ProbeCost>,
+    budget: Option<f64>,
+    duty: f64,
+) -> Option<metrics::WatcherCost> {
+    let cost = cost?;
+    let added = cost.added_ns(&probe_cost::Events {
+        syscalls: w.syscalls,
+        switches: w.switches.voluntary + w.switches.involuntary,
+        offloads: w.offload.calls,
+    });
+    let on_ns = w.on_cpu_ms * 1e6;
+    let share = if on_ns > 0.0 {
+        (added / on_ns).min(1.0)
+    } else {
+        0.0
+    };
+    Some(metrics::WatcherCost {
+        us_per_request: (w.requests > 0).then(|| added / w.requests as f64 / 1e3),
+        share_traced: share,
+        duty: next_duty((on_ns > 0.0).then_some(share), budget, duty),
+        budget,
+    })
+}
+
+/// The share of the next interval to trace, from the cost's share of the target's CPU
+/// while tracing (None: the target did not run, which says nothing about its cost).
+pub fn next_duty(share: Option<f64>, budget: Option<f64>, duty: f64) -> f64 {
+    match (budget, share) {
+        (Some(b), Some(s)) if s <= b => 1.0,
+        (Some(b), Some(s)) => (b / s).clamp(MIN_DUTY, 1.0),
+        _ => duty,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{next_duty, MIN_DUTY};
+
+    #[test]
+    fn the_duty_follows_the_budget() {
+        // Within the budget: trace everything.
+        assert_eq!(next_duty(Some(0.01), Some(0.02), 0.1), 1.0);
+        // Ten times the budget: a tenth of each interval.
+        assert!((next_duty(Some(0.2), Some(0.02), 1.0) - 0.1).abs() < 1e-12);
+        // Never below the floor, however costly.
+        assert_eq!(next_duty(Some(1.0), Some(0.001), 1.0), MIN_DUTY);
+        // No budget (--sample): the fixed share stays.
+        assert_eq!(next_duty(Some(0.5), None, 0.3), 0.3);
+        // An idle window keeps the last duty.
+        assert_eq!(next_duty(None, Some(0.02), 0.25), 0.25);
+    }
 }

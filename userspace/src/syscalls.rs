@@ -1,10 +1,12 @@
 //! x86_64 syscall names by number (from Linux's asm/unistd_64.h), for the report.
 
+/// The uretprobe trampoline's syscall (Linux 6.11+), newer than the header: its
+/// calls are the watcher's own return probes returning, not the target's work.
+pub const URETPROBE: usize = 335;
+
 /// Name of syscall `nr`, or None for a hole in the table.
 pub fn name(nr: usize) -> Option<&'static str> {
-    // 335: the uretprobe trampoline's syscall (Linux 6.11+), newer than the header;
-    // these calls are the watcher's own uretprobes returning.
-    if nr == 335 {
+    if nr == URETPROBE {
         return Some("uretprobe");
     }
     NAMES.get(nr).copied().flatten()

@@ -163,7 +163,8 @@ fn counts_k_futex_switches_offloads() {
 fn count_k(raw_sched: bool) {
     const K: f64 = 2000.0;
     let mut c = watch_cmd();
-    c.args(["run", "--json", "--"])
+    // --sample 100: exact counts need every event traced, whatever the budget says.
+    c.args(["run", "--json", "--sample", "100", "--"])
         .arg(harness::bin("kcount").expect("kcount built"))
         .arg((K as u32).to_string())
         .env("TOFFLOAD_WAIT", "spin")
@@ -287,6 +288,10 @@ fn bad_flags_exit_2() {
         &["--bogus"][..],
         &["--pid", "1", "--interval", "soon"],
         &["--pid", "notanumber"],
+        &["--pid", "1", "--overhead-budget", "0"],
+        &["--pid", "1", "--overhead-budget", "lots"],
+        &["--pid", "1", "--overhead-budget", "5", "--sample", "50"],
+        &["--pid", "1", "--sample", "0"],
         &[],
         &["run"],
     ] {
@@ -516,6 +521,98 @@ fn sampled_watch_keeps_rates_and_stall() {
         r.requests_per_sec
     );
     assert!((p50 - 1000.0).abs() < 100.0, "stall p50 {p50}");
+}
+
+/// The default watch keeps its own cost within the overhead budget: the cost per
+/// event is measured at start, a server whose traced events cost more than the budget
+/// is traced for only part of each interval (the traced time shrinks to match), and
+/// the rates and the stall it reports still match the load. --sample 100 traces all.
+#[test]
+fn overhead_budget_traces_part_of_each_interval() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    for (flags, budgeted) in [(&[][..], true), (&["--sample", "100"][..], false)] {
+        let server = Server::start(
+            &ServerSpec::new("conn_server")
+                .env("TOFFLOAD_EMU_LAT_US", "200")
+                .env("TOFFLOAD_WAIT", "block"),
+        )
+        .expect("conn_server");
+        let mut c = watch_cmd();
+        c.args(["--json", "--interval", "1s", "--duration", "4.5s"])
+            .args(flags)
+            .arg("--pid")
+            .arg(server.pid().to_string());
+        let w = Watcher::start(c);
+        let r = drive(&server, 16, 4.0);
+        let (code, lines, err) = w.finish();
+        assert_eq!(code, 0, "{err:?}");
+        let cost = &get(&lines, "header")["probe_cost"];
+        let (sys, sw, off) = (
+            cost["syscall_ns"].as_f64().expect("syscall cost measured"),
+            cost["switch_ns"].as_f64().expect("switch cost"),
+            cost["offload_ns"].as_f64().expect("offload cost"),
+        );
+        println!("cost per event: syscall {sys:.0} ns, switch {sw:.0} ns, offload {off:.0} ns");
+        // Tracing a syscall or an offload is never free, and no event costs a
+        // millisecond. (A switch's cost is a difference of two ping-pong timings
+        // less four syscalls': on a busy machine it can come out as zero.)
+        for v in [sys, off] {
+            assert!(v > 0.0 && v < 1e6, "{cost}");
+        }
+        assert!((0.0..1e6).contains(&sw), "{cost}");
+        let windows: Vec<&serde_json::Value> = lines
+            .iter()
+            .filter(|(k, _)| k == "window")
+            .map(|(_, w)| w)
+            .collect();
+        // Windows wholly inside the load.
+        let mid = &windows[1..3.min(windows.len())];
+        assert_eq!(mid.len(), 2, "{lines:?}");
+        for w in mid {
+            let wc = &w["watcher"];
+            let share = wc["share_traced"].as_f64().unwrap();
+            let duty = wc["duty"].as_f64().unwrap();
+            let secs = w["secs"].as_f64().unwrap();
+            let rps = w["requests_per_sec"].as_f64().unwrap();
+            println!(
+                "budgeted {budgeted}: traced {secs:.2} s, cost {:.1}% of CPU while tracing, next                  duty {duty:.2}, {rps:.0} req/s (load generator {:.0})",
+                share * 100.0,
+                r.requests_per_sec
+            );
+            // 16 connections of 200 us offloads keep the server busy enough that
+            // tracing every event costs well over 2% of its CPU.
+            assert!(share > 0.04, "{wc}");
+            if budgeted {
+                assert!((0.02..0.6).contains(&duty), "{wc}");
+                assert!(secs < 0.7, "traced {secs} s of a 1 s interval: {wc}");
+                assert!(wc["budget"].as_f64() == Some(0.02), "{wc}");
+            } else {
+                assert_eq!(duty, 1.0, "{wc}");
+                assert!(secs > 0.9, "{secs}");
+                assert!(wc["budget"].is_null(), "{wc}");
+            }
+        }
+        // Rates are per traced second: they match the load generator's (the mean of
+        // the two windows: a burst of a tenth of a second sees a noisy machine's
+        // swings that a second averages out).
+        let rps: f64 = mid
+            .iter()
+            .map(|w| w["requests_per_sec"].as_f64().unwrap())
+            .sum::<f64>()
+            / 2.0;
+        assert!(
+            (rps / r.requests_per_sec - 1.0).abs() < 0.3,
+            "{rps} vs {}",
+            r.requests_per_sec
+        );
+        let p50 = get(&lines, "final")["total"]["offload"]["stall_p50_us"]
+            .as_f64()
+            .unwrap();
+        assert!(p50 > 180.0 && p50 < 600.0, "stall p50 {p50}");
+    }
 }
 
 /// Per-request CPU above the offload: behind the wall.

@@ -75,6 +75,7 @@ pub fn from_window(w: &Window, switch_us: Option<f64>, facts: &TargetFacts) -> O
         switch_us: switch_us.unwrap_or(0.0),
         blocking_switches_per_request: w.blocking_switches_per_request.unwrap_or(0.0),
         device_rps: facts.device_rps(),
+        watch_us_per_request: w.watcher.and_then(|c| c.us_per_request).unwrap_or(0.0),
     })
 }
 

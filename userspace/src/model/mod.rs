@@ -60,6 +60,9 @@ pub struct Inputs {
     pub blocking_switches_per_request: f64,
     /// D: the device's throughput when the window shows it saturated, requests/s.
     pub device_rps: Option<f64>,
+    /// What the watch's own probes added to each request while the window was traced
+    /// (probe_cost.rs), us: in c and in R as measured, gone once the watch detaches.
+    pub watch_us_per_request: f64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -96,6 +99,9 @@ pub struct Prediction {
     pub binding: Ceiling,
     /// fiber_rps / stock_rps.
     pub speedup: f64,
+    /// The stock rate without the watch: the measured one, corrected for the probes'
+    /// cost (equal to it when that cost is unknown or zero).
+    pub stock_rps: f64,
     /// The stock rate the formulas give (T_spin or T_block), beside the measured one:
     /// a large gap says the stock server is limited by something the model lacks.
     pub stock_model_rps: f64,
@@ -108,8 +114,28 @@ pub fn runtime_overhead_us(yields: f64) -> f64 {
     yields * (FIBER_SWITCH_US + RUNTIME_PER_YIELD_US)
 }
 
+/// The stock formulas, T_spin or T_block, at per-request CPU `c`.
+fn stock_formula(i: &Inputs, c: f64) -> f64 {
+    let per_s = |us: f64| 1e6 / us.max(1e-3);
+    let (l, n, p, x) = (
+        i.latency_us.max(0.0),
+        i.connections.max(1.0),
+        i.cores.max(1.0),
+        i.switch_us.max(0.0),
+    );
+    if i.spin {
+        p.min(n) * per_s(c + l)
+    } else {
+        (p * per_s(c + 2.0 * x)).min(n * per_s(l + c + x))
+    }
+}
+
 pub fn predict(i: &Inputs) -> Prediction {
-    let c = i.cpu_per_request_us.max(0.0);
+    // The window was measured with the probes attached: c without their cost, and the
+    // stock rate as the stock formulas say it moves when that cost goes (a server
+    // bound by its CPU speeds up, one bound by its connections barely moves).
+    let c_watched = i.cpu_per_request_us.max(0.0);
+    let c = (c_watched - i.watch_us_per_request.max(0.0)).max(0.0);
     let l = i.latency_us.max(0.0);
     let n = i.connections.max(1.0);
     let p = i.cores.max(1.0);
@@ -134,14 +160,9 @@ pub fn predict(i: &Inputs) -> Prediction {
             binding = Ceiling::Device;
         }
     }
-    let x = i.switch_us.max(0.0);
-    let stock_model = if i.spin {
-        p.min(n) * per_s(c + l)
-    } else {
-        (p * per_s(c + 2.0 * x)).min(n * per_s(l + c + x))
-    };
+    let stock_model = stock_formula(i, c);
     let stock = if i.stock_rps > 0.0 {
-        i.stock_rps
+        i.stock_rps * stock_model / stock_formula(i, c_watched).max(1e-9)
     } else {
         stock_model
     };
@@ -172,6 +193,7 @@ pub fn predict(i: &Inputs) -> Prediction {
         fiber_rps: fiber,
         binding,
         speedup,
+        stock_rps: stock,
         stock_model_rps: stock_model,
         stop,
     }
@@ -182,14 +204,21 @@ impl Prediction {
     pub fn lines(&self) -> Vec<(String, String)> {
         let i = &self.inputs;
         let mut v = vec![
-            ("R stock".into(), format!("{:.0} req/s", i.stock_rps)),
+            (
+                "R stock".into(),
+                format!(
+                    "{:.0} req/s watched, {:.0} without the watch",
+                    i.stock_rps, self.stock_rps
+                ),
+            ),
             ("L latency".into(), format!("{:.1} us", i.latency_us)),
             (
                 "c CPU/req".into(),
                 format!(
-                    "{:.1} us ({} wait)",
+                    "{:.1} us ({} wait; {:.1} us of it the watch's)",
                     i.cpu_per_request_us,
-                    if i.spin { "spin" } else { "block" }
+                    if i.spin { "spin" } else { "block" },
+                    i.watch_us_per_request
                 ),
             ),
             (
@@ -227,7 +256,7 @@ impl Prediction {
         format!(
             "{:.2}x ({:.0} -> {:.0} req/s), bound by {}",
             self.speedup,
-            self.inputs.stock_rps,
+            self.stock_rps,
             self.fiber_rps,
             self.binding.label()
         )

@@ -16,6 +16,7 @@ fn base() -> Inputs {
         switch_us: 1.5,
         blocking_switches_per_request: 2.0,
         device_rps: None,
+        watch_us_per_request: 0.0,
     }
 }
 
@@ -188,4 +189,36 @@ fn lines_show_every_input() {
     for want in ["30000 req/s", "200.0 us", "12.0 us", "64 conns", "1.50 us"] {
         assert!(text.contains(want), "{want} missing in {text}");
     }
+}
+
+/// The probes' cost leaves c, and the stock rate rises by what the stock formulas say
+/// that cost took: fully where the CPU binds the stock server, not where its
+/// connections do.
+#[test]
+fn the_watch_cost_is_taken_out() {
+    let mut i = base();
+    i.watch_us_per_request = 4.0;
+    let p = predict(&i);
+    let cf = 12.0 - 4.0 - 3.0 + runtime_overhead_us(YIELDS_PER_REQUEST);
+    assert!(close(p.fiber_cpu_us, cf), "{}", p.fiber_cpu_us);
+    // Stock, one core, blocking: bound by the CPU, 1 / (c + 2X).
+    let scale = (12.0 + 3.0) / (8.0 + 3.0);
+    assert!(close(p.stock_rps, 30_000.0 * scale), "{}", p.stock_rps);
+    assert!(close(p.speedup, p.fiber_rps / (30_000.0 * scale)));
+    // Eight connections of a 2 ms offload on 8 cores: bound by the connections, and
+    // 4 us of 2 ms moves the stock rate by a fraction of a percent only.
+    let mut j = base();
+    j.connections = 8.0;
+    j.cores = 8.0;
+    j.latency_us = 2000.0;
+    j.watch_us_per_request = 4.0;
+    let q = predict(&j);
+    assert!(
+        q.stock_rps > 30_000.0 && q.stock_rps < 30_000.0 * 1.003,
+        "{}",
+        q.stock_rps
+    );
+    // Unknown cost: nothing changes.
+    let r = predict(&base());
+    assert!(close(r.stock_rps, 30_000.0));
 }

@@ -1,0 +1,335 @@
+//! What the watch costs the watched process, measured rather than guessed. At start a
+//! child (this binary again) runs three loops: a cheap syscall, a pipe ping-pong
+//! between two threads on one CPU (each hand-off a sleep, a wake-up and a switch), and
+//! calls to a function of its own; a second copy of the eBPF object, filtered on the
+//! child, is attached and detached around them. The difference per event is what one
+//! syscall, one switch and one probed offload cost when watched: the programs' own
+//! run time plus what attaching adds around them (the syscall slow path, the uprobe
+//! traps), on this machine and kernel. A window's counts times these costs is the
+//! watcher's share of the target's CPU; the session keeps it within a budget by
+//! tracing only part of each interval (see session.rs).
+
+use crate::loader;
+use aya::programs::UProbe;
+use serde::Serialize;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Instant;
+
+/// The env var that turns this binary into the calibration child.
+pub const CHILD_ENV: &str = "TOFFLOAD_WATCH_PROBE_CHILD";
+
+/// Nanoseconds the watch adds per event of each kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct ProbeCost {
+    pub syscall_ns: f64,
+    /// A context switch with the wake-up that preceded it.
+    pub switch_ns: f64,
+    /// An offload call seen by the entry and return probes.
+    pub offload_ns: f64,
+    /// One hand-off of the ping-pong untraced: a context switch with its wake-up and
+    /// pipe calls, the switch cost X of the model (calibrate.rs measures the same on
+    /// the watcher's own thread when this cannot run).
+    pub handoff_ns: f64,
+}
+
+/// Event counts of a traced stretch.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Events {
+    pub syscalls: u64,
+    pub switches: u64,
+    pub offloads: u64,
+}
+
+impl ProbeCost {
+    /// Nanoseconds the programs added to the process over `e`.
+    pub fn added_ns(&self, e: &Events) -> f64 {
+        e.syscalls as f64 * self.syscall_ns
+            + e.switches as f64 * self.switch_ns
+            + e.offloads as f64 * self.offload_ns
+    }
+}
+
+// The probe point the child calls and the calibration probes. Written out so that it
+// starts as a compiled function does (push rbp): the kernel emulates a push under an
+// uprobe, while most other first instructions are single-stepped out of line, which
+// in a VM costs several times more and would overstate what an offload probe costs.
+std::arch::global_asm!(
+    ".pushsection .text.toffload_watch_probe_point,\"ax\",@progbits",
+    ".globl toffload_watch_probe_point",
+    ".type toffload_watch_probe_point,@function",
+    "toffload_watch_probe_point:",
+    "push rbp",
+    "mov rbp, rsp",
+    "lea rax, [rdi + 1]",
+    "pop rbp",
+    "ret",
+    ".size toffload_watch_probe_point, . - toffload_watch_probe_point",
+    ".popsection",
+);
+
+extern "C" {
+    /// Returns x + 1 (see the assembly above).
+    fn toffload_watch_probe_point(x: u64) -> u64;
+}
+
+fn probe_point_addr() -> u64 {
+    toffload_watch_probe_point as *const () as usize as u64
+}
+
+/// Runs the child's loop when this process is the calibration child; returns
+/// otherwise. Call first thing in main().
+pub fn child_main_if_requested() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return;
+    }
+    let code = child_loop().map_or(1, |()| 0);
+    std::process::exit(code);
+}
+
+/// Commands: b'a' -> the probe point's address; b's'/b'p'/b'o' + u32 n -> ns taken by
+/// n syscalls / ping-pong rounds / probed calls; EOF ends it.
+fn child_loop() -> std::io::Result<()> {
+    let mut input = std::io::stdin().lock();
+    let mut out = std::io::stdout().lock();
+    // One CPU for both ping-pong threads: every hand-off is then a real switch.
+    // SAFETY: no arguments.
+    let cpu = unsafe { libc::sched_getcpu() }.max(0) as usize;
+    crate::calibrate::pin(cpu);
+    // Real-time for the tenth of a second this takes (the ping-pong thread inherits
+    // it): on a CPU that a busy server's threads crowd, each hand-off would otherwise
+    // wait for their time slices, and the measurement take many seconds and measure
+    // the crowd. Without the privilege it runs as it is, under the parent's deadline.
+    let fifo = libc::sched_param { sched_priority: 1 };
+    // SAFETY: a valid sched_param for this process.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &fifo) };
+    loop {
+        let mut cmd = [0u8; 1];
+        if input.read_exact(&mut cmd).is_err() {
+            return Ok(());
+        }
+        let reply: u64 = match cmd[0] {
+            b'a' => probe_point_addr(),
+            c @ (b's' | b'p' | b'o') => {
+                let mut n = [0u8; 4];
+                input.read_exact(&mut n)?;
+                let n = u32::from_le_bytes(n);
+                let t0 = Instant::now();
+                match c {
+                    b's' => {
+                        for _ in 0..n {
+                            // SAFETY: getppid has no arguments and cannot fail.
+                            unsafe { libc::syscall(libc::SYS_getppid) };
+                        }
+                    }
+                    b'p' => {
+                        if crate::calibrate::ping_pong(cpu, n).is_none() {
+                            return Err(std::io::Error::other("ping-pong failed"));
+                        }
+                    }
+                    _ => {
+                        let mut x = 1u64;
+                        for _ in 0..n {
+                            // SAFETY: the assembly above: reads rdi, returns in rax.
+                            x = unsafe { toffload_watch_probe_point(x) };
+                        }
+                        std::hint::black_box(x);
+                    }
+                }
+                t0.elapsed().as_nanos() as u64
+            }
+            _ => return Ok(()),
+        };
+        out.write_all(&reply.to_le_bytes())?;
+        out.flush()?;
+    }
+}
+
+struct ChildProc {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: ChildStdout,
+}
+
+impl ChildProc {
+    fn start() -> Result<ChildProc, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
+        let mut child = Command::new(exe)
+            .env(CHILD_ENV, "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting the calibration child: {e}"))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err("the calibration child has no pipes".into());
+        };
+        Ok(ChildProc {
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    /// One command and its answer, which must come before `deadline`.
+    fn ask(&mut self, cmd: u8, n: Option<u32>, deadline: Instant) -> Result<u64, String> {
+        let mut msg = vec![cmd];
+        if let Some(n) = n {
+            msg.extend_from_slice(&n.to_le_bytes());
+        }
+        self.stdin
+            .write_all(&msg)
+            .and_then(|()| self.stdin.flush())
+            .map_err(|e| format!("the calibration child stopped answering: {e}"))?;
+        // The 8 answer bytes arrive in one write; wait for them with the deadline.
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut pfd = libc::pollfd {
+            fd: self.stdout.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let ready = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(60_000) as i32) };
+        if ready <= 0 {
+            return Err(format!(
+                "the machine was too busy: the measurement did not finish within {:?}",
+                DEADLINE
+            ));
+        }
+        let mut r = [0u8; 8];
+        self.stdout
+            .read_exact(&mut r)
+            .map_err(|e| format!("the calibration child stopped answering: {e}"))?;
+        Ok(u64::from_le_bytes(r))
+    }
+}
+
+impl Drop for ChildProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The file offset of a virtual address in `pid`'s mappings, with the file.
+fn file_offset(pid: u32, addr: u64) -> Option<(String, u64)> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    maps.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (range, _perms, off) = (f.next()?, f.next()?, f.next()?);
+        let path = f.nth(2)?;
+        let (lo, hi) = range.split_once('-')?;
+        let (lo, hi) = (
+            u64::from_str_radix(lo, 16).ok()?,
+            u64::from_str_radix(hi, 16).ok()?,
+        );
+        let off = u64::from_str_radix(off, 16).ok()?;
+        (lo <= addr && addr < hi && path.starts_with('/'))
+            .then(|| (path.to_string(), addr - lo + off))
+    })
+}
+
+// Short loops, many times: each loop fits in a scheduler slice, so that on a busy
+// machine some of them run undisturbed, and the least time per event is theirs.
+const SYSCALLS: u32 = 2_000;
+const ROUNDS: u32 = 400;
+const CALLS: u32 = 2_000;
+/// Loops of each kind, detached and attached.
+const LOOPS: usize = 24;
+/// The whole measurement's limit (it takes about a tenth of a second).
+const DEADLINE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Measures the per-event costs (well under a second), or says why it could not.
+pub fn measure() -> Result<ProbeCost, String> {
+    let mut child = ChildProc::start()?;
+    let pid = child.child.id();
+    let deadline = Instant::now() + DEADLINE;
+    let addr = child.ask(b'a', None, deadline)?;
+    let (path, offset) = file_offset(pid, addr)
+        .ok_or_else(|| format!("the probe point {addr:#x} is not in a mapped file"))?;
+    let loader::Loaded { mut bpf, raw_sched } =
+        loader::load(pid).map_err(|e| format!("loading the programs: {e}"))?;
+    // Per kind: the least time per event, untraced and traced (the least is the loop
+    // the rest of the machine disturbed least). One attachment only: detaching waits
+    // for the kernel's grace periods (a third of a second here), so the programs
+    // are detached once, on a thread of their own, after the measurement.
+    let mut best = [[f64::INFINITY; 2]; 3];
+    let mut links = Vec::new();
+    for traced in [false, true] {
+        if traced {
+            loader::set_epoch(&mut bpf, Some(1)).map_err(|e| e.to_string())?;
+            let (_, l) =
+                loader::attach_tracepoints(&mut bpf, raw_sched).map_err(|e| e.to_string())?;
+            links = l;
+            for prog in ["offload_exit", "offload_enter"] {
+                let p: &mut UProbe = bpf
+                    .program_mut(prog)
+                    .and_then(|p| p.try_into().ok())
+                    .ok_or_else(|| format!("the object lacks {prog}"))?;
+                let id = p
+                    .attach(None, offset, &path, Some(pid as i32))
+                    .map_err(|e| format!("probing the calibration child: {e}"))?;
+                links.push(loader::Link::Up(prog, id));
+            }
+        }
+        let t = traced as usize;
+        for _ in 0..LOOPS {
+            for (k, (cmd, n)) in [(b's', SYSCALLS), (b'p', ROUNDS), (b'o', CALLS)]
+                .into_iter()
+                .enumerate()
+            {
+                let ns = child.ask(cmd, Some(n), deadline)? as f64 / f64::from(n);
+                best[k][t] = best[k][t].min(ns);
+            }
+        }
+    }
+    drop(child);
+    std::thread::spawn(move || {
+        loader::detach(&mut bpf, &mut links);
+        drop(bpf);
+    });
+    let added = |k: usize| (best[k][1] - best[k][0]).max(0.0);
+    let syscall_ns = added(0);
+    // A round: two switches, two wake-ups, four syscalls (a write and a read each side).
+    let switch_ns = ((added(1) - 4.0 * syscall_ns) / 2.0).max(0.0);
+    Ok(ProbeCost {
+        syscall_ns,
+        switch_ns,
+        offload_ns: added(2),
+        handoff_ns: best[1][0] / 2.0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn added_cost_is_counts_times_costs() {
+        let c = ProbeCost {
+            syscall_ns: 100.0,
+            switch_ns: 300.0,
+            offload_ns: 1000.0,
+            handoff_ns: 2000.0,
+        };
+        let e = Events {
+            syscalls: 10,
+            switches: 2,
+            offloads: 1,
+        };
+        assert!((c.added_ns(&e) - 2600.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn own_probe_point_is_found_in_a_mapped_file() {
+        let addr = probe_point_addr();
+        // SAFETY: as in the child loop.
+        assert_eq!(unsafe { toffload_watch_probe_point(41) }, 42);
+        let (path, off) = file_offset(std::process::id(), addr).expect("mapped");
+        assert!(path.starts_with('/'), "{path}");
+        assert!(off > 0 && off < std::fs::metadata(&path).unwrap().len());
+    }
+}
