@@ -764,9 +764,9 @@ impl Daemon {
     pub fn stats(&self) -> Vec<(&'static str, u64)> {
         let core = self.lock();
         let n = &core.n;
-        let (hits, misses, chunks) = {
+        let (hits, misses, chunks, disk_evictions) = {
             let c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-            (c.hits, c.misses, c.len() as u64)
+            (c.hits, c.misses, c.len() as u64, c.disk_evictions)
         };
         let held: u64 = core
             .clients
@@ -790,6 +790,7 @@ impl Daemon {
             ("cache_hits", hits),
             ("cache_misses", misses),
             ("cache_chunks", chunks),
+            ("cache_disk_evictions", disk_evictions),
             ("connections", n.connections),
             ("refused", n.refused),
             ("malformed", n.malformed),
