@@ -120,7 +120,7 @@ pub fn parse_psk(text: &str) -> Result<Vec<Psk>, String> {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())
