@@ -273,7 +273,12 @@ pub fn run(cfg: DaemonConfig) -> io::Result<()> {
 impl Daemon {
     pub fn start(cfg: DaemonConfig) -> io::Result<Arc<Daemon>> {
         let acceptor = match (&cfg.tls, &cfg.psk) {
-            (Some(f), _) => Some(tls::acceptor(f).map_err(io::Error::other)?),
+            (Some(_), Some(_)) => {
+                return Err(io::Error::other(
+                    "--tls-psk and --tls-cert/--tls-key/--tls-ca exclude each other",
+                ))
+            }
+            (Some(f), None) => Some(tls::acceptor(f).map_err(io::Error::other)?),
             (None, Some(p)) => Some(
                 tls::read_psk(p)
                     .and_then(tls::psk_acceptor)
