@@ -30,11 +30,14 @@ fn conn_server_overlaps_remote_ops_under_the_runtime() {
     // The default wait (spin): each stock connection thread holds the core while its
     // op crosses the link; under the runtime it parks and another runs.
     let p = cs::pair(ns, &side.env(), "spin", &lib, DEMO_LOAD, 3).expect("runs");
-    // Little's law: ops in flight on average = throughput x round trip.
-    let in_flight = p.runtime * rtt * 1e-6;
+    // Little's law: ops in flight on average = throughput x time each op takes. Every
+    // op takes at least the link's 0.5 ms round trip, so this is a lower bound that
+    // does not lean on the serial measurement (which a busy machine inflates).
+    let link_rtt_us = 2.0 * cs::LINK.delay_us as f64;
+    let in_flight = p.runtime * link_rtt_us * 1e-6;
     println!(
         "remote ({}): round trip {rtt:.0} us; stock {:.0} req/s, runtime {:.0} req/s = \
-         {:.1}x, {in_flight:.1} ops in flight; wrong {}, errors {}",
+         {:.1}x, >= {in_flight:.1} ops in flight; wrong {}, errors {}",
         side.how,
         p.stock,
         p.runtime,
@@ -55,8 +58,8 @@ fn conn_server_overlaps_remote_ops_under_the_runtime() {
     // Overlap, not just less spinning: one connection at a time would be 1 op in
     // flight; the runtime keeps many of the 64 connections' ops on the link at once.
     assert!(
-        in_flight >= 8.0,
-        "{in_flight:.1} ops in flight on average (runtime {:.0} req/s x {rtt:.0} us)",
+        in_flight >= 6.0,
+        "only >= {in_flight:.1} ops in flight on average (runtime {:.0} req/s x {link_rtt_us} us)",
         p.runtime
     );
 }
