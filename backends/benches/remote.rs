@@ -1,11 +1,16 @@
 //! The remote backend's benchmark (`cargo xtask bench remote`, root: it makes network
 //! namespaces): pipelined small ops vs one round trip per op on a 0.5 ms link, bulk
 //! throughput vs shaped links, second-pass bytes with the chunk cache, and placement
-//! vs round robin and least loaded. Median of `--runs` (default 3); writes `--out`.
+//! vs round robin and least loaded, and the demo row: conn_server with the remote
+//! backend, stock vs under the fiber runtime, next to the local emulated device at the
+//! same op latency (needs the dist folder: `cargo xtask bench remote` builds it).
+//! Median of `--runs` (default 3); writes `--out`. `--only conn-server` measures the
+//! demo row alone and replaces just its section of an existing `--out` file.
 
 #[path = "../tests/remote_util/mod.rs"]
 mod remote_util;
 
+use remote_util::conn_server::{self as cs, DEMO_LOAD};
 use remote_util::netns::{self, daemon_on, in_ns, Net, Shape};
 use remote_util::*;
 use std::fmt::Write as _;
@@ -127,18 +132,113 @@ fn placement(runs: usize) -> Vec<(Placement, f64, Vec<u64>)> {
     out
 }
 
+/// Heading of the demo row's section: `--only conn-server` replaces from here on.
+const CS_HEADING: &str = "## conn_server under the runtime with the remote backend";
+
+/// The demo row: conn_server over the remote backend (0.5 ms link) and over the local
+/// emulated device at the remote op's measured round trip, each stock vs runtime,
+/// for both of accel_run's wait styles. Returns the markdown section.
+fn conn_server_rows(runs: usize) -> String {
+    let lib = cs::dist_ready().unwrap_or_else(|e| panic!("{e}"));
+    let side = cs::remote_side("bc").expect("namespaces");
+    let rtt = side.serial_round_trip_us(DEMO_LOAD.size, 300);
+    let local_us = rtt.round() as u32;
+    println!("conn_server: remote serial round trip {rtt:.0} us");
+    let ns = Some(side.net.client_ns.as_str());
+    let mut rows = Vec::new();
+    for wait in ["spin", "block"] {
+        let p = cs::pair(ns, &side.env(), wait, &lib, DEMO_LOAD, runs).expect("remote runs");
+        println!("conn_server remote {wait}: {p:?}");
+        rows.push(("remote", wait, p));
+    }
+    for wait in ["spin", "block"] {
+        let p = cs::pair(None, &cs::local_env(local_us), wait, &lib, DEMO_LOAD, runs)
+            .expect("local runs");
+        println!("conn_server local {wait}: {p:?}");
+        rows.push(("local", wait, p));
+    }
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "{CS_HEADING}\n\n\
+         conn_server (tests/servers, unmodified), stock vs under libtoffload.so (LD_PRELOAD), \
+         {} connections, {} B requests, server pinned to core 0 and toffload-load to core 1, \
+         {} s measured after {} s warm-up per run, median of {runs} runs (stock and runtime \
+         alternating). remote: TOFFLOAD_BACKEND=remote, server and load in the client \
+         namespace, toffload-remoted (emulated device, {} us, 64 lanes) across a {} Mbit/s \
+         link with {} us each way ({}); one op's round trip as a lone caller sees it: \
+         {rtt:.0} us (median of 300). local: TOFFLOAD_BACKEND=emulated at that latency \
+         ({local_us} us, 64 lanes), the reference. Target: the remote backend overlaps like \
+         the local device, >= 3x stock with the default wait (spin).\n",
+        DEMO_LOAD.conns,
+        DEMO_LOAD.size,
+        DEMO_LOAD.secs,
+        DEMO_LOAD.warmup,
+        cs::DAEMON_LAT_US,
+        cs::LINK.mbit,
+        cs::LINK.delay_us,
+        side.how,
+    );
+    let _ = writeln!(
+        md,
+        "| backend | op latency | wait | stock req/s | runtime req/s | runtime/stock | stock p50 us | runtime p50 us | ops in flight (runtime) | wrong | errors | target | met |\n\
+         |---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    );
+    for (backend, wait, p) in &rows {
+        let (what, lat) = match *backend {
+            "remote" => (
+                "remote (toffload-remoted)",
+                format!("0.5 ms link, {rtt:.0} us round trip"),
+            ),
+            _ => ("local emulated", format!("{local_us} us")),
+        };
+        let (target, met) = if *backend == "remote" && *wait == "spin" {
+            (">= 3x", if p.speedup() >= 3.0 { "yes" } else { "no" })
+        } else {
+            ("", "")
+        };
+        let _ = writeln!(
+            md,
+            "| {what} | {lat} | {wait} | {:.0} | {:.0} | {:.2}x | {:.0} | {:.0} | {:.1} | {} | {} | {target} | {met} |",
+            p.stock,
+            p.runtime,
+            p.speedup(),
+            p.stock_p50_us,
+            p.runtime_p50_us,
+            p.runtime * rtt * 1e-6,
+            p.wrong,
+            p.errors,
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nops in flight: runtime req/s x the round trip (Little's law); 1 would be one \
+         connection's op at a time. The runtime replaces accel_run's wait, so TOFFLOAD_WAIT \
+         changes only the stock server."
+    );
+    md
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut out: Option<String> = None;
     let mut runs = 3;
+    let mut only_cs = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--out" => out = it.next().cloned(),
             "--runs" => runs = it.next().and_then(|v| v.parse().ok()).expect("--runs N"),
             "--bench" => {}
+            "--only" => match it.next().map(String::as_str) {
+                Some("conn-server") => only_cs = true,
+                other => panic!("--only {other:?}: expected `conn-server`"),
+            },
             "--help" | "-h" => {
-                println!("remote bench: [--runs N] [--out FILE.md] (root: network namespaces)");
+                println!(
+                    "remote bench: [--runs N] [--out FILE.md] [--only conn-server] \
+                     (root: network namespaces)"
+                );
                 return;
             }
             other => panic!("unknown argument {other:?}"),
@@ -147,6 +247,23 @@ fn main() {
     if let Err(why) = netns::can_run() {
         eprintln!("remote bench: {why}");
         std::process::exit(1);
+    }
+    if only_cs {
+        let section = conn_server_rows(runs);
+        print!("{section}");
+        if let Some(o) = out {
+            // Keep the rest of the file; replace (or add) the demo row's section.
+            let old = std::fs::read_to_string(&o).unwrap_or_default();
+            let head = old.split(CS_HEADING).next().unwrap_or("").trim_end();
+            let text = if head.is_empty() {
+                section
+            } else {
+                format!("{head}\n\n{section}")
+            };
+            std::fs::write(&o, text).expect("writing results");
+            println!("wrote {o}");
+        }
+        return;
     }
     let mut md = String::new();
     let (serial, piped, how) = pipelining(runs);
@@ -228,6 +345,8 @@ fn main() {
             "no"
         }
     );
+    let _ = writeln!(md);
+    md.push_str(&conn_server_rows(runs));
     print!("{md}");
     if let Some(o) = out {
         std::fs::write(&o, md).expect("writing results");

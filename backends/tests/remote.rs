@@ -371,3 +371,62 @@ fn a_second_pass_sends_at_most_2_percent_of_the_first() {
     let s = stats(&d.addr());
     assert!(s["cache_hits"] > 0);
 }
+
+/// The disk chunk cache is LRU end to end: A and B are sent (disk: A, B), A is sent
+/// again (a use), the daemon restarts (memory gone; the disk order comes back from
+/// the files), C is sent and the 1 MiB bound evicts. The least recently used is B,
+/// so a new client's A travels as references and B has to be sent again. Written
+/// first, A is what an oldest-written-first disk tier would have evicted.
+#[test]
+fn the_disk_cache_keeps_the_recently_used_across_a_restart() {
+    let dir = TempDir::new("lru");
+    let cache_dir = dir.path().join("chunks");
+    let mut d = Daemon::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--cache-dir",
+            cache_dir.to_str().unwrap(),
+            "--cache-disk-mb",
+            "1",
+        ],
+        &[("TOFFLOAD_EMU_LAT_US", "20")],
+    );
+    const LEN: usize = 400 << 10;
+    let send = |r: &toffload_accel::Remote, seed: u64| -> u64 {
+        let before = r.counters().bytes_sent;
+        let mut b = pattern(seed, LEN);
+        r.run(&mut b, WaitStyle::Block).unwrap();
+        assert!(b == aes(pattern(seed, LEN)), "wrong answer for {seed}");
+        r.counters().bytes_sent - before
+    };
+    let (a, b, c) = (7001, 7002, 7003);
+    let r = client(&[d.addr()], |_| {});
+    assert!(send(&r, a) >= LEN as u64);
+    assert!(send(&r, b) >= LEN as u64);
+    let again = send(&r, a);
+    assert!(again <= LEN as u64 / 20, "A again: {again} bytes");
+    drop(r);
+    d.restart();
+    let r = client(&[d.addr()], |_| {});
+    assert!(send(&r, c) >= LEN as u64);
+    let evictions = stats(&d.addr())["cache_disk_evictions"];
+    assert!(
+        evictions > 0,
+        "C did not push the disk cache over its bound"
+    );
+    drop(r);
+    // A new client learns what the disk holds now from the welcome.
+    let r = client(&[d.addr()], |_| {});
+    let a_bytes = send(&r, a);
+    let b_bytes = send(&r, b);
+    println!("after C ({evictions} chunks evicted): A {a_bytes} bytes, B {b_bytes} bytes of {LEN}");
+    assert!(
+        a_bytes <= LEN as u64 / 20,
+        "the recently used A was evicted: {a_bytes} bytes sent"
+    );
+    assert!(
+        b_bytes >= LEN as u64 / 4,
+        "the least recently used B was kept: only {b_bytes} bytes sent"
+    );
+}

@@ -1,11 +1,24 @@
 //! The daemon's chunk cache: chunks by SHA-256, in memory (LRU, bounded in bytes)
-//! and, with --cache-dir, on disk (one file per chunk, bounded in bytes, oldest
-//! written evicted first), so a restarted daemon still holds what it had.
+//! and, with --cache-dir, on disk (one file per chunk, bounded in bytes, LRU too), so
+//! a restarted daemon still holds what it had.
+//!
+//! Disk recency survives a restart through each file's mtime: the cache sets it (to
+//! its own nanosecond clock, not the kernel's coarse file timestamps) when it writes a
+//! chunk and again whenever the chunk is used, from memory or from disk, and a new
+//! cache orders the files it finds by it. A use costs one utimensat(2); chunks are at
+//! least 4 KiB (chunk.rs), so that is small next to moving the chunk.
 
 use super::chunk::{hex, sha256};
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::path::PathBuf;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::SystemTime;
+
+/// A chunk on disk: its size and its place in the disk tier's recency order.
+struct OnDisk {
+    len: usize,
+    tick: u64,
+}
 
 pub struct ChunkCache {
     mem: HashMap<[u8; 32], (Arc<[u8]>, u64)>,
@@ -14,12 +27,14 @@ pub struct ChunkCache {
     bytes: usize,
     max_bytes: usize,
     disk: Option<PathBuf>,
-    on_disk: HashMap<[u8; 32], usize>,
-    disk_order: VecDeque<[u8; 32]>,
+    on_disk: HashMap<[u8; 32], OnDisk>,
+    /// Disk recency: oldest use first.
+    disk_lru: BTreeMap<u64, [u8; 32]>,
     disk_bytes: usize,
     max_disk: usize,
     pub hits: u64,
     pub misses: u64,
+    pub disk_evictions: u64,
 }
 
 fn unhex(s: &str) -> Option<[u8; 32]> {
@@ -33,6 +48,30 @@ fn unhex(s: &str) -> Option<[u8; 32]> {
     Some(h)
 }
 
+/// Sets a file's mtime to now (our clock; atime left alone). Best effort: a failure
+/// only makes the order after a restart less exact.
+fn stamp(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return;
+    };
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    let times = [
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        libc::timespec {
+            tv_sec: now.as_secs() as libc::time_t,
+            tv_nsec: now.subsec_nanos() as libc::c_long,
+        },
+    ];
+    // SAFETY: a NUL-terminated path and an array of two timespecs, as utimensat takes.
+    unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) };
+}
+
 impl ChunkCache {
     pub fn new(max_bytes: usize, disk: Option<PathBuf>, max_disk: usize) -> std::io::Result<Self> {
         let mut c = ChunkCache {
@@ -43,30 +82,43 @@ impl ChunkCache {
             max_bytes,
             disk,
             on_disk: HashMap::new(),
-            disk_order: VecDeque::new(),
+            disk_lru: BTreeMap::new(),
             disk_bytes: 0,
             max_disk,
             hits: 0,
             misses: 0,
+            disk_evictions: 0,
         };
-        if let Some(dir) = &c.disk {
-            std::fs::create_dir_all(dir)?;
-            let mut found: Vec<(std::time::SystemTime, [u8; 32], usize)> = Vec::new();
-            for e in std::fs::read_dir(dir)? {
+        if let Some(dir) = c.disk.clone() {
+            std::fs::create_dir_all(&dir)?;
+            let mut found: Vec<(SystemTime, [u8; 32], usize)> = Vec::new();
+            for e in std::fs::read_dir(&dir)? {
                 let e = e?;
                 let name = e.file_name();
-                let Some(h) = name.to_str().and_then(unhex) else {
+                let Some(name) = name.to_str() else {
                     continue;
                 };
-                let md = e.metadata()?;
-                found.push((md.modified()?, h, md.len() as usize));
+                if let Some(h) = unhex(name) {
+                    let md = e.metadata()?;
+                    found.push((md.modified()?, h, md.len() as usize));
+                } else if name.starts_with('.')
+                    && name.ends_with(".tmp")
+                    && unhex(&name[1..name.len() - 4]).is_some()
+                {
+                    // A write cut short by a kill: never renamed into place.
+                    let _ = std::fs::remove_file(e.path());
+                }
             }
+            // Least recently used first (ties, if any, by hash: deterministic).
             found.sort();
-            for (_, h, n) in found {
-                c.on_disk.insert(h, n);
-                c.disk_order.push_back(h);
-                c.disk_bytes += n;
+            for (_, h, len) in found {
+                c.tick += 1;
+                c.on_disk.insert(h, OnDisk { len, tick: c.tick });
+                c.disk_lru.insert(c.tick, h);
+                c.disk_bytes += len;
             }
+            // The bound may have been lowered since.
+            c.evict_disk();
         }
         Ok(c)
     }
@@ -88,11 +140,20 @@ impl ChunkCache {
         self.bytes
     }
 
+    pub fn disk_bytes(&self) -> usize {
+        self.disk_bytes
+    }
+
+    /// Whether the disk tier holds `h` (tests, and the README's claims about it).
+    pub fn on_disk(&self, h: &[u8; 32]) -> bool {
+        self.on_disk.contains_key(h)
+    }
+
     /// Every hash held, most recently used first, at most `max`.
     pub fn inventory(&self, max: usize) -> Vec<[u8; 32]> {
         let mut v: Vec<[u8; 32]> = self.lru.values().rev().copied().take(max).collect();
         if v.len() < max {
-            for h in self.disk_order.iter().rev() {
+            for h in self.disk_lru.values().rev() {
                 if v.len() >= max {
                     break;
                 }
@@ -113,10 +174,51 @@ impl ChunkCache {
         }
     }
 
+    /// A use of a chunk the disk holds: youngest in the disk order, here and (through
+    /// the file's mtime) after a restart. Already the youngest: nothing to do.
+    fn touch_disk(&mut self, h: &[u8; 32]) {
+        let Some(dir) = &self.disk else {
+            return;
+        };
+        let Some(e) = self.on_disk.get_mut(h) else {
+            return;
+        };
+        if self.disk_lru.last_key_value().map(|(t, _)| *t) == Some(e.tick) {
+            return;
+        }
+        self.tick += 1;
+        self.disk_lru.remove(&e.tick);
+        e.tick = self.tick;
+        self.disk_lru.insert(self.tick, *h);
+        stamp(&dir.join(hex(h)));
+    }
+
+    fn forget_disk(&mut self, h: &[u8; 32]) {
+        if let Some(e) = self.on_disk.remove(h) {
+            self.disk_lru.remove(&e.tick);
+            self.disk_bytes -= e.len;
+            if let Some(dir) = &self.disk {
+                let _ = std::fs::remove_file(dir.join(hex(h)));
+            }
+        }
+    }
+
+    /// Least recently used chunks leave the disk until it is within its bound.
+    fn evict_disk(&mut self) {
+        while self.disk_bytes > self.max_disk {
+            let Some((_, old)) = self.disk_lru.first_key_value().map(|(t, h)| (*t, *h)) else {
+                break;
+            };
+            self.forget_disk(&old);
+            self.disk_evictions += 1;
+        }
+    }
+
     pub fn get(&mut self, h: &[u8; 32]) -> Option<Arc<[u8]>> {
         if let Some((d, _)) = self.mem.get(h) {
             let d = Arc::clone(d);
             self.touch(h);
+            self.touch_disk(h);
             self.hits += 1;
             return Some(d);
         }
@@ -125,13 +227,15 @@ impl ChunkCache {
                 if let Ok(d) = std::fs::read(dir.join(hex(h))) {
                     if sha256(&d) == *h {
                         self.hits += 1;
+                        self.touch_disk(h);
                         let d: Arc<[u8]> = d.into();
                         self.insert_mem(*h, Arc::clone(&d));
                         return Some(d);
                     }
                 }
             }
-            self.on_disk.remove(h);
+            // Unreadable or damaged: drop it (the client will send the bytes).
+            self.forget_disk(h);
         }
         self.misses += 1;
         None
@@ -159,29 +263,37 @@ impl ChunkCache {
     pub fn insert(&mut self, h: [u8; 32], d: &[u8]) {
         if self.mem.contains_key(&h) {
             self.touch(&h);
+            self.touch_disk(&h);
             return;
         }
         self.insert_mem(h, d.into());
-        if let Some(dir) = &self.disk {
-            if d.len() <= self.max_disk && !self.on_disk.contains_key(&h) {
-                let tmp = dir.join(format!(".{}.tmp", hex(&h)));
-                if std::fs::write(&tmp, d).is_ok()
-                    && std::fs::rename(&tmp, dir.join(hex(&h))).is_ok()
-                {
-                    self.on_disk.insert(h, d.len());
-                    self.disk_order.push_back(h);
-                    self.disk_bytes += d.len();
-                }
-                while self.disk_bytes > self.max_disk {
-                    let Some(old) = self.disk_order.pop_front() else {
-                        break;
-                    };
-                    if let Some(n) = self.on_disk.remove(&old) {
-                        self.disk_bytes -= n;
-                        let _ = std::fs::remove_file(dir.join(hex(&old)));
-                    }
-                }
-            }
+        let Some(dir) = self.disk.clone() else {
+            return;
+        };
+        if self.on_disk.contains_key(&h) {
+            self.touch_disk(&h);
+            return;
+        }
+        if d.len() > self.max_disk {
+            return;
+        }
+        let tmp = dir.join(format!(".{}.tmp", hex(&h)));
+        let path = dir.join(hex(&h));
+        if std::fs::write(&tmp, d).is_ok() && std::fs::rename(&tmp, &path).is_ok() {
+            stamp(&path);
+            self.tick += 1;
+            self.on_disk.insert(
+                h,
+                OnDisk {
+                    len: d.len(),
+                    tick: self.tick,
+                },
+            );
+            self.disk_lru.insert(self.tick, h);
+            self.disk_bytes += d.len();
+            self.evict_disk();
+        } else {
+            let _ = std::fs::remove_file(&tmp);
         }
     }
 }
@@ -190,10 +302,15 @@ impl ChunkCache {
 mod tests {
     use super::*;
 
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("toffload_cache_{tag}_{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
     #[test]
     fn lru_bounds_memory_and_disk_survives() {
-        let dir = std::env::temp_dir().join(format!("toffload_cache_{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = scratch("mem");
         let chunk = |i: u8| vec![i; 1000];
         {
             let mut c = ChunkCache::new(3000, Some(dir.clone()), 1 << 20).unwrap();
@@ -209,6 +326,62 @@ mod tests {
         assert_eq!(c.inventory(10).len(), 5);
         assert_eq!(c.get(&sha256(&chunk(3))).as_deref(), Some(&chunk(3)[..]));
         assert!(c.get(&sha256(&chunk(9))).is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The disk tier is LRU, not oldest-written first: a chunk read after it was
+    /// written outlives one written later and never read, within one life of the
+    /// daemon and across a restart (the order comes back from the files' mtimes).
+    #[test]
+    fn disk_tier_evicts_the_least_recently_used() {
+        let dir = scratch("disk");
+        let chunk = |i: u8| vec![i; 1000];
+        let h = |i: u8| sha256(&chunk(i));
+        {
+            // No memory tier (0 bytes): every hit is a disk hit. Room for 3 chunks.
+            let mut c = ChunkCache::new(0, Some(dir.clone()), 3000).unwrap();
+            for i in 0..3 {
+                c.insert(h(i), &chunk(i));
+            }
+            // Oldest written is 0; reading it makes 1 the least recently used.
+            assert_eq!(c.get(&h(0)).as_deref(), Some(&chunk(0)[..]));
+            c.insert(h(3), &chunk(3));
+            assert!(c.on_disk(&h(0)), "the recently read chunk was evicted");
+            assert!(!c.on_disk(&h(1)), "the unread older chunk survived");
+            assert!(!dir.join(hex(&h(1))).exists());
+            assert_eq!(c.disk_evictions, 1);
+            assert!(c.disk_bytes() <= 3000);
+            // Order now (old to new): 2, 0, 3. Read 2.
+            assert!(c.get(&h(2)).is_some());
+        }
+        // A restart: order 0, 3, 2 comes back from the mtimes; a new chunk evicts 0.
+        let mut c = ChunkCache::new(0, Some(dir.clone()), 3000).unwrap();
+        assert_eq!(c.inventory(10), vec![h(2), h(3), h(0)]);
+        c.insert(h(4), &chunk(4));
+        assert!(!c.on_disk(&h(0)));
+        assert!(c.on_disk(&h(2)) && c.on_disk(&h(3)) && c.on_disk(&h(4)));
+        // A memory hit counts as a use for the disk tier too.
+        drop(c);
+        // Order 3, 2, 4; each read from disk into memory makes it the youngest.
+        let mut c = ChunkCache::new(1 << 20, Some(dir.clone()), 3000).unwrap();
+        for i in [3, 2, 4] {
+            assert!(c.get(&h(i)).is_some());
+        }
+        assert!(c.get(&h(3)).is_some()); // from memory: order 2, 4, 3
+        c.insert(h(5), &chunk(5));
+        assert!(
+            c.on_disk(&h(3)),
+            "a memory hit did not refresh the disk order"
+        );
+        assert!(!c.on_disk(&h(2)));
+        assert!(c.on_disk(&h(4)) && c.on_disk(&h(5)));
+        // A lower bound at start evicts down to it, oldest use first; stale temporary
+        // files of a killed write are removed.
+        drop(c);
+        std::fs::write(dir.join(format!(".{}.tmp", hex(&h(9)))), b"partial").unwrap();
+        let c = ChunkCache::new(0, Some(dir.clone()), 1000).unwrap();
+        assert_eq!(c.inventory(10), vec![h(5)]);
+        assert!(!dir.join(format!(".{}.tmp", hex(&h(9)))).exists());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -141,9 +141,17 @@ impl Remote {
                 "TOFFLOAD_BACKEND=remote needs TOFFLOAD_REMOTE=host:port[,host:port...]",
             ));
         }
-        let tls = match &cfg.tls {
-            Some(f) => Some(super::tls::connector(f).map_err(ioerr)?),
-            None => None,
+        let tls = match (&cfg.tls, &cfg.psk) {
+            (Some(_), Some(_)) => return Err(ioerr(
+                "TOFFLOAD_REMOTE_PSK and the TOFFLOAD_REMOTE_TLS_* certificates exclude each other",
+            )),
+            (Some(f), None) => Some(super::tls::connector(f).map_err(ioerr)?),
+            (None, Some(p)) => Some(
+                super::tls::read_client_psk(p)
+                    .and_then(super::tls::psk_connector)
+                    .map_err(|e| ioerr(format!("TOFFLOAD_REMOTE_PSK: {e}")))?,
+            ),
+            (None, None) => None,
         };
         let n = cfg.endpoints.len();
         let sh = Arc::new(Shared {

@@ -33,6 +33,9 @@ pub struct RemoteConfig {
     pub op: OpKind,
     /// TOFFLOAD_REMOTE_TLS_CA / _CERT / _KEY: all three or none.
     pub tls: Option<TlsFiles>,
+    /// TOFFLOAD_REMOTE_PSK: a file with this client's `IDENTITY HEXKEY` (TLS 1.3 with a
+    /// pre-shared key; excludes the certificate knobs). Read when the backend starts.
+    pub psk: Option<PathBuf>,
     pub placement: Placement,
     /// Content-defined chunking and references to chunks the daemon holds, for ops of
     /// at least this many bytes (TOFFLOAD_REMOTE_CACHE_MIN, default 65536; 0 = off).
@@ -49,6 +52,7 @@ impl Default for RemoteConfig {
             coalesce_us: 20,
             op: OpKind::AesCtr,
             tls: None,
+            psk: None,
             placement: Placement::Predicted,
             cache_min: 64 << 10,
         }
@@ -130,6 +134,15 @@ impl RemoteConfig {
                 })
             }
         };
+        let psk = path("TOFFLOAD_REMOTE_PSK")?;
+        if psk.is_some() && tls.is_some() {
+            return Err(ConfigError {
+                var: "TOFFLOAD_REMOTE_PSK",
+                value: "(set with TOFFLOAD_REMOTE_TLS_*)".into(),
+                expected:
+                    "either TOFFLOAD_REMOTE_PSK or the TOFFLOAD_REMOTE_TLS_* certificates, not both",
+            });
+        }
         let placement = knob(
             get,
             "TOFFLOAD_REMOTE_PLACEMENT",
@@ -157,6 +170,7 @@ impl RemoteConfig {
             coalesce_us,
             op,
             tls,
+            psk,
             placement,
             cache_min,
         })
@@ -183,6 +197,17 @@ mod tests {
         assert_eq!(c.endpoints, vec!["10.0.0.1:7000", "host:1"]);
         assert_eq!(c.deadline_ms, 250);
         assert_eq!(c.op, OpKind::RsaSign);
+        assert_eq!(c.psk, None);
+        let c = RemoteConfig::from_lookup(&env(&[("TOFFLOAD_REMOTE_PSK", "/etc/k.psk")])).unwrap();
+        assert_eq!(c.psk, Some(PathBuf::from("/etc/k.psk")));
+        let e = RemoteConfig::from_lookup(&env(&[
+            ("TOFFLOAD_REMOTE_PSK", "/k"),
+            ("TOFFLOAD_REMOTE_TLS_CA", "/ca"),
+            ("TOFFLOAD_REMOTE_TLS_CERT", "/c"),
+            ("TOFFLOAD_REMOTE_TLS_KEY", "/k"),
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("not both"), "{e}");
         for (var, bad) in [
             ("TOFFLOAD_REMOTE", "nohost"),
             ("TOFFLOAD_REMOTE", "h:0"),

@@ -45,6 +45,9 @@ usage: toffload-remoted [options]
   --sign-threads N       RSA signing threads (default 1)
   --tls-cert FILE --tls-key FILE --tls-ca FILE
                          TLS; clients must present a certificate signed by the CA
+  --tls-psk FILE         TLS 1.3 with pre-shared keys instead: FILE has one line
+                         `IDENTITY HEXKEY` per client (keys of 16 to 64 bytes);
+                         a client without a listed identity and its key is refused
   --cache-mb N           chunk cache in memory, MiB (default 256; 0 = no cache)
   --cache-dir DIR        chunk cache on disk (survives restarts)
   --cache-disk-mb N      bound of the disk cache, MiB (default 1024)
@@ -62,6 +65,8 @@ pub struct DaemonConfig {
     pub rsa_key: Option<PathBuf>,
     pub sign_threads: usize,
     pub tls: Option<TlsFiles>,
+    /// --tls-psk: the clients' identities and keys (read at start).
+    pub psk: Option<PathBuf>,
     pub cache_mb: usize,
     pub cache_dir: Option<PathBuf>,
     pub cache_disk_mb: usize,
@@ -80,6 +85,7 @@ impl DaemonConfig {
             rsa_key: None,
             sign_threads: 1,
             tls: None,
+            psk: None,
             cache_mb: 256,
             cache_dir: None,
             cache_disk_mb: 1024,
@@ -111,6 +117,7 @@ impl DaemonConfig {
                 "--tls-cert" => cert = Some(PathBuf::from(val(a)?)),
                 "--tls-key" => key = Some(PathBuf::from(val(a)?)),
                 "--tls-ca" => ca = Some(PathBuf::from(val(a)?)),
+                "--tls-psk" => c.psk = Some(val(a)?.into()),
                 "--cache-mb" => c.cache_mb = num(a, val(a)?, 0, 1 << 20)?,
                 "--cache-dir" => c.cache_dir = Some(val(a)?.into()),
                 "--cache-disk-mb" => c.cache_disk_mb = num(a, val(a)?, 1, 1 << 24)?,
@@ -125,6 +132,9 @@ impl DaemonConfig {
             (None, None, None) => None,
             _ => return Err("--tls-cert, --tls-key and --tls-ca go together".into()),
         };
+        if c.psk.is_some() && c.tls.is_some() {
+            return Err("--tls-psk and --tls-cert/--tls-key/--tls-ca exclude each other".into());
+        }
         Ok(c)
     }
 }
@@ -262,9 +272,19 @@ pub fn run(cfg: DaemonConfig) -> io::Result<()> {
 
 impl Daemon {
     pub fn start(cfg: DaemonConfig) -> io::Result<Arc<Daemon>> {
-        let acceptor = match &cfg.tls {
-            Some(f) => Some(tls::acceptor(f).map_err(io::Error::other)?),
-            None => None,
+        let acceptor = match (&cfg.tls, &cfg.psk) {
+            (Some(_), Some(_)) => {
+                return Err(io::Error::other(
+                    "--tls-psk and --tls-cert/--tls-key/--tls-ca exclude each other",
+                ))
+            }
+            (Some(f), None) => Some(tls::acceptor(f).map_err(io::Error::other)?),
+            (None, Some(p)) => Some(
+                tls::read_psk(p)
+                    .and_then(tls::psk_acceptor)
+                    .map_err(io::Error::other)?,
+            ),
+            (None, None) => None,
         };
         let key = load_key(&cfg)?;
         let mut core = Core {
@@ -749,9 +769,9 @@ impl Daemon {
     pub fn stats(&self) -> Vec<(&'static str, u64)> {
         let core = self.lock();
         let n = &core.n;
-        let (hits, misses, chunks) = {
+        let (hits, misses, chunks, disk_evictions) = {
             let c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-            (c.hits, c.misses, c.len() as u64)
+            (c.hits, c.misses, c.len() as u64, c.disk_evictions)
         };
         let held: u64 = core
             .clients
@@ -775,6 +795,7 @@ impl Daemon {
             ("cache_hits", hits),
             ("cache_misses", misses),
             ("cache_chunks", chunks),
+            ("cache_disk_evictions", disk_evictions),
             ("connections", n.connections),
             ("refused", n.refused),
             ("malformed", n.malformed),

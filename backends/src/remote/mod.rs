@@ -1,5 +1,5 @@
 //! The remote backend: ops run on `toffload-remoted` daemons over TCP (optionally
-//! TLS with client certificates). See backends/REMOTE.md.
+//! TLS: client certificates or pre-shared keys). See README.md, "The remote backend".
 
 pub mod cache;
 pub mod chunk;

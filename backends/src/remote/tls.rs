@@ -1,6 +1,8 @@
-//! TLS through openssl with client certificates: the daemon requires a certificate
-//! signed by its CA (an unauthenticated client fails the handshake), the client checks
-//! the daemon's certificate against the same CA and the address it dialled.
+//! TLS through openssl, in one of two modes. Client certificates: the daemon requires
+//! a certificate signed by its CA (an unauthenticated client fails the handshake), the
+//! client checks the daemon's certificate against the same CA and the address it
+//! dialled. Pre-shared keys: each client has an identity and a secret key the daemon
+//! also holds; the TLS 1.3 handshake proves both sides have it (see `psk_acceptor`).
 
 use openssl::ssl::{SslAcceptor, SslConnector, SslFiletype, SslMethod, SslVerifyMode, SslVersion};
 use std::path::{Path, PathBuf};
@@ -46,4 +48,257 @@ pub fn connector(f: &TlsFiles) -> Result<SslConnector, String> {
     b.check_private_key().map_err(|e| e.to_string())?;
     b.set_verify(SslVerifyMode::PEER);
     Ok(b.build())
+}
+
+/// A pre-shared key: the identity the client names in its handshake and the secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Psk {
+    pub identity: String,
+    pub key: Vec<u8>,
+}
+
+impl std::fmt::Debug for Psk {
+    // The secret stays out of logs and panic messages.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Psk {{ identity: {:?}, key: {} bytes }}",
+            self.identity,
+            self.key.len()
+        )
+    }
+}
+
+/// Shortest and longest key accepted, bytes: 128 bits at least (a guessable key would
+/// make the handshake's proof of possession worthless); 64 bytes is plenty for SHA-256.
+pub const PSK_MIN: usize = 16;
+pub const PSK_MAX: usize = 64;
+/// Longest identity, bytes (OpenSSL's PSK_MAX_IDENTITY_LEN is 256 with the NUL).
+pub const PSK_IDENTITY_MAX: usize = 128;
+
+/// Parses a PSK file: one `IDENTITY HEXKEY` per line (blank lines and `#` comments
+/// ignored), identities printable ASCII without spaces, keys 16 to 64 bytes in hex.
+pub fn parse_psk(text: &str) -> Result<Vec<Psk>, String> {
+    let mut v: Vec<Psk> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let at = |what: String| format!("line {}: {what}", i + 1);
+        let mut words = line.split_whitespace();
+        let (Some(identity), Some(hexkey), None) = (words.next(), words.next(), words.next())
+        else {
+            return Err(at("expected `IDENTITY HEXKEY`".into()));
+        };
+        if identity.len() > PSK_IDENTITY_MAX || !identity.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(at(format!(
+                "identity: expected 1 to {PSK_IDENTITY_MAX} printable ASCII characters"
+            )));
+        }
+        let key = unhex(hexkey).filter(|k| (PSK_MIN..=PSK_MAX).contains(&k.len()));
+        let Some(key) = key else {
+            return Err(at(format!(
+                "key: expected {} to {} hex digits ({PSK_MIN} to {PSK_MAX} bytes), got {} characters",
+                2 * PSK_MIN,
+                2 * PSK_MAX,
+                hexkey.len()
+            )));
+        };
+        if v.iter().any(|p| p.identity == identity) {
+            return Err(at(format!("identity {identity:?} given twice")));
+        }
+        v.push(Psk {
+            identity: identity.to_string(),
+            key,
+        });
+    }
+    if v.is_empty() {
+        return Err("no key in it (expected lines of `IDENTITY HEXKEY`)".into());
+    }
+    Ok(v)
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// Reads and parses a PSK file; every error names the file.
+pub fn read_psk(path: &Path) -> Result<Vec<Psk>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| err("PSK file", path, e))?;
+    parse_psk(&text).map_err(|e| err("PSK file", path, e))
+}
+
+/// The client's key: its file must hold exactly one.
+pub fn read_client_psk(path: &Path) -> Result<Psk, String> {
+    let mut v = read_psk(path)?;
+    if v.len() != 1 {
+        return Err(err(
+            "PSK file",
+            path,
+            format!("a client's file holds one key, this one {}", v.len()),
+        ));
+    }
+    Ok(v.remove(0))
+}
+
+// PSK mode is TLS 1.3 only, with OpenSSL's PSK callbacks (which 3.0 uses for TLS 1.3
+// external PSKs, hashed with SHA-256): TLS 1.3 binds the key with a binder the server
+// checks before going on, and negotiates psk_dhe_ke (an ECDHE exchange on top of the
+// key), so a recorded session stays secret even if the key leaks later. TLS 1.2's PSK
+// suites (PSK-AES128-GCM-SHA256) have no forward secrecy and the Mozilla profiles
+// leave them out. The daemon has no certificate in this mode: a client that offers no
+// known key cannot complete any handshake.
+
+/// The daemon's side: knows every client's key by identity.
+pub fn psk_acceptor(keys: Vec<Psk>) -> Result<SslAcceptor, String> {
+    let mut b =
+        SslAcceptor::mozilla_modern_v5(SslMethod::tls_server()).map_err(|e| e.to_string())?;
+    let by_id: std::collections::HashMap<Vec<u8>, Vec<u8>> = keys
+        .into_iter()
+        .map(|p| (p.identity.into_bytes(), p.key))
+        .collect();
+    b.set_psk_server_callback(move |_, identity, out| {
+        // An unknown identity: 0 bytes = no key; the handshake then fails.
+        match identity.and_then(|i| by_id.get(i)) {
+            Some(k) if k.len() <= out.len() => {
+                out[..k.len()].copy_from_slice(k);
+                Ok(k.len())
+            }
+            _ => Ok(0),
+        }
+    });
+    Ok(b.build())
+}
+
+/// The client's side: offers its one identity and key.
+pub fn psk_connector(p: Psk) -> Result<SslConnector, String> {
+    let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(|e| e.to_string())?;
+    b.set_min_proto_version(Some(SslVersion::TLS1_3))
+        .map_err(|e| e.to_string())?;
+    b.set_psk_client_callback(move |_, _hint, identity, out| {
+        let id = p.identity.as_bytes();
+        // The identity is written as a C string.
+        if id.len() + 1 > identity.len() || p.key.len() > out.len() {
+            return Ok(0);
+        }
+        identity[..id.len()].copy_from_slice(id);
+        identity[id.len()] = 0;
+        out[..p.key.len()].copy_from_slice(&p.key);
+        Ok(p.key.len())
+    });
+    Ok(b.build())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    const K1: &str = "00112233445566778899aabbccddeeff";
+
+    #[test]
+    fn psk_files_parse_and_bad_ones_say_why() {
+        let v = parse_psk(&format!("# clients\n\nweb-1 {K1}\n  web-2   {K1}{K1}  \n")).unwrap();
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[0].identity, "web-1");
+        assert_eq!(v[0].key.len(), 16);
+        assert_eq!(v[1].key.len(), 32);
+        assert!(
+            !format!("{:?}", v[0]).contains("0011"),
+            "Debug leaks the key"
+        );
+        for (text, want) in [
+            ("", "no key"),
+            ("# only a comment\n", "no key"),
+            ("web-1\n", "line 1: expected `IDENTITY HEXKEY`"),
+            (&format!("a {K1} extra\n"), "line 1: expected"),
+            ("a 0011\n", "line 1: key: expected 32 to 128 hex digits"),
+            (&format!("a {K1}0\n"), "key: expected"),
+            (&format!("a {}\n", "zz".repeat(16)), "key: expected"),
+            (&format!("a {}\n", "ab".repeat(65)), "key: expected"),
+            (
+                &format!("a {K1}\na {K1}\n"),
+                "line 2: identity \"a\" given twice",
+            ),
+            (&format!("{} {K1}\n", "x".repeat(129)), "identity: expected"),
+            (&format!("caf\u{e9} {K1}\n"), "identity: expected"),
+        ] {
+            let e = parse_psk(text).unwrap_err();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+        let dir = std::env::temp_dir().join(format!("toffload_psk_{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = dir.join("missing");
+        let e = read_client_psk(&missing).unwrap_err();
+        assert!(e.contains("PSK file") && e.contains("missing"), "{e}");
+        let two = dir.join("two");
+        std::fs::write(&two, format!("a {K1}\nb {K1}\n")).unwrap();
+        let e = read_client_psk(&two).unwrap_err();
+        assert!(e.contains("holds one key"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// One handshake against an acceptor on loopback; Ok(echoed byte) or the error.
+    fn handshake(acc: SslAcceptor, con: &SslConnector) -> Result<u8, String> {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+                .unwrap();
+            let mut s = acc.accept(s).map_err(|e| e.to_string())?;
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).map_err(|e| e.to_string())?;
+            s.write_all(&b).map_err(|e| e.to_string())?;
+            Ok::<_, String>(s.ssl().version_str().to_string())
+        });
+        let tcp = TcpStream::connect(addr).unwrap();
+        tcp.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let r = (|| {
+            let mut s = con.connect("127.0.0.1", tcp).map_err(|e| e.to_string())?;
+            s.write_all(&[42]).map_err(|e| e.to_string())?;
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).map_err(|e| e.to_string())?;
+            Ok(b[0])
+        })();
+        let version = server.join().unwrap();
+        if r.is_ok() {
+            assert_eq!(version.as_deref(), Ok("TLSv1.3"));
+        }
+        r
+    }
+
+    #[test]
+    fn psk_handshakes_need_the_right_key() {
+        let keys = parse_psk(&format!("alice {K1}\nbob {K1}{K1}\n")).unwrap();
+        let acc = || psk_acceptor(keys.clone()).unwrap();
+        let right = psk_connector(keys[1].clone()).unwrap();
+        assert_eq!(handshake(acc(), &right), Ok(42));
+        let wrong_key = psk_connector(Psk {
+            identity: "bob".into(),
+            key: keys[0].key.clone(),
+        })
+        .unwrap();
+        assert!(handshake(acc(), &wrong_key).is_err());
+        let unknown = psk_connector(Psk {
+            identity: "mallory".into(),
+            key: keys[0].key.clone(),
+        })
+        .unwrap();
+        assert!(handshake(acc(), &unknown).is_err());
+        // A client with no key (certificate verification only) cannot finish either.
+        let nokey = SslConnector::builder(SslMethod::tls_client())
+            .unwrap()
+            .build();
+        assert!(handshake(acc(), &nokey).is_err());
+    }
 }

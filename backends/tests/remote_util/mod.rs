@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // each test binary uses part of it
 
+pub mod conn_server;
 pub mod netns;
 pub mod pki;
 
