@@ -2,10 +2,17 @@
 //! dashboard runs, and the user's shell back in cooked mode whatever way it ends:
 //! leave(), Drop, or a panic on any thread (the panic hook restores first, then runs
 //! the hook that was there before, so the message lands on the normal screen).
+//!
+//! When stderr is the dashboard's terminal, what the process writes there meanwhile
+//! (the watcher's "attached" line, a warning) is held in memory and written out after
+//! the restore: on the dashboard's screen, in raw mode, a line would scroll the whole
+//! screen by one row under ratatui's feet, and its diffing redraw would never repair
+//! it.
 
 use std::io::{self, Write};
+use std::os::fd::RawFd;
 use std::panic::{self, PanicHookInfo};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 
 use ratatui::crossterm::cursor::{Hide, MoveTo, Show};
@@ -18,6 +25,12 @@ use ratatui::crossterm::terminal::{
 /// terminal is: one dashboard at a time, and the panic hook (any thread) must know
 /// whether there is anything to undo.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
+
+/// While stderr is held: the terminal's stderr (a dup of the original fd 2), and the
+/// in-memory file that fd 2 points to meanwhile. -1: not held. Atomics, so that the
+/// panic hook never waits on a lock.
+static SAVED_STDERR: AtomicI32 = AtomicI32::new(-1);
+static HELD_STDERR: AtomicI32 = AtomicI32::new(-1);
 
 type Hook = Box<dyn Fn(&PanicHookInfo<'_>) + Sync + Send + 'static>;
 
@@ -52,6 +65,7 @@ impl Session {
             prev_hook: Some(prev),
         };
         let setup = (|| {
+            hold_stderr();
             enable_raw_mode()?;
             execute!(io::stdout(), EnterAlternateScreen, Hide)
         })();
@@ -104,5 +118,83 @@ fn restore() -> io::Result<()> {
         Show
     );
     let _ = out.flush();
+    release_stderr();
     raw.and(screen)
+}
+
+/// The terminal (device number) behind `fd`, if it is one.
+fn tty_of(fd: RawFd) -> Option<libc::dev_t> {
+    // SAFETY: fstat into a zeroed struct; isatty on any fd.
+    unsafe {
+        if libc::isatty(fd) != 1 {
+            return None;
+        }
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(fd, &mut st) == 0).then_some(st.st_rdev)
+    }
+}
+
+/// Points fd 2 at an in-memory file when it is the same terminal as stdout. Best
+/// effort: if any step fails, stderr stays where it was.
+fn hold_stderr() {
+    match (tty_of(1), tty_of(2)) {
+        (Some(out), Some(err)) if out == err => {}
+        _ => return,
+    }
+    // SAFETY: plain fd syscalls on fds this function owns, and fd 2.
+    unsafe {
+        let held = libc::memfd_create(c"toffload-tui-stderr".as_ptr(), libc::MFD_CLOEXEC);
+        if held < 0 {
+            return;
+        }
+        let saved = libc::fcntl(2, libc::F_DUPFD_CLOEXEC, 3);
+        if saved < 0 {
+            libc::close(held);
+            return;
+        }
+        if libc::dup2(held, 2) < 0 {
+            libc::close(held);
+            libc::close(saved);
+            return;
+        }
+        SAVED_STDERR.store(saved, Ordering::SeqCst);
+        HELD_STDERR.store(held, Ordering::SeqCst);
+    }
+}
+
+/// Puts the terminal back on fd 2 and writes there what was held. Done once.
+fn release_stderr() {
+    let saved = SAVED_STDERR.swap(-1, Ordering::SeqCst);
+    if saved < 0 {
+        return;
+    }
+    let held = HELD_STDERR.swap(-1, Ordering::SeqCst);
+    // SAFETY: the two fds were stored by hold_stderr and are closed only here.
+    unsafe {
+        libc::dup2(saved, 2);
+        libc::close(saved);
+        if held < 0 {
+            return;
+        }
+        libc::lseek(held, 0, libc::SEEK_SET);
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = libc::read(held, buf.as_mut_ptr().cast(), buf.len());
+            if n <= 0 {
+                break;
+            }
+            let mut off = 0usize;
+            while off < n as usize {
+                let w = libc::write(2, buf[off..].as_ptr().cast(), n as usize - off);
+                if w <= 0 {
+                    break;
+                }
+                off += w as usize;
+            }
+            if off < n as usize {
+                break;
+            }
+        }
+        libc::close(held);
+    }
 }

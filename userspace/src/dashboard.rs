@@ -13,7 +13,16 @@ pub struct DashboardSink {
     d: Option<tui::Dashboard>,
     state: tui::State,
     switch_us: Option<f64>,
+    /// TOFFLOAD_TUI_TEST_PANIC=1: panic once the first window is on screen, so that
+    /// the tmux test (userspace/tests/dashboard.rs) can check the real watcher gives
+    /// the terminal back after a panic. A test hook, not a feature.
+    test_panic: bool,
 }
+
+/// The test hook's variable; only the exact value `1` arms it.
+pub const TEST_PANIC_ENV: &str = "TOFFLOAD_TUI_TEST_PANIC";
+/// What the armed hook panics with (the test looks for it on stderr).
+pub const TEST_PANIC_MESSAGE: &str = "TOFFLOAD_TUI_TEST_PANIC: panicking after the first window";
 
 impl DashboardSink {
     pub fn enter() -> std::io::Result<DashboardSink> {
@@ -24,6 +33,7 @@ impl DashboardSink {
                 ..Default::default()
             },
             switch_us: None,
+            test_panic: std::env::var(TEST_PANIC_ENV).is_ok_and(|v| v == "1"),
         })
     }
 
@@ -149,7 +159,14 @@ impl Sink for DashboardSink {
     fn emit(&mut self, e: Event) -> Result<(), WatchError> {
         match e {
             Event::Header(h) => self.header(h),
-            Event::Window(w) => self.window(w),
+            Event::Window(w) => {
+                self.window(w);
+                self.redraw()?;
+                if self.test_panic {
+                    panic!("{TEST_PANIC_MESSAGE}");
+                }
+                return Ok(());
+            }
             Event::Inject(i) => {
                 self.state.status = format!("inject [{}]: {}", i.action, i.message);
                 let v = self.state.injection.get_or_insert_with(Default::default);
