@@ -49,6 +49,14 @@ const C_FUTEX_TOTAL: u32 = 13;
 const C_THREADS_MISSED: u32 = 15;
 const C_OFFLOAD_WAKE_NS: u32 = 16;
 const C_FUTEX_SEEN: u32 = 17;
+/// Voluntary switches (sleeps) during offload calls: a blocking wait sleeps, a spin
+/// never does, however long the scheduler keeps it off the CPU.
+const C_OFFLOAD_SLEEPS: u32 = 18;
+/// On-CPU time inside offload calls and outside them, split at the probes: the CPU a
+/// request costs besides its wait, measured within the window (a stall's on-CPU
+/// total, taken at its end, may have begun windows earlier).
+const C_ON_IN_NS: u32 = 19;
+const C_ON_OUT_NS: u32 = 20;
 const N_COUNTERS: u32 = 32;
 
 /// Thread flags.
@@ -468,6 +476,14 @@ fn on_switch(prev_pid: u32, involuntary: bool, next_pid: u32) -> u32 {
                 let d = now.saturating_sub(t.on_since);
                 t.on_ns += d;
                 add(C_ON_NS, d);
+                add(
+                    if t.offload_depth > 0 {
+                        C_ON_IN_NS
+                    } else {
+                        C_ON_OUT_NS
+                    },
+                    d,
+                );
             }
             t.on_since = 0;
             t.off_since = now;
@@ -477,6 +493,9 @@ fn on_switch(prev_pid: u32, involuntary: bool, next_pid: u32) -> u32 {
             } else {
                 t.vol += 1;
                 add(C_VOL, 1);
+                if t.offload_depth > 0 {
+                    add(C_OFFLOAD_SLEEPS, 1);
+                }
             }
         }
     }
@@ -655,6 +674,19 @@ pub fn raw_sched_process_exit(ctx: RawTracePointContext) -> i32 {
     on_exit(task_pid(ctx.arg(0))) as i32
 }
 
+/// Closes the running thread's on-CPU stretch at an offload's entry or return, so
+/// that the time before it counts in `side` (C_ON_OUT_NS or C_ON_IN_NS).
+#[inline(always)]
+fn split_on_cpu(t: &mut ThreadInfo, now: u64, side: u32) {
+    if t.on_since != 0 {
+        let d = now.saturating_sub(t.on_since);
+        t.on_ns += d;
+        add(C_ON_NS, d);
+        add(side, d);
+        t.on_since = now;
+    }
+}
+
 #[uprobe]
 pub fn offload_enter(_ctx: ProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
@@ -667,6 +699,7 @@ pub fn offload_enter(_ctx: ProbeContext) -> u32 {
         // SAFETY: own thread's entry.
         let t = unsafe { &mut *t };
         if t.offload_depth == 0 {
+            split_on_cpu(t, now, C_ON_OUT_NS);
             t.offload_start = now;
             t.offload_off0 = t.off_ns;
             t.offload_wake_ns = 0;
@@ -696,6 +729,7 @@ pub fn offload_exit(_ctx: RetProbeContext) -> u32 {
         return 0;
     }
     let now = unsafe { bpf_ktime_get_ns() };
+    split_on_cpu(t, now, C_ON_IN_NS);
     let stall = now.saturating_sub(t.offload_start);
     // Every off-CPU interval of the stall was closed by the switch that brought the
     // thread back, so off_ns now includes all of them.

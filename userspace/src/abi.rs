@@ -27,6 +27,11 @@ pub const C_FUTEX_NOSTACK: usize = 12;
 pub const C_FUTEX_TOTAL: usize = 13;
 pub const C_THREADS_MISSED: usize = 15;
 pub const C_OFFLOAD_WAKE_NS: usize = 16;
+/// Voluntary switches during offload calls (a blocking wait's sleeps).
+pub const C_OFFLOAD_SLEEPS: usize = 18;
+/// On-CPU time inside and outside offload calls (split at the probes).
+pub const C_ON_IN_NS: usize = 19;
+pub const C_ON_OUT_NS: usize = 20;
 
 pub const F_EXITED: u32 = 1;
 

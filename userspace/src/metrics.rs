@@ -36,6 +36,13 @@ pub struct Offload {
     pub wake_share: Option<f64>,
     /// The stall's histogram regrouped by powers of two: (upper bound us, count).
     pub stall_hist_us: Vec<(f64, u64)>,
+    /// The fastest stalls (1st percentile): a spinning wait that other threads keep
+    /// off the CPU stalls far longer than the device takes; its quickest stalls, those
+    /// that kept the CPU, show the device's own latency.
+    pub stall_p1_us: Option<f64>,
+    /// Sleeps (voluntary switches) per offload call: about one for a blocking wait,
+    /// none for a spinning one, however long it is preempted.
+    pub sleeps_per_call: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -74,6 +81,10 @@ pub struct Window {
     pub offload: Offload,
     /// On-CPU time per request, excluding the on-CPU part of the offload stall.
     pub cpu_per_request_us: Option<f64>,
+    /// All the on-CPU time per request, the stall's included: for a blocking wait
+    /// that part is the submit and the blocking itself (futex calls, the switch out
+    /// and back), which the model needs whole.
+    pub on_cpu_per_request_us: Option<f64>,
     pub on_cpu_ms: f64,
     pub futex: Origins,
     pub futex_per_request: Option<PerRequest<f64>>,
@@ -94,6 +105,13 @@ pub struct Window {
     /// Voluntary context switches per request of those threads: what blocking costs
     /// them (the model takes it out of the fibers' per-request CPU).
     pub blocking_switches_per_request: Option<f64>,
+    /// Involuntary switches per offload call of those threads (preempted by each
+    /// other: fibers on one carrier are not).
+    pub preemptions_per_request: Option<f64>,
+    /// On-CPU time inside the offload calls per sleep in them, us: for a blocking
+    /// wait, what one sleep and wake-up costs this server (its futex calls, the
+    /// switch out and back, with its threads' cold caches), the submit included.
+    pub sleep_cost_us: Option<f64>,
     pub io_uring_enters: u64,
     pub io_uring_setups: u64,
     pub mux_waits: u64,
@@ -204,9 +222,13 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
             .into_iter()
             .map(|(ns, c)| (ns / 1e3, c))
             .collect(),
+        stall_p1_us: stall.quantile(0.01).map(|v| v / 1e3),
+        sleeps_per_call: (offload_calls > 0)
+            .then(|| d(abi::C_OFFLOAD_SLEEPS) as f64 / offload_calls as f64),
     };
     // Per-thread deltas of the threads that waited on the offload.
-    let (mut offload_threads, mut offload_thread_vol) = (0usize, 0u64);
+    let (mut offload_threads, mut offload_thread_vol, mut offload_thread_invol) =
+        (0usize, 0u64, 0u64);
     for (tid, t) in &cur.threads {
         let before = prev.threads.get(tid);
         let calls = t
@@ -215,6 +237,7 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         if calls > 0 {
             offload_threads += 1;
             offload_thread_vol += t.vol.saturating_sub(before.map_or(0, |b| b.vol));
+            offload_thread_invol += t.invol.saturating_sub(before.map_or(0, |b| b.invol));
         }
     }
     let futex = cur.futex.minus(&prev.futex);
@@ -262,7 +285,14 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
     let threads_created = d(abi::C_THREADS_CREATED);
     let io_uring_enters = calls(cur, prev, &["io_uring_enter"]);
     let mux_waits = calls(cur, prev, MUX_WAITS);
-    let cpu_per_request_us = per_req(on_ns.saturating_sub(spin_ns) as f64 / 1e3);
+    // Outside the offload calls, as the kernel split it at the probes; an object
+    // without the split (0 both sides) falls back to all but the stalls' on-CPU part.
+    let (on_in, on_out) = (d(abi::C_ON_IN_NS), d(abi::C_ON_OUT_NS));
+    let cpu_per_request_us = if on_in + on_out > 0 {
+        per_req(on_out as f64 / 1e3)
+    } else {
+        per_req(on_ns.saturating_sub(spin_ns) as f64 / 1e3)
+    };
     let evidence = Evidence {
         runtime: Some(ctx.runtime.kind),
         dynamic: ctx.runtime.dynamic,
@@ -288,6 +318,7 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         request_source,
         offload,
         cpu_per_request_us,
+        on_cpu_per_request_us: per_req(on_ns as f64 / 1e3),
         on_cpu_ms: on_ns as f64 / 1e6,
         futex,
         futex_per_request,
@@ -309,6 +340,10 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         offload_threads,
         blocking_switches_per_request: (offload_calls > 0)
             .then(|| offload_thread_vol as f64 / offload_calls as f64),
+        preemptions_per_request: (offload_calls > 0)
+            .then(|| offload_thread_invol as f64 / offload_calls as f64),
+        sleep_cost_us: (d(abi::C_OFFLOAD_SLEEPS) > 0 && on_in > 0)
+            .then(|| on_in as f64 / d(abi::C_OFFLOAD_SLEEPS) as f64 / 1e3),
         io_uring_enters,
         io_uring_setups: calls(cur, prev, &["io_uring_setup"]),
         mux_waits,

@@ -39,6 +39,17 @@ impl TargetFacts {
     /// The emulated device's ceiling, lanes / latency, when the target runs on it
     /// with the knobs it was started with (defaults: 64 lanes, 100 us).
     pub fn device_rps(&self) -> Option<f64> {
+        let (lat, lanes) = self.emulated()?;
+        Some(lanes * 1e6 / lat)
+    }
+
+    /// The emulated device's configured latency, us (same conditions).
+    pub fn device_latency_us(&self) -> Option<f64> {
+        self.emulated().map(|(lat, _)| lat)
+    }
+
+    /// (latency us, lanes) of the emulated device the target runs on, if it does.
+    fn emulated(&self) -> Option<(f64, f64)> {
         let backend = self.env.get("TOFFLOAD_BACKEND").map(|s| s.trim());
         if !self.accel_mapped || !matches!(backend, None | Some("") | Some("emulated")) {
             return None;
@@ -51,9 +62,14 @@ impl TargetFacts {
         };
         let lat = num("TOFFLOAD_EMU_LAT_US", 100.0);
         let lanes = num("TOFFLOAD_EMU_LANES", 64.0);
-        (lat > 0.0 && lanes >= 1.0).then(|| lanes * 1e6 / lat)
+        (lat > 0.0 && lanes >= 1.0).then_some((lat, lanes))
     }
 }
+
+/// The target's cores this busy (on-CPU share) are saturated.
+const SATURATED: f64 = 0.9;
+/// A measured latency this many times the device's configured one is stretched.
+const STRETCHED: f64 = 1.5;
 
 /// The inputs from one stock window; None when the window cannot feed the model (no
 /// offload seen, or no CPU figure).
@@ -61,19 +77,52 @@ pub fn from_window(w: &Window, switch_us: Option<f64>, facts: &TargetFacts) -> O
     if w.offload.calls == 0 || w.requests == 0 {
         return None;
     }
-    let latency = w.offload.latency_p50_us.or(w.offload.stall_p50_us)?;
-    let cpu = w.cpu_per_request_us?;
+    // A wait that does not sleep spins (preempted or not); one that sleeps blocks.
+    // Older kernels' windows without the sleep count fall back to the on-CPU share.
+    let spin = match w.offload.sleeps_per_call {
+        Some(s) => s < 0.5,
+        None => w.offload.spin_share.unwrap_or(0.0) > 0.5,
+    };
+    // L, the device's latency: a blocked stall less its wake-up delay; a spun stall
+    // at its fastest, since spinners crowding a core stretch the rest far past what
+    // the device takes (and the fibers do not spin).
+    let measured = if spin {
+        w.offload.stall_p1_us.or(w.offload.stall_p50_us)?
+    } else {
+        w.offload.latency_p50_us.or(w.offload.stall_p50_us)?
+    };
+    // On a saturated core the device's own completions wait for the CPU too (the
+    // emulated device's thread is one of the process's), and every stall stretches
+    // far past the device's latency. Where the device's configuration is known and
+    // the core is saturated, a latency well above it is the CPU's doing, not the
+    // device's: the configuration is L then.
     let cores = facts.cores.max(1) as f64;
+    let busy = w.on_cpu_ms / 1e3 / w.secs.max(1e-9) / cores;
+    let latency = match facts.device_latency_us() {
+        Some(spec) if busy >= SATURATED && measured > STRETCHED * spec => spec,
+        _ => measured,
+    };
+    // A spun stall is waste that fibers do not spend; a blocked stall's on-CPU part
+    // is the submit and the blocking itself, whose switches the model takes out
+    // (blocking_switches_per_request x X) and the runtime's park replaces: it stays
+    // in c, or that switch would be taken out twice.
+    let cpu = if spin {
+        w.cpu_per_request_us?
+    } else {
+        w.on_cpu_per_request_us?
+    };
     Some(Inputs {
         stock_rps: w.requests_per_sec,
         latency_us: latency,
         cpu_per_request_us: cpu,
-        spin: w.offload.spin_share.unwrap_or(0.0) > 0.5,
+        spin,
         connections: w.offload_threads.max(1) as f64,
         cores,
         carriers: (facts.carriers() as f64).min(cores),
         switch_us: switch_us.unwrap_or(0.0),
         blocking_switches_per_request: w.blocking_switches_per_request.unwrap_or(0.0),
+        preemptions_per_request: w.preemptions_per_request.unwrap_or(0.0),
+        sleep_cost_us: if spin { None } else { w.sleep_cost_us },
         device_rps: facts.device_rps(),
         watch_us_per_request: w.watcher.and_then(|c| c.us_per_request).unwrap_or(0.0),
     })

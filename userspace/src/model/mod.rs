@@ -44,7 +44,8 @@ pub struct Inputs {
     pub stock_rps: f64,
     /// L: offload latency (the stall less its wake-up delay), us.
     pub latency_us: f64,
-    /// c: on-CPU time per request, without the on-CPU part of the stall, us.
+    /// c: on-CPU time per request, us: without the stall when it spins (waste), with
+    /// it when it blocks (the submit and the blocking, see inputs.rs).
     pub cpu_per_request_us: f64,
     /// The stock wait spins (the thread is on CPU for most of the stall).
     pub spin: bool,
@@ -58,6 +59,11 @@ pub struct Inputs {
     pub switch_us: f64,
     /// Voluntary context switches per request of the connection threads.
     pub blocking_switches_per_request: f64,
+    /// Involuntary ones (the threads preempting each other), per request.
+    pub preemptions_per_request: f64,
+    /// What one sleep in the offload cost the server, us (on-CPU inside the offload
+    /// per sleep, blocking waits only): X as this server pays it.
+    pub sleep_cost_us: Option<f64>,
     /// D: the device's throughput when the window shows it saturated, requests/s.
     pub device_rps: Option<f64>,
     /// What the watch's own probes added to each request while the window was traced
@@ -114,6 +120,40 @@ pub fn runtime_overhead_us(yields: f64) -> f64 {
     yields * (FIBER_SWITCH_US + RUNTIME_PER_YIELD_US)
 }
 
+/// A station this busy (utilization) at the predicted rate is what binds it.
+const BUSY: f64 = 0.85;
+
+/// Requests/s of a closed loop: `n` connections, each request `c` us on one of
+/// `servers` carriers and `l` us on a device of `lanes` lanes (None: every request
+/// gets one). Exact mean value analysis for one-server queues; a queue of several
+/// servers is taken as one server of service time c / servers plus a delay of the
+/// rest (Seidmann's approximation).
+pub fn closed_loop_rps(n: f64, c: f64, servers: f64, l: f64, lanes: Option<f64>) -> f64 {
+    // (service of the one-server queue, delay beside it)
+    let mut queues = vec![(c / servers, c * (servers - 1.0) / servers)];
+    let mut delay = 0.0;
+    match lanes {
+        Some(m) if m < n => queues.push((l / m, l * (m - 1.0) / m)),
+        _ => delay += l,
+    }
+    delay += queues.iter().map(|q| q.1).sum::<f64>();
+    let mut q = vec![0.0; queues.len()];
+    let mut x = 0.0;
+    // Connections beyond a few thousand change nothing the 1e-3 precision shows.
+    for k in 1..=(n.round().max(1.0) as usize).min(100_000) {
+        let r: Vec<f64> = queues
+            .iter()
+            .zip(&q)
+            .map(|(&(s, _), &qi)| s * (1.0 + qi))
+            .collect();
+        x = k as f64 / (delay + r.iter().sum::<f64>()).max(1e-9);
+        for (qi, ri) in q.iter_mut().zip(&r) {
+            *qi = x * ri;
+        }
+    }
+    x * 1e6
+}
+
 /// The stock formulas, T_spin or T_block, at per-request CPU `c`.
 fn stock_formula(i: &Inputs, c: f64) -> f64 {
     let per_s = |us: f64| 1e6 / us.max(1e-3);
@@ -142,24 +182,39 @@ pub fn predict(i: &Inputs) -> Prediction {
     let carriers = i.carriers.clamp(1.0, p);
     // Blocking's CPU leaves with the kernel threads; the runtime's own comes in. The
     // stock CPU can never drop below the runtime's share (a noisy small c).
-    let blocking = i.blocking_switches_per_request.max(0.0) * i.switch_us.max(0.0);
+    // A switch costs the server what one of its sleeps in the offload costs it when
+    // the window shows that (many threads' cold caches cost far more than the
+    // calibration's two warm ones), else the calibrated X. Fibers on one carrier
+    // neither sleep nor preempt each other.
+    let x_eff = i.switch_us.max(i.sleep_cost_us.unwrap_or(0.0)).max(0.0);
+    let blocking =
+        (i.blocking_switches_per_request.max(0.0) + i.preemptions_per_request.max(0.0)) * x_eff;
     let added = runtime_overhead_us(YIELDS_PER_REQUEST);
     let fiber_cpu = (c - blocking).max(0.0) + added;
     let per_s = |us: f64| 1e6 / us.max(1e-3);
     let cpu_ceiling = carriers * per_s(fiber_cpu);
     let overlap_ceiling = n * per_s(l + fiber_cpu);
-    let mut fiber = cpu_ceiling.min(overlap_ceiling);
-    let mut binding = if cpu_ceiling <= overlap_ceiling {
+    // The ceilings are the asymptotes; near the knee, where connections just about
+    // cover the latency, requests queue for the carriers and the device, and the rate
+    // falls short of both. Mean value analysis of the closed loop (N connections, the
+    // carriers and the device as queues) gives the rate with that queueing.
+    let lanes = i.device_rps.map(|d| (d * l / 1e6).max(1.0));
+    let fiber_mva = closed_loop_rps(n, fiber_cpu, carriers, l, lanes);
+    let fiber = fiber_mva
+        .min(cpu_ceiling)
+        .min(overlap_ceiling)
+        .min(i.device_rps.unwrap_or(f64::INFINITY));
+    // What binds: the station nearest saturation at that rate, or the connections
+    // when neither is (the loop is mostly waiting).
+    let u_cpu = fiber * fiber_cpu / carriers / 1e6;
+    let u_dev = lanes.map_or(0.0, |m| fiber * l / m / 1e6);
+    let binding = if u_dev >= BUSY && u_dev >= u_cpu {
+        Ceiling::Device
+    } else if u_cpu >= BUSY {
         Ceiling::Cpu
     } else {
         Ceiling::Overlap
     };
-    if let Some(d) = i.device_rps {
-        if d < fiber {
-            fiber = d;
-            binding = Ceiling::Device;
-        }
-    }
     let stock_model = stock_formula(i, c);
     let stock = if i.stock_rps > 0.0 {
         i.stock_rps * stock_model / stock_formula(i, c_watched).max(1e-9)
@@ -224,8 +279,15 @@ impl Prediction {
             (
                 "blocking".into(),
                 format!(
-                    "{:.2} sw/req x {:.2} us",
-                    i.blocking_switches_per_request, i.switch_us
+                    "({:.2} sleeps + {:.2} preempted)/req x {:.2} us{}",
+                    i.blocking_switches_per_request,
+                    i.preemptions_per_request,
+                    i.switch_us.max(i.sleep_cost_us.unwrap_or(0.0)),
+                    if i.sleep_cost_us.is_some_and(|s| s > i.switch_us) {
+                        " (its sleeps' cost)"
+                    } else {
+                        ""
+                    }
                 ),
             ),
             ("c_f fiber".into(), format!("{:.1} us", self.fiber_cpu_us)),

@@ -15,6 +15,8 @@ fn base() -> Inputs {
         carriers: 1.0,
         switch_us: 1.5,
         blocking_switches_per_request: 2.0,
+        preemptions_per_request: 0.0,
+        sleep_cost_us: None,
         device_rps: None,
         watch_us_per_request: 0.0,
     }
@@ -52,7 +54,14 @@ fn overlap_ceiling_binds_with_few_connections() {
     i.stock_rps = 3_900.0;
     let p = predict(&i);
     assert_eq!(p.binding, Ceiling::Overlap);
-    assert!(close(p.fiber_rps, 4e6 / (1000.0 + p.fiber_cpu_us)));
+    // Four connections hardly ever queue for the carrier: the overlap asymptote,
+    // a hair below.
+    let asymptote = 4e6 / (1000.0 + p.fiber_cpu_us);
+    assert!(
+        p.fiber_rps <= asymptote && p.fiber_rps > 0.995 * asymptote,
+        "{} vs {asymptote}",
+        p.fiber_rps
+    );
     // Four blocking threads already keep four ops in flight: no gain.
     assert!(p.speedup < NO_GAIN, "{}", p.speedup);
     assert!(p.stop.is_some());
@@ -221,4 +230,36 @@ fn the_watch_cost_is_taken_out() {
     // Unknown cost: nothing changes.
     let r = predict(&base());
     assert!(close(r.stock_rps, 30_000.0));
+}
+
+/// The closed loop's rate: one connection is one request at a time; many
+/// connections reach the carriers' ceiling; at the knee (connections just covering
+/// the latency) queueing keeps the rate clearly below both asymptotes; a device with
+/// fewer lanes than connections queues too.
+#[test]
+fn closed_loop_queueing() {
+    let (c, l) = (20.0, 1000.0);
+    assert!(close(closed_loop_rps(1.0, c, 1.0, l, None), 1e6 / (l + c)));
+    let deep = closed_loop_rps(1000.0, c, 1.0, l, None);
+    assert!(deep <= 1e6 / c && deep > 0.999 * 1e6 / c, "{deep}");
+    // The knee: N = (L + c) / c = 51 connections.
+    let knee = closed_loop_rps(51.0, c, 1.0, l, None);
+    let asymptote = (1e6 / c).min(51e6 / (l + c));
+    assert!(
+        knee < 0.95 * asymptote && knee > 0.7 * asymptote,
+        "{knee} vs {asymptote}"
+    );
+    // More connections never lower the rate.
+    let mut last = 0.0;
+    for n in [1.0, 2.0, 8.0, 32.0, 64.0, 128.0] {
+        let x = closed_loop_rps(n, c, 1.0, l, None);
+        assert!(x >= last, "{n}: {x} < {last}");
+        last = x;
+    }
+    // Two carriers: twice the CPU ceiling, deep in the queue.
+    let two = closed_loop_rps(1000.0, c, 2.0, l, None);
+    assert!(two > 0.99 * 2e6 / c && two <= 2e6 / c, "{two}");
+    // Four lanes of 1 ms with 64 connections: the device's 4,000/s.
+    let dev = closed_loop_rps(64.0, 1.0, 1.0, l, Some(4.0));
+    assert!(dev > 0.99 * 4000.0 && dev <= 4000.0, "{dev}");
 }
