@@ -165,8 +165,10 @@ async fn watch(
 
 /// The watcher's start (the cost calibration, loading the programs twice through the
 /// verifier, attaching) at a higher priority: on a CPU that a busy server's threads
-/// crowd it would otherwise get a thread's share of it and take many seconds. The
-/// priority is put back when the guard drops, so the watch itself competes as before.
+/// crowd it would otherwise get a thread's share of it and take many seconds. When
+/// the guard drops, the watch itself goes below where it started (WATCH_NICE): an
+/// observer yields to the work it observes (and to its clients on the same machine);
+/// it needs a few milliseconds a second, and its clock is the kernel's, not its own.
 struct StartupPriority(Option<i32>);
 
 impl StartupPriority {
@@ -185,11 +187,14 @@ impl StartupPriority {
     }
 }
 
+/// How much nicer than it started the watch runs once attached.
+const WATCH_NICE: i32 = 10;
+
 impl Drop for StartupPriority {
     fn drop(&mut self) {
         if let Some(was) = self.0 {
             // SAFETY: as above.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, was) };
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, (was + WATCH_NICE).min(19)) };
         }
     }
 }

@@ -119,6 +119,7 @@ fn inject_raises_throughput() {
     let port = harness::free_port().expect("a free port");
     let mut server = conn_server(port, "spin", 1000);
     let old = server.pid();
+    let old_nice = nice_of(old);
     pin_load();
     let stock = load::run(&load_cfg(port, 2.0)).expect("stock load");
     assert_eq!(stock.wrong, 0);
@@ -134,6 +135,9 @@ fn inject_raises_throughput() {
     assert_ne!(new, old);
     assert!(!server.alive(), "the old pid {old} still runs");
     assert!(maps_have_runtime(new), "libtoffload.so not mapped in {new}");
+    // At the server's own priority, not the watcher's (which runs nicer once attached).
+    assert!(old_nice.is_some());
+    assert_eq!(nice_of(new), old_nice, "nice of the relaunched pid {new}");
     let after = load::run(&load_cfg(port, 2.0)).expect("load after");
     let ratio = after.requests_per_sec / stock.requests_per_sec;
     eprintln!(
@@ -275,4 +279,15 @@ fn restores_the_original_when_the_relaunch_fails() {
         "left behind: {:?}",
         listeners_on(port)
     );
+}
+
+/// A process's nice value (/proc/PID/stat field 19).
+fn nice_of(pid: u32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(16)?
+        .parse()
+        .ok()
 }

@@ -92,7 +92,7 @@ pub fn spawn(l: &Launch, stdio: &[Option<OwnedFd>; 3]) -> Result<Child, String> 
         .stdin(dup(&stdio[0]))
         .stdout(dup(&stdio[1]))
         .stderr(dup(&stdio[2]));
-    let (uid, gid) = (l.uid, l.gid);
+    let (uid, gid, nice) = (l.uid, l.gid, l.nice);
     let groups: Vec<libc::gid_t> = l.groups.clone();
     // SAFETY: only async-signal-safe syscalls between fork and exec.
     unsafe {
@@ -100,6 +100,8 @@ pub fn spawn(l: &Launch, stdio: &[Option<OwnedFd>; 3]) -> Result<Child, String> 
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
+            // The server's own priority, not the watcher's (which runs nicer).
+            libc::setpriority(libc::PRIO_PROCESS, 0, nice);
             if libc::geteuid() == 0
                 && (libc::setgroups(groups.len(), groups.as_ptr()) != 0
                     || libc::setresgid(gid, gid, gid) != 0

@@ -16,6 +16,8 @@ pub struct Launch {
     pub uid: u32,
     pub gid: u32,
     pub groups: Vec<u32>,
+    /// Its nice value (the relaunch runs at it, not at the watcher's).
+    pub nice: i32,
 }
 
 impl Launch {
@@ -64,6 +66,13 @@ impl Launch {
         let (Some(&uid), Some(&gid)) = (uids.get(1), gids.get(1)) else {
             return Err(format!("{}: no Uid/Gid lines", p("status")));
         };
+        // /proc/PID/stat field 19 (after the command in parentheses, field 3 on).
+        let stat = std::fs::read_to_string(p("stat")).unwrap_or_default();
+        let nice = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(16))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
         Ok(Launch {
             exe,
             argv,
@@ -72,6 +81,7 @@ impl Launch {
             uid,
             gid,
             groups: field("Groups:"),
+            nice,
         })
     }
 
