@@ -9,9 +9,9 @@
 //!   Protection is re-armed when a fiber that wrote switches out, so the next fiber's
 //!   first write is seen too. With asynchronous write-protect (uffd-async, the default
 //!   where the kernel has it and there is one carrier) the kernel resolves the write
-//!   faults itself, and the pages a fiber wrote are collected, and protected again, by
-//!   one PAGEMAP_SCAN when it switches out (or parks at its offload, before its window
-//!   opens): the same writes, seen per run of a fiber instead of per fault, with no
+//!   faults itself, and the pages a fiber wrote are found by one PAGEMAP_SCAN when it
+//!   switches out (or parks at its offload, before its window opens) and protected
+//!   again: the same writes, seen per run of a fiber instead of per fault, with no
 //!   handler-thread round trip.
 //! - enforce: page ownership (own.rs). A handler that touches a guarded page owns it
 //!   until its response is written; another handler touching it waits. Handlers that
@@ -137,12 +137,13 @@ fn record_write(page: usize, f: Option<&Fiber>) {
 /// carrier, nothing else ran since) and records them with `f`'s window as it is now.
 fn collect(f: &Fiber) {
     let pm = PAGEMAP.load(Relaxed);
+    let fd = UFFD.load(Relaxed);
     let window = f.guard.window();
     let spans = SPANS.lock();
     let mut ledger = None;
     let mut seen = 0usize;
     for s in spans.iter() {
-        uffd::scan_written(pm, s.start, s.end, |page| {
+        uffd::scan_written(pm, fd, s.start, s.end, |page| {
             seen += 1;
             let l = ledger.get_or_insert_with(|| LEDGER.lock());
             if l.get_or_insert_with(Ledger::default)
@@ -510,7 +511,7 @@ pub fn after_fork_child() {
     }
 }
 
-/// "uffd", "mprotect" or "off", for the stats.
+/// "uffd-async", "uffd", "mprotect" or "off", for the stats.
 pub fn mechanism() -> &'static str {
     match (mode(), MECH.load(Relaxed)) {
         (GuardMode::Off, _) => "off",
