@@ -2,7 +2,9 @@
  * hostile_server: like conn_server, but every request does an unlocked
  * read-modify-write of a global counter across the offload:
  *
- *     long v = shared_state.counter; rc = accel_run(buf, size); shared_state.counter = v + 1;
+ *     long v = st->counter; rc = accel_run(buf, size); st->counter = v + 1;
+ *
+ * (st = &shared_state[i]: one counter of SHARED_PAGES, each on its own page.)
  *
  * With real threads, or with fibers that do not migrate the window, updates
  * can be lost; `total` (atomic) counts what should have been counted. With

@@ -43,8 +43,7 @@ const MECH_UFFD_ASYNC: u8 = 3;
 static UFFD: AtomicI32 = AtomicI32::new(-1);
 /// /proc/self/pagemap (uffd-async).
 static PAGEMAP: AtomicI32 = AtomicI32::new(-1);
-/// uffd-async: the spans to scan (guarded ranges, merged across small gaps; what the
-/// walk meets there that is not registered for async write-protect is skipped).
+/// uffd-async: the spans to scan (the registered ranges, touching ones merged).
 static SPANS: SpinLock<Vec<Range>> = SpinLock::new(Vec::new());
 static ARMED: AtomicBool = AtomicBool::new(false);
 
@@ -321,14 +320,16 @@ fn arm_detect(cfg: &crate::config::Config, ranges: &[Range]) -> (u8, Vec<Range>)
     (MECH_UFFD, refused)
 }
 
-/// Sorted ranges merged across gaps of up to 64 MiB: one scan each.
+/// The registered ranges, sorted, touching ones merged: one scan each. Never across a
+/// gap: a scan reports every present page of memory not registered for async
+/// write-protect as written (its pages carry no write-protect bit).
 fn spans<'a>(ranges: impl Iterator<Item = &'a Range>) -> Vec<Range> {
     let mut v: Vec<Range> = ranges.copied().collect();
     v.sort_by_key(|r| r.start);
     let mut out: Vec<Range> = Vec::new();
     for r in v {
         match out.last_mut() {
-            Some(l) if r.start <= l.end + (64 << 20) => l.end = l.end.max(r.end),
+            Some(l) if r.start <= l.end => l.end = l.end.max(r.end),
             _ => out.push(r),
         }
     }

@@ -205,8 +205,9 @@ fn scan_raw(
 }
 
 /// Calls `seen(page)` for every page of [start, end) written since the last scan, and
-/// write-protects it again with the uffd `fd`. Pages not registered for async
-/// write-protect are never reported written. False on an error.
+/// write-protects it again with the uffd `fd`. [start, end) must be registered for
+/// async write-protect: elsewhere every present page counts as written. False on an
+/// error.
 pub fn scan_written(
     pm: c_int,
     fd: c_int,
