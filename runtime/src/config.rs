@@ -27,9 +27,14 @@ pub enum GuardMode {
 /// TOFFLOAD_GUARD_MECH: how detect mode sees writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GuardMech {
-    /// userfaultfd write-protect, mprotect where it cannot register.
+    /// uffd-async where the kernel has it (and one carrier), else uffd; mprotect where
+    /// uffd cannot register.
     Auto,
+    /// userfaultfd write-protect, each first write a fault served by a handler thread.
     Uffd,
+    /// userfaultfd asynchronous write-protect (UFFD_FEATURE_WP_ASYNC): the kernel
+    /// resolves write faults itself; written pages are collected with PAGEMAP_SCAN.
+    UffdAsync,
     Mprotect,
 }
 
@@ -167,7 +172,7 @@ fn parse_rows(s: &str) -> Option<Vec<OffloadRow>> {
 }
 
 const GUARD_FORM: &str = "`off`, `detect` or `enforce`";
-const MECH_FORM: &str = "`auto`, `uffd` or `mprotect`";
+const MECH_FORM: &str = "`auto`, `uffd-async`, `uffd` or `mprotect`";
 const REGIONS_FORM: &str =
     "comma-separated symbol names or address ranges 0xSTART-0xEND or 0xSTART+LEN";
 
@@ -269,6 +274,7 @@ impl Config {
             c.guard_mech = match v.trim() {
                 "auto" => GuardMech::Auto,
                 "uffd" => GuardMech::Uffd,
+                "uffd-async" => GuardMech::UffdAsync,
                 "mprotect" => GuardMech::Mprotect,
                 _ => return Err(bad("TOFFLOAD_GUARD_MECH", v, MECH_FORM)),
             };
@@ -378,6 +384,13 @@ mod tests {
             ]
         );
         assert_eq!(cfg(&[]).unwrap().guard, GuardMode::Off);
+        assert_eq!(cfg(&[]).unwrap().guard_mech, GuardMech::Auto);
+        assert_eq!(
+            cfg(&[("TOFFLOAD_GUARD_MECH", "uffd-async")])
+                .unwrap()
+                .guard_mech,
+            GuardMech::UffdAsync
+        );
     }
 
     #[test]

@@ -2,15 +2,21 @@
  * hostile_server: like conn_server, but every request does an unlocked
  * read-modify-write of a global counter across the offload:
  *
- *     long v = shared_state.counter; rc = accel_run(buf, size); shared_state.counter = v + 1;
+ *     long v = st->counter; rc = accel_run(buf, size); st->counter = v + 1;
+ *
+ * (st = &shared_state[i]: one counter of SHARED_PAGES, each on its own page.)
  *
  * With real threads, or with fibers that do not migrate the window, updates
  * can be lost; `total` (atomic) counts what should have been counted. With
  * LOCKED=1 a global mutex is held across every request's offload (a coarse
  * lock: it cannot know which requests touch the counter), so nothing may be
  * lost. SHARED_EVERY=N makes only the requests whose first byte is a multiple
- * of N touch the counter (about 1/N of random requests: the contention knob);
- * default 1, every request. On SIGTERM/SIGINT it prints
+ * of N touch a counter (about 1/N of random requests: the contention knob);
+ * default 1, every request. SHARED_PAGES=K (1..16, default 1) spreads the
+ * counters over K pages: a request that touches shared state updates counter
+ * buf[1] % K, each counter (with its own `total`) on a page of its own. The
+ * coarse lock stays one global mutex: a program that cannot know which
+ * counter a request touches takes one lock. On SIGTERM/SIGINT it prints
  *     shared=<S> total=<T> lost=<T-S>
  * on stdout and exits 0.
  */
@@ -38,7 +44,8 @@ struct shared_state {
     long total;   /* successful counted offloads; only touched atomically */
     char rest_of_the_page[4096 - 2 * sizeof(long)];
 };
-struct shared_state shared_state __attribute__((aligned(4096)));
+#define MAX_SHARED_PAGES 16
+struct shared_state shared_state[MAX_SHARED_PAGES] __attribute__((aligned(4096)));
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -46,6 +53,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct server_opts opts;
 static int locked;
 static unsigned shared_every = 1;
+static unsigned shared_pages = 1;
 
 static void must(int e, const char *what)
 {
@@ -64,13 +72,14 @@ static int counted_offload(unsigned char *buf, int n)
     if (n > 0 && buf[0] % shared_every != 0) {
         rc = accel_run(buf, n); /* this request touches no shared state */
     } else {
-        long v = shared_state.counter;
+        struct shared_state *st = &shared_state[n > 1 ? buf[1] % shared_pages : 0];
+        long v = st->counter;
         rc = accel_run(buf, n);
         if (rc == 0) {
             /* total first: a report that reads shared, then total, never sees
              * more updates than were counted (lost >= 0 even mid-flight). */
-            __atomic_fetch_add(&shared_state.total, 1, __ATOMIC_SEQ_CST);
-            shared_state.counter = v + 1;
+            __atomic_fetch_add(&st->total, 1, __ATOMIC_SEQ_CST);
+            st->counter = v + 1;
         }
     }
     if (locked)
@@ -103,9 +112,14 @@ static void *signal_thread(void *p)
         dl.tv_sec += 2;
         have_lock = pthread_mutex_timedlock(&lock, &dl) == 0;
     }
-    s = __atomic_load_n(&shared_state.counter, __ATOMIC_SEQ_CST);
+    /* Every counter first, then every total: lost >= 0 even mid-flight. */
+    s = 0;
+    for (unsigned i = 0; i < shared_pages; i++)
+        s += __atomic_load_n(&shared_state[i].counter, __ATOMIC_SEQ_CST);
     /* Read under the lock too, so a locked run reports a consistent pair. */
-    long t = __atomic_load_n(&shared_state.total, __ATOMIC_SEQ_CST);
+    long t = 0;
+    for (unsigned i = 0; i < shared_pages; i++)
+        t += __atomic_load_n(&shared_state[i].total, __ATOMIC_SEQ_CST);
     if (have_lock)
         must(pthread_mutex_unlock(&lock), "pthread_mutex_unlock");
     if (printf("shared=%ld total=%ld lost=%ld\n", s, t, t - s) < 0 || fflush(stdout) == EOF)
@@ -127,6 +141,17 @@ int main(int argc, char **argv)
             return 2;
         }
         shared_every = (unsigned)v;
+    }
+    const char *k = getenv("SHARED_PAGES");
+    if (k && *k) {
+        char *end;
+        unsigned long v = strtoul(k, &end, 10);
+        if (*end || v < 1 || v > MAX_SHARED_PAGES) {
+            fprintf(stderr, "%s: SHARED_PAGES=%s: expected an integer 1..%d\n", PROG, k,
+                    MAX_SHARED_PAGES);
+            return 2;
+        }
+        shared_pages = (unsigned)v;
     }
 
     /* Block before any thread exists so every thread inherits the mask and

@@ -3,14 +3,20 @@
 //! (and still loses: it only watches); enforce loses nothing over 100,000 requests. A
 //! server with only safe patterns gets zero conflicts. Faults that are not the guard's
 //! keep their meaning: a bad pointer still kills with SIGSEGV, and a program's own
-//! SIGSEGV handler still runs. Both write-tracking mechanisms are tested (uffd, and
-//! mprotect forced with TOFFLOAD_GUARD_MECH).
+//! SIGSEGV handler still runs. Every write-tracking mechanism is tested, each forced
+//! with TOFFLOAD_GUARD_MECH: uffd-async (kernel-resolved write-protect + PAGEMAP_SCAN),
+//! uffd (a handler thread per fault) and mprotect; and the fallback from uffd-async.
+//! With the hot counters spread over several pages (SHARED_PAGES), enforce still loses
+//! nothing.
 
 use std::sync::Mutex;
 use std::time::Duration;
 use toffload_tests::harness::ServerSpec;
 use toffload_tests::load::{self, Config, Report};
 use toffload_tests::preload::{self, RtServer, Run, TempDir};
+
+/// Every mechanism detect can be forced to use.
+const MECHS: [&str; 3] = ["uffd-async", "uffd", "mprotect"];
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -101,8 +107,8 @@ fn hostile_server_loses_unguarded_detect_reports_enforce_prevents() {
     assert!(off.lost > 0, "unguarded overlap lost nothing");
     assert_eq!(stat(&off.stats, "guard_conflicts"), 0);
 
-    // detect sees it, with either mechanism, and (by design) does not stop it.
-    for mech in ["uffd", "mprotect"] {
+    // detect sees it, with every mechanism, and (by design) does not stop it.
+    for mech in MECHS {
         let d = hostile(
             &[("TOFFLOAD_GUARD", "detect"), ("TOFFLOAD_GUARD_MECH", mech)],
             200,
@@ -127,6 +133,63 @@ fn hostile_server_loses_unguarded_detect_reports_enforce_prevents() {
         stat(&e.stats, "guard_serialized") > 0,
         "enforce never serialized a handler"
     );
+}
+
+#[test]
+fn enforce_loses_nothing_with_the_hot_counters_on_several_pages() {
+    let _s = serial();
+    let pages = [("SHARED_PAGES", "4")];
+    // The hazard first: four hot counters, each still raced by the handlers that pick it.
+    let off = hostile(&[("TOFFLOAD_GUARD", "off"), pages[0]], 200, 1.0, 0);
+    clean("unguarded, 4 pages", &off);
+    assert!(off.lost > 0, "unguarded overlap lost nothing over 4 pages");
+
+    let e = hostile(&[("TOFFLOAD_GUARD", "enforce"), pages[0]], 20, 3.0, 100_000);
+    clean("enforce, 4 pages", &e);
+    assert!(e.total >= 100_000, "only {} requests", e.total);
+    assert_eq!(e.lost, 0, "enforce lost updates over 4 pages");
+    assert!(
+        stat(&e.stats, "guard_serialized") > 0,
+        "enforce never serialized a handler"
+    );
+}
+
+/// The kernel's (major, minor), from uname.
+fn kernel() -> (u32, u32) {
+    let r = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    let mut it = r.trim().split(|c: char| !c.is_ascii_digit());
+    let n = |x: Option<&str>| x.and_then(|v| v.parse().ok()).unwrap_or(0);
+    (n(it.next()), n(it.next()))
+}
+
+#[test]
+fn detect_picks_async_write_protect_where_it_can_and_falls_back() {
+    let _s = serial();
+    // auto: uffd-async on a kernel that has it (6.7+), uffd before.
+    let d = hostile(&[("TOFFLOAD_GUARD", "detect")], 200, 0.5, 0);
+    clean("detect/auto", &d);
+    let want = if kernel() >= (6, 7) {
+        "uffd-async"
+    } else {
+        "uffd"
+    };
+    assert_eq!(d.stats["guard"], want, "{}", d.stats);
+    assert!(stat(&d.stats, "guard_conflicts") > 0);
+    // Forced uffd-async where it cannot attribute writes (two carriers): the
+    // handler-thread uffd instead, still detecting.
+    let d = hostile(
+        &[
+            ("TOFFLOAD_GUARD", "detect"),
+            ("TOFFLOAD_GUARD_MECH", "uffd-async"),
+            ("TOFFLOAD_CARRIERS", "2"),
+        ],
+        200,
+        0.5,
+        0,
+    );
+    clean("detect/uffd-async with 2 carriers", &d);
+    assert_eq!(d.stats["guard"], "uffd", "{}", d.stats);
+    assert!(stat(&d.stats, "guard_conflicts") > 0);
 }
 
 #[test]
@@ -159,7 +222,7 @@ fn enforce_serializes_only_the_handlers_that_touch_the_page() {
 #[test]
 fn safe_patterns_give_zero_conflicts() {
     let _s = serial();
-    for mech in ["uffd", "mprotect"] {
+    for mech in MECHS {
         let dir = TempDir::new("safe");
         let stats_path = dir.join("stats.json");
         let spec = preload::server_under_runtime(
@@ -215,7 +278,11 @@ fn fault(mode: &str, env: &[(&str, &str)], runtime: bool) -> preload::Outcome {
 #[test]
 fn real_faults_keep_their_meaning_under_the_guard() {
     let _s = serial();
-    let guards: [&[(&str, &str)]; 3] = [
+    let guards: [&[(&str, &str)]; 4] = [
+        &[
+            ("TOFFLOAD_GUARD", "detect"),
+            ("TOFFLOAD_GUARD_MECH", "uffd-async"),
+        ],
         &[
             ("TOFFLOAD_GUARD", "detect"),
             ("TOFFLOAD_GUARD_MECH", "uffd"),

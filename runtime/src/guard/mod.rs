@@ -7,7 +7,12 @@
 //!   uffd-wp cannot be had); every first write to a page after a fiber switch is seen,
 //!   attributed to the running fiber, and checked against the conflict rule (ledger.rs).
 //!   Protection is re-armed when a fiber that wrote switches out, so the next fiber's
-//!   first write is seen too.
+//!   first write is seen too. With asynchronous write-protect (uffd-async, the default
+//!   where the kernel has it and there is one carrier) the kernel resolves the write
+//!   faults itself, and the pages a fiber wrote are found by one PAGEMAP_SCAN when it
+//!   switches out (or parks at its offload, before its window opens) and protected
+//!   again: the same writes, seen per run of a fiber instead of per fault, with no
+//!   handler-thread round trip.
 //! - enforce: page ownership (own.rs). A handler that touches a guarded page owns it
 //!   until its response is written; another handler touching it waits. Handlers that
 //!   touch different pages (or none) keep overlapping. Ownership needs to see first
@@ -29,11 +34,17 @@ use regions::{Range, PAGE};
 use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 
-/// How writes are seen in detect mode: 0 not armed, 1 userfaultfd, 2 mprotect.
+/// How writes are seen in detect mode: 0 not armed, 1 userfaultfd, 2 mprotect,
+/// 3 userfaultfd async write-protect + PAGEMAP_SCAN.
 static MECH: AtomicU8 = AtomicU8::new(0);
 const MECH_UFFD: u8 = 1;
 const MECH_MPROTECT: u8 = 2;
+const MECH_UFFD_ASYNC: u8 = 3;
 static UFFD: AtomicI32 = AtomicI32::new(-1);
+/// /proc/self/pagemap (uffd-async).
+static PAGEMAP: AtomicI32 = AtomicI32::new(-1);
+/// uffd-async: the spans to scan (the registered ranges, touching ones merged).
+static SPANS: SpinLock<Vec<Range>> = SpinLock::new(Vec::new());
 static ARMED: AtomicBool = AtomicBool::new(false);
 
 /// Guarded ranges (whole pages).
@@ -55,6 +66,9 @@ pub struct FiberGuard {
     pub(crate) owned: UnsafeCell<Vec<(usize, bool)>>,
     /// Enforce: the page the fiber waits for (set by the fault handler).
     pub(crate) wait_page: Cell<usize>,
+    /// uffd-async: its writes were collected as it parked at its offload; the
+    /// switch-out that follows has nothing of it to collect.
+    collected: Cell<bool>,
 }
 
 impl FiberGuard {
@@ -116,6 +130,42 @@ fn record_write(page: usize, f: Option<&Fiber>) {
             "guard: conflict on page {page:#x} by fiber {writer}"
         );
     }
+}
+
+/// uffd-async: collects the pages written since the last scan (by `f`: with one
+/// carrier, nothing else ran since) and records them with `f`'s window as it is now.
+fn collect(f: &Fiber) {
+    let pm = PAGEMAP.load(Relaxed);
+    let fd = UFFD.load(Relaxed);
+    let window = f.guard.window();
+    let spans = SPANS.lock();
+    let mut ledger = None;
+    let mut seen = 0usize;
+    for s in spans.iter() {
+        uffd::scan_written(pm, fd, s.start, s.end, |page| {
+            seen += 1;
+            let l = ledger.get_or_insert_with(|| LEDGER.lock());
+            if l.get_or_insert_with(Ledger::default)
+                .write(page, f.id, window)
+            {
+                crate::stats::COUNTERS.guard_conflicts.fetch_add(1, Relaxed);
+                toffload_guard_conflict(page, f.id);
+                crate::log_at!(
+                    crate::log::DEBUG,
+                    "guard: conflict on page {page:#x} by fiber {}",
+                    f.id
+                );
+            }
+        });
+    }
+    if seen != 0 {
+        crate::stats::COUNTERS.guard_faults.fetch_add(seen, Relaxed);
+    }
+}
+
+#[inline]
+fn is_async() -> bool {
+    MECH.load(Relaxed) == MECH_UFFD_ASYNC
 }
 
 fn clock() -> u64 {
@@ -185,34 +235,10 @@ pub fn arm() {
             );
         }
         GuardMode::Detect => {
-            let use_uffd = cfg.guard_mech != GuardMech::Mprotect;
-            let fd = if use_uffd { uffd::open().ok() } else { None };
-            let mut mprotect_ranges = Vec::new();
-            if let Some(fd) = fd {
-                UFFD.store(fd, Release);
-                for r in &ranges {
-                    if uffd::watch(fd, *r) && uffd::protect(fd, r.start, r.end - r.start, true) {
-                        continue;
-                    }
-                    mprotect_ranges.push(*r);
-                }
-                let mut t: libc::pthread_t = 0;
-                // SAFETY: a real thread that only touches the runtime's own memory.
-                unsafe {
-                    (crate::real::pthread_create())(
-                        &mut t,
-                        std::ptr::null(),
-                        uffd_thread,
-                        std::ptr::null_mut(),
-                    )
-                };
-                MECH.store(MECH_UFFD, Release);
-            } else {
-                mprotect_ranges = ranges.clone();
-                MECH.store(MECH_MPROTECT, Release);
-            }
+            let (mech, mprotect_ranges) = arm_detect(cfg, &ranges);
+            MECH.store(mech, Release);
             if !mprotect_ranges.is_empty() {
-                if fd.is_some() {
+                if mech != MECH_MPROTECT {
                     crate::log_at!(
                         crate::log::INFO,
                         "guard: uffd-wp refused {} ranges; mprotect there",
@@ -227,15 +253,87 @@ pub fn arm() {
             crate::log_at!(
                 crate::log::INFO,
                 "guard: detect on {pages} pages ({})",
-                if fd.is_some() {
-                    "userfaultfd write-protect"
-                } else {
-                    "mprotect"
-                }
+                mechanism()
             );
         }
         GuardMode::Off => {}
     }
+}
+
+/// Registers `ranges` with the uffd `fd` and write-protects them: the ranges it refused.
+fn register_all(fd: c_int, ranges: &[Range]) -> Vec<Range> {
+    ranges
+        .iter()
+        .filter(|r| !(uffd::watch(fd, **r) && uffd::protect(fd, r.start, r.end - r.start, true)))
+        .copied()
+        .collect()
+}
+
+/// Picks and arms detect's mechanism: (MECH_*, the ranges left to mprotect).
+fn arm_detect(cfg: &crate::config::Config, ranges: &[Range]) -> (u8, Vec<Range>) {
+    if cfg.guard_mech == GuardMech::Mprotect {
+        return (MECH_MPROTECT, ranges.to_vec());
+    }
+    let forced_async = cfg.guard_mech == GuardMech::UffdAsync;
+    if matches!(cfg.guard_mech, GuardMech::Auto | GuardMech::UffdAsync) {
+        // A scan sees which pages were written, not by which thread: the writes are the
+        // running fiber's only while one carrier runs fibers.
+        if cfg.carriers > 1 {
+            if forced_async {
+                crate::log::line(format_args!(
+                    "TOFFLOAD_GUARD_MECH=uffd-async needs TOFFLOAD_CARRIERS=1; using uffd"
+                ));
+            }
+        } else {
+            match uffd::open_async() {
+                Ok((fd, pm)) => {
+                    let refused = register_all(fd, ranges);
+                    if refused.len() < ranges.len() {
+                        UFFD.store(fd, Release);
+                        PAGEMAP.store(pm, Release);
+                        *SPANS.lock() = spans(ranges.iter().filter(|r| !refused.contains(r)));
+                        return (MECH_UFFD_ASYNC, refused);
+                    }
+                    // SAFETY: our own fds, never published.
+                    unsafe {
+                        libc::close(pm);
+                        libc::close(fd);
+                    }
+                }
+                Err(e) if forced_async => crate::log::line(format_args!(
+                    "TOFFLOAD_GUARD_MECH=uffd-async: not available here (errno {e}); using uffd"
+                )),
+                Err(_) => {}
+            }
+        }
+    }
+    let Ok(fd) = uffd::open() else {
+        return (MECH_MPROTECT, ranges.to_vec());
+    };
+    UFFD.store(fd, Release);
+    let refused = register_all(fd, ranges);
+    let mut t: libc::pthread_t = 0;
+    // SAFETY: a real thread that only touches the runtime's own memory.
+    unsafe {
+        (crate::real::pthread_create())(&mut t, std::ptr::null(), uffd_thread, std::ptr::null_mut())
+    };
+    (MECH_UFFD, refused)
+}
+
+/// The registered ranges, sorted, touching ones merged: one scan each. Never across a
+/// gap: a scan reports every present page of memory not registered for async
+/// write-protect as written (its pages carry no write-protect bit).
+fn spans<'a>(ranges: impl Iterator<Item = &'a Range>) -> Vec<Range> {
+    let mut v: Vec<Range> = ranges.copied().collect();
+    v.sort_by_key(|r| r.start);
+    let mut out: Vec<Range> = Vec::new();
+    for r in v {
+        match out.last_mut() {
+            Some(l) if r.start <= l.end => l.end = l.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    out
 }
 
 /// Ranges whose writes the mprotect fallback watches (detect).
@@ -266,6 +364,11 @@ fn split_out(ranges: Vec<Range>, holes: &[usize]) -> Vec<Range> {
 /// A fiber parks at its offload: its window opens.
 pub fn offload_park(f: &Fiber) {
     if on() {
+        if is_async() {
+            // What it wrote since it last resumed belongs to the window now closing.
+            collect(f);
+            f.guard.collected.set(true);
+        }
         f.guard.win_open.store(false, Release);
         f.guard.win_start.store(clock(), Release);
     }
@@ -274,6 +377,7 @@ pub fn offload_park(f: &Fiber) {
 /// It resumed: writes from now until it next switches out are checked.
 pub fn offload_resume(f: &Fiber) {
     if on() {
+        f.guard.collected.set(false);
         f.guard.win_end.store(clock(), Release);
         f.guard.win_open.store(true, Release);
     }
@@ -293,6 +397,9 @@ pub fn switch_out(f: &Fiber) {
     if !on() {
         return;
     }
+    if is_async() && !f.guard.collected.replace(false) {
+        collect(f);
+    }
     f.guard.win_open.store(false, Release);
     if mode() == GuardMode::Enforce {
         own::switch_out(f);
@@ -306,7 +413,7 @@ fn rearm() {
     let pages: Vec<usize> = std::mem::take(&mut *DIRTY.lock());
     DIRTY_N.store(0, Relaxed);
     let fd = UFFD.load(Acquire);
-    let mp = MPROTECT_RANGES.lock().clone();
+    let mp = MPROTECT_RANGES.lock();
     for p in pages {
         if mp.iter().any(|r| r.contains(p)) || fd < 0 {
             // SAFETY: one of our guarded pages.
@@ -390,21 +497,28 @@ pub fn after_fork_child() {
         MPROTECT_RANGES.force_unlock();
         DIRTY.force_unlock();
         LEDGER.force_unlock();
+        SPANS.force_unlock();
         own::after_fork_child();
     }
     let r = RANGES.lock().clone();
     protect_all(&r, libc::PROT_READ | libc::PROT_WRITE);
     RANGES.lock().clear();
     ARMED.store(false, Release);
-    let _ = MECH.load(Relaxed);
+    // The pagemap fd reads the parent's memory: of no use here.
+    let pm = PAGEMAP.swap(-1, AcqRel);
+    if pm >= 0 {
+        // SAFETY: our own fd.
+        unsafe { libc::close(pm) };
+    }
 }
 
-/// "uffd", "mprotect" or "off", for the stats.
+/// "uffd-async", "uffd", "mprotect" or "off", for the stats.
 pub fn mechanism() -> &'static str {
     match (mode(), MECH.load(Relaxed)) {
         (GuardMode::Off, _) => "off",
         (GuardMode::Enforce, _) => "mprotect",
         (_, MECH_UFFD) => "uffd",
+        (_, MECH_UFFD_ASYNC) => "uffd-async",
         (_, MECH_MPROTECT) => "mprotect",
         _ => "unarmed",
     }

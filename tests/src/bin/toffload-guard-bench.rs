@@ -1,9 +1,16 @@
 //! `cargo xtask bench guard`: what the conflict guard costs and what it buys, on
 //! hostile_server under the runtime (server pinned to core 0, load generator to core 1,
-//! median of several runs, every ratio measured side by side in one run):
-//! - enforce vs the coarse lock (LOCKED=1) at high contention (every request touches the
-//!   shared counter) and low (1 in 8, SHARED_EVERY=8), with lost updates;
-//! - detect's overhead over unguarded, for both write-tracking mechanisms;
+//! median of several runs; the configurations compared in a row run interleaved, run
+//! after run, so that they see the same machine):
+//! - enforce vs the coarse lock (LOCKED=1), with lost updates: at the one-hot-word
+//!   bound (every request read-modify-writes one counter: any correct scheme serializes
+//!   every request there), at high contention (every request updates one of 4 counters,
+//!   each on its own page: SHARED_PAGES=4) and at low (SHARED_EVERY=8: only the
+//!   requests whose first byte is a multiple of 8 update the one counter, about a fifth
+//!   of the load generator's; the table gives the measured share);
+//! - detect's overhead over unguarded, for each write-tracking mechanism, with every
+//!   request writing the shared counter and with SHARED_EVERY=8, with the writes seen
+//!   per request and the server's CPU time per request;
 //! - the cost of one guard fault per mechanism (guard_faultcost, minus its unguarded
 //!   baseline).
 
@@ -23,6 +30,9 @@ struct Args {
     /// Runs per point (the median is reported).
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Runs per point of the detect overhead table (closer margins: more runs).
+    #[arg(long, default_value_t = 5)]
+    detect_runs: usize,
     /// Measured seconds per run.
     #[arg(long, default_value_t = 1.5)]
     secs: f64,
@@ -46,11 +56,42 @@ fn libtoffload() -> String {
         .to_string()
 }
 
-/// One run: (req/s, lost updates).
-fn hostile(a: &Args, lat: u32, env: &[(&str, &str)]) -> Result<(f64, u64), String> {
+/// One run's outcome.
+#[derive(Clone, Copy, Default)]
+struct Run {
+    rps: f64,
+    lost: u64,
+    /// Counted (shared-state) requests.
+    total: u64,
+    /// Every request (one offload each), over the server's life.
+    requests: u64,
+    /// The guard's faults (writes seen, under uffd-async) per request.
+    writes_per_req: f64,
+    /// Server CPU time per request, us.
+    cpu_us_per_req: f64,
+}
+
+/// CPU time of every thread of `pid` so far, ns (schedstat: time on a CPU).
+fn cpu_ns(pid: u32) -> u64 {
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    rd.filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read_to_string(e.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn hostile(a: &Args, lat: u32, env: &[(&str, &str)], n: usize) -> Result<Run, String> {
+    let stats = std::env::temp_dir().join(format!(
+        "toffload-guard-bench-{}-{n}.json",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&stats);
     let mut spec = ServerSpec::new("hostile_server")
         .env("LD_PRELOAD", libtoffload())
         .env("TOFFLOAD_EMU_LAT_US", lat.to_string())
+        .env("TOFFLOAD_STATS", stats.display().to_string())
         .cpu(Some(0));
     for (k, v) in env {
         spec = spec.env(k, *v);
@@ -60,51 +101,115 @@ fn hostile(a: &Args, lat: u32, env: &[(&str, &str)]) -> Result<(f64, u64), Strin
     cfg.conns = a.conns;
     cfg.duration = Duration::from_secs_f64(a.secs);
     cfg.warmup = Duration::from_millis(300);
+    let cpu0 = cpu_ns(s.pid());
     let r = load::run(&cfg).map_err(|e| e.to_string())?;
+    let cpu = cpu_ns(s.pid()).saturating_sub(cpu0);
     if r.wrong > 0 || r.errors > 0 {
         return Err(format!("wrong {} errors {}", r.wrong, r.errors));
     }
     let out = s.terminate()?;
-    let lost = out
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("lost="))
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| format!("no lost= in {out:?}"))?;
-    Ok((r.requests_per_sec, lost))
+    let field = |name: &str| -> Result<u64, String> {
+        out.split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("no {name} in {out:?}"))
+    };
+    let (lost, total) = (field("lost=")?, field("total=")?);
+    let st = std::fs::read_to_string(&stats)
+        .ok()
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(s.trim()).ok())
+        .ok_or_else(|| format!("no stats in {}", stats.display()))?;
+    let _ = std::fs::remove_file(&stats);
+    let num = |k: &str| st.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+    // Every request makes one offload: the server's requests over its whole life,
+    // the span its CPU time was measured over.
+    let (faults, requests) = (num("guard_faults"), num("offloads"));
+    let per = |x: f64| {
+        if requests > 0 {
+            x / requests as f64
+        } else {
+            f64::NAN
+        }
+    };
+    Ok(Run {
+        rps: r.requests_per_sec,
+        lost,
+        total,
+        requests,
+        writes_per_req: per(faults as f64),
+        cpu_us_per_req: per(cpu as f64 / 1000.0),
+    })
 }
 
-fn point(a: &Args, lat: u32, env: &[(&str, &str)]) -> Result<(f64, u64), String> {
-    let mut rps = Vec::new();
-    let mut lost = 0;
-    for _ in 0..a.runs {
-        let (r, l) = hostile(a, lat, env)?;
-        rps.push(r);
-        lost += l;
+/// Every configuration of `envs`, run after run interleaved: per configuration its
+/// runs, in round order (round i of every configuration ran back to back).
+fn side_by_side(
+    a: &Args,
+    runs: usize,
+    lat: u32,
+    envs: &[&[(&str, &str)]],
+) -> Result<Vec<Vec<Run>>, String> {
+    let mut all: Vec<Vec<Run>> = vec![Vec::new(); envs.len()];
+    let mut n = 0;
+    for _ in 0..runs {
+        for (i, env) in envs.iter().enumerate() {
+            n += 1;
+            all[i].push(hostile(a, lat, env, n)?);
+        }
     }
-    Ok((median(rps), lost))
+    Ok(all)
 }
 
-fn fault_cost(env: &[(&str, &str)]) -> Result<f64, String> {
-    let mut v = Vec::new();
-    for _ in 0..3 {
-        let out = Command::new("taskset")
-            .args(["-c", "0"])
-            .arg(harness::bin("guard_faultcost")?)
-            .arg("20000")
-            .env("LD_PRELOAD", libtoffload())
-            .env("TOFFLOAD_FIBERIZE", "all")
-            .envs(env.iter().copied())
-            .output()
-            .map_err(|e| e.to_string())?;
-        let s = String::from_utf8_lossy(&out.stdout);
-        let ns: f64 = s
-            .trim()
-            .strip_prefix("ns=")
-            .and_then(|x| x.parse().ok())
-            .ok_or_else(|| format!("guard_faultcost said {s:?}"))?;
-        v.push(ns);
+/// Medians of a configuration's runs; lost updates summed.
+fn summary(v: &[Run]) -> Run {
+    Run {
+        rps: median(v.iter().map(|r| r.rps).collect()),
+        lost: v.iter().map(|r| r.lost).sum(),
+        total: v.iter().map(|r| r.total).sum(),
+        requests: v.iter().map(|r| r.requests).sum(),
+        writes_per_req: median(v.iter().map(|r| r.writes_per_req).collect()),
+        cpu_us_per_req: median(v.iter().map(|r| r.cpu_us_per_req).collect()),
     }
-    Ok(median(v))
+}
+
+/// The share of requests that updated a counter, percent.
+fn share(r: &Run) -> f64 {
+    100.0 * r.total as f64 / r.requests.max(1) as f64
+}
+
+/// The median over rounds of x's throughput over y's in the same round.
+fn ratio(x: &[Run], y: &[Run]) -> f64 {
+    median(x.iter().zip(y).map(|(x, y)| x.rps / y.rps).collect())
+}
+
+/// One guard_faultcost run: ns per iteration.
+fn fault_cost_once(env: &[(&str, &str)]) -> Result<f64, String> {
+    let out = Command::new("taskset")
+        .args(["-c", "0"])
+        .arg(harness::bin("guard_faultcost")?)
+        .arg("20000")
+        .env("LD_PRELOAD", libtoffload())
+        .env("TOFFLOAD_FIBERIZE", "all")
+        .envs(env.iter().copied())
+        .output()
+        .map_err(|e| e.to_string())?;
+    let s = String::from_utf8_lossy(&out.stdout);
+    s.trim()
+        .strip_prefix("ns=")
+        .and_then(|x| x.parse().ok())
+        .ok_or_else(|| format!("guard_faultcost said {s:?}"))
+}
+
+/// Every configuration of `envs`, interleaved round by round: the median of
+/// `rounds` runs each, ns per iteration.
+fn fault_costs(envs: &[&[(&str, &str)]], rounds: usize) -> Result<Vec<f64>, String> {
+    let mut all = vec![Vec::new(); envs.len()];
+    for _ in 0..rounds {
+        for (i, env) in envs.iter().enumerate() {
+            all[i].push(fault_cost_once(env)?);
+        }
+    }
+    Ok(all.into_iter().map(median).collect())
 }
 
 fn main() {
@@ -115,111 +220,176 @@ fn main() {
     }
 }
 
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
 fn run(a: &Args) -> Result<(), String> {
     if harness::cpus() >= 2 {
         harness::pin_current_thread(1).map_err(|e| format!("pinning: {e}"))?;
     }
     let mut t = format!(
-        "hostile_server under libtoffload.so, {} connections, 1 KiB requests, median of {} runs of {:.1} s; server on core 0, load on core 1.\n\n",
-        a.conns, a.runs, a.secs
+        "hostile_server under libtoffload.so, {} connections, 1 KiB requests, runs of {:.1} s, {} rounds per row ({} for detect): each round runs every configuration of the row back to back; req/s and CPU are medians over rounds, ratios and overheads the median of the per-round ratios. Server on core 0, load on core 1; load average at the start {} (a 2-core VM shared with other work: its throughput varies from run to run; server CPU per request varies much less).\n\n",
+        a.conns,
+        a.secs,
+        a.runs,
+        a.detect_runs,
+        loadavg()
     );
     t.push_str("### Enforce vs a coarse lock\n\n");
-    t.push_str("| offload us | shared requests | coarse lock req/s | enforce req/s | enforce / lock | target | lost (lock, enforce) | unguarded req/s (lost) |\n|---:|---|---:|---:|---:|---|---|---|\n");
+    t.push_str("The coarse lock (`LOCKED=1`) is one global mutex held across every request's offload. Enforce serializes only the handlers that touch the same guarded page.\n\n");
+    t.push_str("| offload us | requests updating shared state | coarse lock req/s | enforce req/s | enforce / lock | target | lost (lock, enforce) | unguarded req/s (lost) |\n|---:|---|---:|---:|---:|---|---|---|\n");
+    let cases: [(&str, &str, &str, bool); 3] = [
+        (
+            "1",
+            "1",
+            "every request: RMW of one counter (one-hot-word bound)",
+            false,
+        ),
+        (
+            "1",
+            "4",
+            "every request: RMW of one of 4 counters on 4 pages (high contention)",
+            true,
+        ),
+        (
+            "8",
+            "1",
+            "SHARED_EVERY=8: RMW of one counter (low contention)",
+            true,
+        ),
+    ];
     for lat in [200u32, 1000] {
-        for (every, label) in [
-            ("1", "all (high contention)"),
-            ("8", "1 in 8 (low contention)"),
-        ] {
-            eprintln!("  enforce vs lock: {lat} us, SHARED_EVERY={every}");
-            let lock = point(a, lat, &[("LOCKED", "1"), ("SHARED_EVERY", every)])?;
-            let enf = point(
+        for (every, pages, label, targeted) in cases {
+            eprintln!("  enforce vs lock: {lat} us, SHARED_EVERY={every} SHARED_PAGES={pages}");
+            let k = [("SHARED_EVERY", every), ("SHARED_PAGES", pages)];
+            let r = side_by_side(
                 a,
+                a.runs,
                 lat,
-                &[("TOFFLOAD_GUARD", "enforce"), ("SHARED_EVERY", every)],
+                &[
+                    &[("LOCKED", "1"), k[0], k[1]],
+                    &[("TOFFLOAD_GUARD", "enforce"), k[0], k[1]],
+                    &[("TOFFLOAD_GUARD", "off"), k[0], k[1]],
+                ],
             )?;
-            let off = point(
-                a,
-                lat,
-                &[("TOFFLOAD_GUARD", "off"), ("SHARED_EVERY", every)],
-            )?;
-            let ratio = enf.0 / lock.0;
+            let (lock, enf, off) = (summary(&r[0]), summary(&r[1]), summary(&r[2]));
+            let ratio = ratio(&r[1], &r[0]);
+            let target = if targeted {
+                format!(">= 1.7x: {}", if ratio >= 1.7 { "met" } else { "not met" })
+            } else {
+                "bound: ~1x for any correct scheme".to_string()
+            };
             t.push_str(&format!(
-                "| {lat} | {label} | {:.0} | {:.0} | {:.2}x | >= 1.7x: {} | {}, {} | {:.0} ({}) |\n",
-                lock.0,
-                enf.0,
+                "| {lat} | {label}; {:.0}% of requests | {:.0} | {:.0} | {:.2}x | {target} | {}, {} | {:.0} ({}) |\n",
+                share(&enf),
+                lock.rps,
+                enf.rps,
                 ratio,
-                if ratio >= 1.7 { "met" } else { "not met" },
-                lock.1,
-                enf.1,
-                off.0,
-                off.1
+                lock.lost,
+                enf.lost,
+                off.rps,
+                off.lost
             ));
         }
     }
+    t.push_str(
+        "\nOne-hot-word bound: when every request read-modify-writes the same word across its offload, those critical sections must not overlap for the result to be right, so every scheme that is correct (a lock, enforce, anything) runs one request at a time there: enforce ~= lock is the bound, not a shortfall. Enforce gains where requests touch different pages.\n",
+    );
     t.push_str("\n### Detect: overhead over unguarded\n\n");
-    t.push_str("| offload us | unguarded req/s | detect (uffd) req/s | overhead | detect (mprotect) req/s | overhead | target |\n|---:|---:|---:|---:|---:|---:|---|\n");
-    for lat in [200u32, 1000] {
-        eprintln!("  detect overhead: {lat} us");
-        let off = point(a, lat, &[("TOFFLOAD_GUARD", "off")])?;
-        let uffd = point(
-            a,
-            lat,
+    t.push_str("Writes are seen per page: with every request writing the shared counter (SHARED_EVERY=1, detect's worst case), each request costs one write seen and one page re-protected; with SHARED_EVERY=8 (the requests whose first byte is a multiple of 8; the load generator's payloads make that about a fifth of them) the others cost only the scans (uffd-async) or nothing (uffd, mprotect).\n\n");
+    t.push_str("| offload us | requests writing the counter | mechanism | req/s | overhead vs unguarded | writes seen / request | server CPU us / request | target (<= 10%) |\n|---:|---|---|---:|---:|---:|---:|---|\n");
+    let mechs = ["uffd-async", "uffd", "mprotect"];
+    for every in ["1", "8"] {
+        for lat in [200u32, 1000] {
+            eprintln!("  detect overhead: {lat} us, SHARED_EVERY={every}");
+            let e = ("SHARED_EVERY", every);
+            let r = side_by_side(
+                a,
+                a.detect_runs,
+                lat,
+                &[
+                    &[("TOFFLOAD_GUARD", "off"), e],
+                    &[
+                        ("TOFFLOAD_GUARD", "detect"),
+                        ("TOFFLOAD_GUARD_MECH", mechs[0]),
+                        e,
+                    ],
+                    &[
+                        ("TOFFLOAD_GUARD", "detect"),
+                        ("TOFFLOAD_GUARD_MECH", mechs[1]),
+                        e,
+                    ],
+                    &[
+                        ("TOFFLOAD_GUARD", "detect"),
+                        ("TOFFLOAD_GUARD_MECH", mechs[2]),
+                        e,
+                    ],
+                ],
+            )?;
+            let off = summary(&r[0]);
+            let label = format!("SHARED_EVERY={every}: {:.0}%", share(&off));
+            t.push_str(&format!(
+                "| {lat} | {label} | unguarded | {:.0} | | | {:.1} | |\n",
+                off.rps, off.cpu_us_per_req
+            ));
+            for (m, runs) in mechs.iter().zip(&r[1..]) {
+                let d = summary(runs);
+                let o = 1.0 - ratio(runs, &r[0]);
+                t.push_str(&format!(
+                    "| {lat} | {label} | detect, {m} | {:.0} | {:.1}% | {:.2} | {:.1} | {} |\n",
+                    d.rps,
+                    o * 100.0,
+                    d.writes_per_req,
+                    d.cpu_us_per_req,
+                    if o <= 0.10 { "met" } else { "not met" }
+                ));
+            }
+        }
+    }
+    eprintln!("  fault cost");
+    let rows: [(&str, &[(&str, &str)]); 5] = [
+        ("unguarded", &[("TOFFLOAD_GUARD", "off")]),
+        (
+            "detect, uffd-async (kernel-resolved write fault + PAGEMAP_SCAN at the switch + re-protect)",
+            &[
+                ("TOFFLOAD_GUARD", "detect"),
+                ("TOFFLOAD_GUARD_MECH", "uffd-async"),
+            ],
+        ),
+        (
+            "detect, uffd (write fault served by the handler thread + re-protect)",
             &[
                 ("TOFFLOAD_GUARD", "detect"),
                 ("TOFFLOAD_GUARD_MECH", "uffd"),
             ],
-        )?;
-        let mp = point(
-            a,
-            lat,
+        ),
+        (
+            "detect, mprotect + SIGSEGV (+ re-protect)",
             &[
                 ("TOFFLOAD_GUARD", "detect"),
                 ("TOFFLOAD_GUARD_MECH", "mprotect"),
             ],
-        )?;
-        let ou = 1.0 - uffd.0 / off.0;
-        let om = 1.0 - mp.0 / off.0;
-        t.push_str(&format!(
-            "| {lat} | {:.0} | {:.0} | {:.1}% | {:.0} | {:.1}% | <= 10%: uffd {}, mprotect {} |\n",
-            off.0,
-            uffd.0,
-            ou * 100.0,
-            mp.0,
-            om * 100.0,
-            if ou <= 0.10 { "met" } else { "not met" },
-            if om <= 0.10 { "met" } else { "not met" },
-        ));
-    }
-    eprintln!("  fault cost");
-    let base = fault_cost(&[("TOFFLOAD_GUARD", "off")])?;
-    let uffd = fault_cost(&[
-        ("TOFFLOAD_GUARD", "detect"),
-        ("TOFFLOAD_GUARD_MECH", "uffd"),
-    ])?;
-    let mp = fault_cost(&[
-        ("TOFFLOAD_GUARD", "detect"),
-        ("TOFFLOAD_GUARD_MECH", "mprotect"),
-    ])?;
-    let enf = fault_cost(&[("TOFFLOAD_GUARD", "enforce")])?;
+        ),
+        (
+            "enforce, ownership fault (mprotect + SIGSEGV)",
+            &[("TOFFLOAD_GUARD", "enforce")],
+        ),
+    ];
+    let envs: Vec<&[(&str, &str)]> = rows.iter().map(|r| r.1).collect();
+    let c = fault_costs(&envs, 7)?;
     t.push_str(
-        "\n### Cost of one guard fault (guard_faultcost on core 0, minus its unguarded loop)\n\n",
+        "\n### Cost of one guard fault (guard_faultcost on core 0, minus its unguarded loop; median of 7, interleaved)\n\n",
     );
     t.push_str("| mechanism | us per fault |\n|---|---:|\n");
-    t.push_str(&format!(
-        "| detect, userfaultfd write-protect (handler thread) | {:.1} |\n",
-        (uffd - base) / 1000.0
-    ));
-    t.push_str(&format!(
-        "| detect, mprotect + SIGSEGV | {:.1} |\n",
-        (mp - base) / 1000.0
-    ));
-    t.push_str(&format!(
-        "| enforce, ownership fault (mprotect + SIGSEGV) | {:.1} |\n",
-        (enf - base) / 1000.0
-    ));
+    for (i, (label, _)) in rows.iter().enumerate().skip(1) {
+        t.push_str(&format!("| {label} | {:.1} |\n", (c[i] - c[0]) / 1000.0));
+    }
     t.push_str(&format!(
         "\n(unguarded loop: {:.1} us per iteration: a 1-byte socketpair round trip and a yield)\n",
-        base / 1000.0
+        c[0] / 1000.0
     ));
     println!("{t}");
     if let Some(out) = &a.out {
