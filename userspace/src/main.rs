@@ -46,7 +46,7 @@ struct Common {
     /// Keep the watch's own cost under this percent of the target's CPU: the cost of
     /// each traced event is measured at start, and when a window's events cost more,
     /// less of each interval is traced.
-    #[arg(long, default_value_t = 2.0, value_parser = parse_budget, conflicts_with = "sample")]
+    #[arg(long, default_value_t = 1.0, value_parser = parse_budget, conflicts_with = "sample")]
     overhead_budget: f64,
     /// Show the live dashboard instead of text (keys: ? help, i inject, p pause, q quit).
     #[arg(long, conflicts_with = "json")]
@@ -165,10 +165,9 @@ async fn watch(
 
 /// The watcher's start (the cost calibration, loading the programs twice through the
 /// verifier, attaching) at a higher priority: on a CPU that a busy server's threads
-/// crowd it would otherwise get a thread's share of it and take many seconds. When
-/// the guard drops, the watch itself goes below where it started (WATCH_NICE): an
-/// observer yields to the work it observes (and to its clients on the same machine);
-/// it needs a few milliseconds a second, and its clock is the kernel's, not its own.
+/// crowd it would otherwise get a thread's share of it and take many seconds. The
+/// priority is put back when the guard drops: the watch itself must detach on time
+/// (a late detach traces longer than the budget allows), so it is not made nicer.
 struct StartupPriority(Option<i32>);
 
 impl StartupPriority {
@@ -187,14 +186,11 @@ impl StartupPriority {
     }
 }
 
-/// How much nicer than it started the watch runs once attached.
-const WATCH_NICE: i32 = 10;
-
 impl Drop for StartupPriority {
     fn drop(&mut self) {
         if let Some(was) = self.0 {
             // SAFETY: as above.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, (was + WATCH_NICE).min(19)) };
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, was) };
         }
     }
 }

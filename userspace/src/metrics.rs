@@ -342,8 +342,11 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
             .then(|| offload_thread_vol as f64 / offload_calls as f64),
         preemptions_per_request: (offload_calls > 0)
             .then(|| offload_thread_invol as f64 / offload_calls as f64),
+        // Per sleep, or per call where fewer calls slept than were made (a short
+        // offload often completes before the thread sleeps; its futex calls and
+        // retries cost the same, and are not a sleep's).
         sleep_cost_us: (d(abi::C_OFFLOAD_SLEEPS) > 0 && on_in > 0)
-            .then(|| on_in as f64 / d(abi::C_OFFLOAD_SLEEPS) as f64 / 1e3),
+            .then(|| on_in as f64 / d(abi::C_OFFLOAD_SLEEPS).max(offload_calls) as f64 / 1e3),
         io_uring_enters,
         io_uring_setups: calls(cur, prev, &["io_uring_setup"]),
         mux_waits,

@@ -135,7 +135,7 @@ fn inject_raises_throughput() {
     assert_ne!(new, old);
     assert!(!server.alive(), "the old pid {old} still runs");
     assert!(maps_have_runtime(new), "libtoffload.so not mapped in {new}");
-    // At the server's own priority, not the watcher's (which runs nicer once attached).
+    // At the server's own priority, not the watcher's (raised while it starts).
     assert!(old_nice.is_some());
     assert_eq!(nice_of(new), old_nice, "nice of the relaunched pid {new}");
     let after = load::run(&load_cfg(port, 2.0)).expect("load after");

@@ -583,12 +583,12 @@ fn overhead_budget_traces_part_of_each_interval() {
                 r.requests_per_sec
             );
             // 16 connections of 200 us offloads keep the server busy enough that
-            // tracing every event costs well over 2% of its CPU.
+            // tracing every event costs well over 1% of its CPU.
             assert!(share > 0.04, "{wc}");
             if budgeted {
-                assert!((0.02..0.6).contains(&duty), "{wc}");
+                assert!((0.02..0.4).contains(&duty), "{wc}");
                 assert!(secs < 0.7, "traced {secs} s of a 1 s interval: {wc}");
-                assert!(wc["budget"].as_f64() == Some(0.02), "{wc}");
+                assert!(wc["budget"].as_f64() == Some(0.01), "{wc}");
             } else {
                 assert_eq!(duty, 1.0, "{wc}");
                 assert!(secs > 0.9, "{secs}");

@@ -100,7 +100,7 @@ pub fn spawn(l: &Launch, stdio: &[Option<OwnedFd>; 3]) -> Result<Child, String> 
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            // The server's own priority, not the watcher's (which runs nicer).
+            // The server's own priority, not the watcher's.
             libc::setpriority(libc::PRIO_PROCESS, 0, nice);
             if libc::geteuid() == 0
                 && (libc::setgroups(groups.len(), groups.as_ptr()) != 0
