@@ -366,6 +366,12 @@ pub async fn run(
                 }
             }
         }
+        // An --inject decision is made from whole windows: until it is made, every
+        // event is traced (a few windows; the budget applies after).
+        if opts.inject.is_some() && inj.outcome.is_none() {
+            duty = 1.0;
+            looked = true;
+        }
         let sampled = duty < 1.0;
         if sampled {
             let burst = opts.interval.mul_f64(duty);
@@ -386,8 +392,12 @@ pub async fn run(
         if started.elapsed() >= next_window {
             next_window += opts.interval;
             looked = false;
+            let deciding = opts.inject.is_some() && inj.outcome.is_none();
             let mut w = tr.window(started, opts.overhead_budget, duty);
-            if let Some(c) = &w.watcher {
+            if let Some(c) = &mut w.watcher {
+                if deciding {
+                    c.duty = 1.0;
+                }
                 duty = c.duty;
             }
             if inj.tracker.status.is_some() {
