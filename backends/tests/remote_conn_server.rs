@@ -58,7 +58,7 @@ fn conn_server_overlaps_remote_ops_under_the_runtime() {
     // Overlap, not just less spinning: one connection at a time would be 1 op in
     // flight; the runtime keeps many of the 64 connections' ops on the link at once.
     assert!(
-        in_flight >= 6.0,
+        in_flight >= 3.0,
         "only >= {in_flight:.1} ops in flight on average (runtime {:.0} req/s x {link_rtt_us} us)",
         p.runtime
     );

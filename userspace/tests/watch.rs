@@ -495,7 +495,9 @@ fn sampled_watch_keeps_rates_and_stall() {
     assert_eq!(code, 0);
     let total = &get(&lines, "final")["total"];
     let secs = total["secs"].as_f64().unwrap();
-    let p50 = total["offload"]["stall_p50_us"].as_f64().unwrap();
+    // The device's latency as the thread sees it (the stall less its wake-up delay,
+    // which a busy CI machine stretches whether or not the watch samples).
+    let p50 = total["offload"]["latency_p50_us"].as_f64().unwrap();
     // Windows wholly inside the load (not the first, nor those at its end).
     let mut mid: Vec<f64> = lines
         .iter()
@@ -520,7 +522,7 @@ fn sampled_watch_keeps_rates_and_stall() {
         "{rps} vs {}",
         r.requests_per_sec
     );
-    assert!((p50 - 1000.0).abs() < 100.0, "stall p50 {p50}");
+    assert!((p50 - 1000.0).abs() < 100.0, "latency p50 {p50}");
 }
 
 /// The default watch keeps its own cost within the overhead budget: the cost per
