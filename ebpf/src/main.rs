@@ -334,7 +334,7 @@ fn current_thread(tid: u32, tgid: u32, now: u64) -> Option<*mut ThreadInfo> {
 pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     let id = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((id >> 32) as u32, id as u32);
-    if !watched(tgid) {
+    if !watched(tgid) || !tracing_on() {
         return 0;
     }
     // sys_enter(struct pt_regs *regs, long id)
@@ -418,7 +418,7 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
 pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     let id = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((id >> 32) as u32, id as u32);
-    if !watched(tgid) {
+    if !watched(tgid) || !tracing_on() {
         return 0;
     }
     let now = unsafe { bpf_ktime_get_ns() };
@@ -465,6 +465,11 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
 /// A context switch from `prev_pid` (the current task) to `next_pid`.
 #[inline(always)]
 fn on_switch(prev_pid: u32, involuntary: bool, next_pid: u32) -> u32 {
+    // Off between bursts: detaching takes the kernel an RCU grace period per link,
+    // and the hot programs must not keep recording (and costing) meanwhile.
+    if !tracing_on() {
+        return 0;
+    }
     let now = unsafe { bpf_ktime_get_ns() };
     // The hook runs in prev's context, so the current tgid is prev's.
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
@@ -529,7 +534,7 @@ fn on_switch(prev_pid: u32, involuntary: bool, next_pid: u32) -> u32 {
 
 #[inline(always)]
 fn on_wakeup(pid: u32) -> u32 {
-    if pid == 0 {
+    if pid == 0 || !tracing_on() {
         return 0;
     }
     if let Some(t) = thread(pid) {

@@ -163,26 +163,56 @@ pub fn symbol(path: &str, name: &str) -> Option<(u64, u64)> {
         .map(|s| (s.address(), s.size()))
 }
 
-/// The offload entry points an ELF file defines.
-pub fn offload_symbols_in(path: &str) -> Vec<String> {
+/// The offload entry points an ELF file defines, with the file offset a uprobe is
+/// placed at. Resolved once per file: the sampled watch re-attaches every interval,
+/// and resolving by name there re-read the whole file each time (30% of the
+/// watcher's CPU on a library with debug info).
+pub fn offload_symbols_in(path: &str) -> Vec<(String, u64)> {
     let Ok(data) = std::fs::read(path) else {
         return Vec::new();
     };
     let Ok(obj) = object::File::parse(&*data) else {
         return Vec::new();
     };
-    let mut found: Vec<String> = Vec::new();
+    let mut found: Vec<(String, u64)> = Vec::new();
     for s in obj.dynamic_symbols().chain(obj.symbols()) {
         if !s.is_definition() {
             continue;
         }
         if let Ok(n) = s.name() {
-            if OFFLOAD_SYMBOLS.contains(&n) && !found.iter().any(|f| f == n) {
-                found.push(n.to_string());
+            if OFFLOAD_SYMBOLS.contains(&n) && !found.iter().any(|f| f.0 == n) {
+                if let Some(off) = file_offset_of(&obj, &s) {
+                    found.push((n.to_string(), off));
+                }
             }
         }
     }
     found
+}
+
+/// A defined symbol's file offset (see file_offset_of).
+pub fn symbol_file_offset(path: &str, name: &str) -> Option<u64> {
+    let data = std::fs::read(path).ok()?;
+    let obj = object::File::parse(&*data).ok()?;
+    let sym = obj
+        .dynamic_symbols()
+        .chain(obj.symbols())
+        .find(|s| s.is_definition() && s.name() == Ok(name))?;
+    file_offset_of(&obj, &sym)
+}
+
+/// Where a symbol's code lies in its file: what the kernel's uprobe takes. For an
+/// executable or shared object, the symbol's vaddr moved from its section's address to
+/// the section's file offset (as aya's resolve_symbol does); for other objects, the
+/// address itself.
+fn file_offset_of<'a>(obj: &object::File<'a>, sym: &object::Symbol<'a, '_>) -> Option<u64> {
+    use object::ObjectKind;
+    if !matches!(obj.kind(), ObjectKind::Dynamic | ObjectKind::Executable) {
+        return Some(sym.address());
+    }
+    let section = obj.section_by_index(sym.section_index()?).ok()?;
+    let (file_off, _) = section.file_range()?;
+    Some(sym.address() - section.address() + file_off)
 }
 
 /// The libraries a dynamically linked executable will load, as its dynamic loader
@@ -363,6 +393,26 @@ mod tests {
 7f0000200000-7f0000202000 r--p 00000000 08:01 3 /usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
 7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]
 ";
+
+    /// The offset a uprobe is placed at must hold the function's first bytes: a wrong
+    /// one would plant a breakpoint mid-instruction in the target.
+    #[test]
+    fn symbol_file_offset_holds_the_code() {
+        let me = std::process::id();
+        let libc = maps(me)
+            .into_iter()
+            .find(|m| is_libc(&m.path))
+            .expect("this test links glibc")
+            .path;
+        let off = symbol_file_offset(&libc, "getpid").expect("getpid in libc");
+        let file = std::fs::read(&libc).unwrap();
+        let on_disk = &file[off as usize..off as usize + 16];
+        // SAFETY: reading 16 bytes of mapped, executable libc code.
+        let in_memory =
+            unsafe { std::slice::from_raw_parts(libc::getpid as usize as *const u8, 16) };
+        assert_eq!(on_disk, in_memory);
+        assert_eq!(symbol_file_offset(&libc, "no_such_symbol_here"), None);
+    }
 
     #[test]
     fn maps_parse_and_resolve() {
