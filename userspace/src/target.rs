@@ -409,7 +409,7 @@ mod tests {
         let on_disk = &file[off as usize..off as usize + 16];
         // SAFETY: reading 16 bytes of mapped, executable libc code.
         let in_memory =
-            unsafe { std::slice::from_raw_parts(libc::getpid as usize as *const u8, 16) };
+            unsafe { std::slice::from_raw_parts(libc::getpid as *const () as *const u8, 16) };
         assert_eq!(on_disk, in_memory);
         assert_eq!(symbol_file_offset(&libc, "no_such_symbol_here"), None);
     }
