@@ -225,7 +225,12 @@ impl Tracked {
         if w.runtime_counters.is_some() || w.requests == 0 {
             return None;
         }
-        let inputs = model::inputs::from_window(w, self.header.context_switch_us, &self.facts);
+        let inputs = model::inputs::from_window(
+            w,
+            self.header.context_switch_us,
+            self.header.probe_cost.as_ref(),
+            &self.facts,
+        );
         Some(model::assess(
             w.verdict.kind,
             inputs.as_ref(),
