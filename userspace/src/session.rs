@@ -98,6 +98,7 @@ struct Tracked {
     /// Sampling: attached now, since when, traced time so far, the epoch.
     on: bool,
     on_since: Duration,
+    life: target::Liveness,
     traced: Duration,
     epoch: u64,
 }
@@ -152,6 +153,7 @@ impl Tracked {
             counters_at,
             on: true,
             on_since: started.elapsed(),
+            life: target::Liveness::new(pid),
             traced: Duration::ZERO,
             epoch: 1,
         })
@@ -388,7 +390,7 @@ pub async fn run(
                 break;
             }
         }
-        if !target::alive(tr.pid()) {
+        if !tr.life.alive() {
             ended = "process exited";
             break;
         }
