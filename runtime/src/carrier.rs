@@ -326,6 +326,8 @@ impl Carrier {
         // SAFETY: carrier-local.
         let busy = unsafe { !(*self.runq.get()).is_empty() };
         let now = time::now_ns();
+        // Between fibers: where the sampled guard may turn on or off.
+        crate::guard::tick(now);
         if busy && now.saturating_sub(self.last_poll.get()) < POLL_EVERY_NS {
             return;
         }

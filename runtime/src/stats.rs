@@ -33,6 +33,12 @@ pub struct Counters {
     /// TOFFLOAD_FIBERIZE=off): lets an injector tell a runtime that loaded but stays
     /// out of the way from one that will fiberize.
     pub state: AtomicUsize,
+    /// Detect's TOFFLOAD_GUARD_SAMPLE (percent of the time watched; 100 exact, and
+    /// for enforce); 0 while the guard is off or not armed. (Layout version 3.)
+    pub guard_sample: AtomicUsize,
+    /// Milliseconds the guard has watched since it armed (up to date within 50 ms
+    /// while watching).
+    pub guard_watched_ms: AtomicUsize,
 }
 
 /// "TOFFLOAD" in little-endian ASCII.
@@ -41,7 +47,7 @@ pub const COUNTERS_MAGIC: u64 = u64::from_le_bytes(*b"TOFFLOAD");
 #[export_name = "toffload_counters"]
 pub static COUNTERS: Counters = Counters {
     magic: AtomicU64::new(COUNTERS_MAGIC),
-    version: AtomicU64::new(2),
+    version: AtomicU64::new(3),
     fibers_created: AtomicUsize::new(0),
     fibers_live: AtomicUsize::new(0),
     carriers: AtomicUsize::new(0),
@@ -57,6 +63,8 @@ pub static COUNTERS: Counters = Counters {
     guard_serialized: AtomicUsize::new(0),
     guard_released: AtomicUsize::new(0),
     state: AtomicUsize::new(0),
+    guard_sample: AtomicUsize::new(0),
+    guard_watched_ms: AtomicUsize::new(0),
 };
 
 const EVERY_NS: u64 = 50_000_000;
@@ -82,7 +90,7 @@ fn sum() -> usize {
 
 pub fn json() -> String {
     format!(
-        "{{\"pid\":{},\"engaged\":{},\"carriers\":{},\"fibers_created\":{},\"fibers_live\":{},\"parks\":{},\"offloads\":{},\"offloads_parked\":{},\"offloads_inline\":{},\"io_parks\":{},\"park_cost_ns\":{},\"guard\":\"{}\",\"guard_pages\":{},\"guard_faults\":{},\"guard_conflicts\":{},\"guard_serialized\":{},\"guard_released\":{}}}\n",
+        "{{\"pid\":{},\"engaged\":{},\"carriers\":{},\"fibers_created\":{},\"fibers_live\":{},\"parks\":{},\"offloads\":{},\"offloads_parked\":{},\"offloads_inline\":{},\"io_parks\":{},\"park_cost_ns\":{},\"guard\":\"{}\",\"guard_pages\":{},\"guard_faults\":{},\"guard_conflicts\":{},\"guard_serialized\":{},\"guard_released\":{},\"guard_sample\":{},\"guard_watched_ms\":{}}}\n",
         // SAFETY: getpid cannot fail.
         unsafe { libc::getpid() },
         crate::engaged(),
@@ -101,6 +109,11 @@ pub fn json() -> String {
         crate::stats::COUNTERS.guard_conflicts.load(Relaxed),
         crate::stats::COUNTERS.guard_serialized.load(Relaxed),
         crate::stats::COUNTERS.guard_released.load(Relaxed),
+        crate::stats::COUNTERS.guard_sample.load(Relaxed),
+        {
+            crate::guard::update_watched();
+            crate::stats::COUNTERS.guard_watched_ms.load(Relaxed)
+        },
     )
 }
 

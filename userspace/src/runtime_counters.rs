@@ -7,10 +7,15 @@
 use crate::target::{symbol, AddressSpace};
 use serde::Serialize;
 
-/// "TOFFLOAD" little-endian, and the layout version this reader knows.
+/// "TOFFLOAD" little-endian, and the layout versions this reader knows: 3 appends
+/// the sampled guard's two words to version 2's seventeen (a version-2 runtime is
+/// still read, without them).
 const MAGIC: u64 = u64::from_le_bytes(*b"TOFFLOAD");
-const VERSION: u64 = 2;
-const WORDS: usize = 17;
+const VERSION: u64 = 3;
+const V2: u64 = 2;
+/// Version 2's words: every runtime's block has at least these.
+const WORDS_V2: usize = 17;
+const WORDS: usize = 19;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct RuntimeCounters {
@@ -31,13 +36,20 @@ pub struct RuntimeCounters {
     pub guard_released: u64,
     /// "loading", "active" or "disabled" (a malformed knob or TOFFLOAD_FIBERIZE=off).
     pub state: &'static str,
+    /// Detect's sampled share of time, percent (100: exact); 0 when off or unknown
+    /// (a version-2 runtime).
+    pub guard_sample: u64,
+    /// Milliseconds the guard watched.
+    pub guard_watched_ms: u64,
 }
 
-/// Decodes the block; None unless the magic and version match.
+/// Decodes the block (version 2: its first 17 words are read); None unless the magic
+/// and version match.
 pub fn decode(w: &[u64; WORDS]) -> Option<RuntimeCounters> {
-    if w[0] != MAGIC || w[1] != VERSION {
+    if w[0] != MAGIC || !(w[1] == VERSION || w[1] == V2) {
         return None;
     }
+    let v3 = w[1] == VERSION;
     Some(RuntimeCounters {
         fibers_created: w[2],
         fibers_live: w[3],
@@ -62,6 +74,8 @@ pub fn decode(w: &[u64; WORDS]) -> Option<RuntimeCounters> {
             2 => "disabled",
             _ => "loading",
         },
+        guard_sample: if v3 { w[17] } else { 0 },
+        guard_watched_ms: if v3 { w[18] } else { 0 },
     })
 }
 
@@ -73,23 +87,32 @@ pub fn locate(pid: u32) -> Option<u64> {
         .iter()
         .find(|m| crate::loader::is_fiber_runtime(&m.path))?;
     let (vaddr, size) = symbol(&m.path, "toffload_counters")?;
-    (size as usize >= WORDS * 8).then_some(m.bias + vaddr)
+    (size as usize >= WORDS_V2 * 8).then_some(m.bias + vaddr)
 }
 
-/// Reads the counters at `addr` in `pid` (root, or the same user with ptrace rights).
-pub fn read(pid: u32, addr: u64) -> Option<RuntimeCounters> {
-    let mut w = [0u64; WORDS];
+/// Reads `w.len()` words at `addr` in `pid`.
+fn read_words(pid: u32, addr: u64, w: &mut [u64]) -> bool {
     let local = libc::iovec {
         iov_base: w.as_mut_ptr() as *mut libc::c_void,
-        iov_len: WORDS * 8,
+        iov_len: w.len() * 8,
     };
     let remote = libc::iovec {
         iov_base: addr as *mut libc::c_void,
-        iov_len: WORDS * 8,
+        iov_len: w.len() * 8,
     };
     // SAFETY: one local buffer of the stated size; the kernel checks the remote side.
     let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
-    if n != (WORDS * 8) as isize {
+    n == (w.len() * 8) as isize
+}
+
+/// Reads the counters at `addr` in `pid` (root, or the same user with ptrace rights):
+/// version 2's words, then the rest where the block says it has them.
+pub fn read(pid: u32, addr: u64) -> Option<RuntimeCounters> {
+    let mut w = [0u64; WORDS];
+    if !read_words(pid, addr, &mut w[..WORDS_V2]) {
+        return None;
+    }
+    if w[1] == VERSION && !read_words(pid, addr + WORDS_V2 as u64 * 8, &mut w[WORDS_V2..]) {
         return None;
     }
     decode(&w)
@@ -112,6 +135,18 @@ mod tests {
         assert_eq!(
             (c.fibers_created, c.guard, c.guard_conflicts),
             (64, "enforce", 5)
+        );
+        assert_eq!(c.guard_sample, 0);
+        w[17] = 25;
+        w[18] = 1234;
+        let c = decode(&w).unwrap();
+        assert_eq!((c.guard_sample, c.guard_watched_ms), (25, 1234));
+        // A version-2 runtime: its first 17 words, whatever follows them.
+        w[1] = V2;
+        let c = decode(&w).unwrap();
+        assert_eq!(
+            (c.guard_conflicts, c.guard_sample, c.guard_watched_ms),
+            (5, 0, 0)
         );
         w[1] = VERSION + 1;
         assert_eq!(decode(&w), None, "an unknown version is not guessed at");

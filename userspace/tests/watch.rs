@@ -777,4 +777,7 @@ fn runtime_and_guard_counters_are_reported() {
     assert!(c["offloads"].as_u64().unwrap_or(0) > 0, "{c}");
     assert_eq!(c["guard"], "detect", "{c}");
     assert!(c["guard_conflicts"].as_u64().unwrap_or(0) > 0, "{c}");
+    // Sampled by default (TOFFLOAD_GUARD_SAMPLE): the block's version 3 words.
+    assert_eq!(c["guard_sample"], 25, "{c}");
+    assert!(c["guard_watched_ms"].as_u64().unwrap_or(0) > 0, "{c}");
 }

@@ -13,6 +13,17 @@
 //!   switches out (or parks at its offload, before its window opens) and protected
 //!   again: the same writes, seen per run of a fiber instead of per fault, with no
 //!   handler-thread round trip.
+//! - sampled detect (TOFFLOAD_GUARD_SAMPLE, sample.rs): detect watches for a share of
+//!   the time only. In an off phase every guarded range is open (one ioctl or mprotect
+//!   per range) and the switch hooks return after one load; going on protects them all
+//!   again and starts a new epoch: a park window counts only if it opened in the epoch
+//!   it closes in, so a window part of which went unwatched is never checked. The
+//!   carriers flip the phase between fibers (Carrier::turn, through `tick`), never in
+//!   the middle of a fiber's run: with uffd-async the writes a scan finds then still
+//!   belong to the fiber that ran since the last scan, and no scan runs while pages
+//!   are open (an open page reads as written). With uffd the pages are opened without
+//!   waking a writer blocked in a fault, so that the handler thread still attributes
+//!   its write to the fiber that made it.
 //! - enforce: page ownership (own.rs). A handler that touches a guarded page owns it
 //!   until its response is written; another handler touching it waits. Handlers that
 //!   touch different pages (or none) keep overlapping. Ownership needs to see first
@@ -22,6 +33,7 @@
 pub mod ledger;
 mod own;
 pub mod regions;
+pub mod sample;
 mod trampoline;
 pub mod uffd;
 
@@ -55,6 +67,22 @@ static DIRTY: SpinLock<Vec<usize>> = SpinLock::new(Vec::new());
 static DIRTY_N: AtomicUsize = AtomicUsize::new(0);
 /// Regions announced through toffload_guard_region() before the guard was armed.
 static PENDING: SpinLock<Vec<Range>> = SpinLock::new(Vec::new());
+/// Ranges registered with the uffd (either uffd mechanism), for the sampled on/off.
+static WP_RANGES: SpinLock<Vec<Range>> = SpinLock::new(Vec::new());
+
+/// The sampled detect's phase (sample::phase_word): bit 0 on. Exact detect (and
+/// enforce) stays in epoch 0, on, for good.
+static PHASE: AtomicU64 = AtomicU64::new(sample::phase_word(0, true));
+/// When a carrier should next look at the phase (CLOCK_MONOTONIC ns): never unless
+/// sampled.
+static NEXT_TICK: AtomicU64 = AtomicU64::new(u64::MAX);
+/// The sampled detect's cycle and its start.
+static DUTY: SpinLock<Option<(sample::Duty, u64)>> = SpinLock::new(None);
+/// One carrier flips the phase at a time.
+static FLIPPING: AtomicBool = AtomicBool::new(false);
+/// Watched time so far, ns, up to ON_SINCE (the start of the current on phase, or 0).
+static WATCHED_NS: AtomicU64 = AtomicU64::new(0);
+static ON_SINCE: AtomicU64 = AtomicU64::new(0);
 
 /// A fiber's guard state.
 #[derive(Default)]
@@ -69,14 +97,24 @@ pub struct FiberGuard {
     /// uffd-async: its writes were collected as it parked at its offload; the
     /// switch-out that follows has nothing of it to collect.
     collected: Cell<bool>,
+    /// The phase the window opened in (sample::NO_PHASE: parked unwatched).
+    win_phase: AtomicU64,
 }
 
 impl FiberGuard {
+    /// The park window, if it opened and closed in the current on phase: one that
+    /// spans an off phase (writes went unseen in it) or ended before a new epoch
+    /// began is not checked.
     fn window(&self) -> Option<ledger::Window> {
-        self.win_open
-            .load(Acquire)
+        (self.win_open.load(Acquire) && self.win_phase.load(Acquire) == PHASE.load(Acquire))
             .then(|| (self.win_start.load(Acquire), self.win_end.load(Acquire)))
     }
+}
+
+/// Whether detect watches now (always, unless sampled and in an off phase).
+#[inline]
+fn watching() -> bool {
+    PHASE.load(Relaxed) & 1 == 1
 }
 
 pub fn mode() -> GuardMode {
@@ -228,6 +266,16 @@ pub fn arm() {
     crate::signals::install();
     match cfg.guard {
         GuardMode::Enforce => {
+            if cfg.guard_sample != crate::config::DEFAULT_GUARD_SAMPLE && cfg.guard_sample != 100 {
+                crate::log_at!(
+                    crate::log::INFO,
+                    "guard: TOFFLOAD_GUARD_SAMPLE applies to detect only; enforce sees every access"
+                );
+            }
+            let now = crate::time::now_ns();
+            ON_SINCE.store(now, Relaxed);
+            NEXT_TICK.store(now + STATS_EVERY_NS, Release);
+            crate::stats::COUNTERS.guard_sample.store(100, Relaxed);
             own::arm(&ranges);
             crate::log_at!(
                 crate::log::INFO,
@@ -252,9 +300,11 @@ pub fn arm() {
             }
             crate::log_at!(
                 crate::log::INFO,
-                "guard: detect on {pages} pages ({})",
-                mechanism()
+                "guard: detect on {pages} pages ({}, watching {}% of the time)",
+                mechanism(),
+                cfg.guard_sample
             );
+            start_sampling(cfg.guard_sample);
         }
         GuardMode::Off => {}
     }
@@ -291,6 +341,11 @@ fn arm_detect(cfg: &crate::config::Config, ranges: &[Range]) -> (u8, Vec<Range>)
                     if refused.len() < ranges.len() {
                         UFFD.store(fd, Release);
                         PAGEMAP.store(pm, Release);
+                        *WP_RANGES.lock() = ranges
+                            .iter()
+                            .filter(|r| !refused.contains(r))
+                            .copied()
+                            .collect();
                         *SPANS.lock() = spans(ranges.iter().filter(|r| !refused.contains(r)));
                         return (MECH_UFFD_ASYNC, refused);
                     }
@@ -312,6 +367,11 @@ fn arm_detect(cfg: &crate::config::Config, ranges: &[Range]) -> (u8, Vec<Range>)
     };
     UFFD.store(fd, Release);
     let refused = register_all(fd, ranges);
+    *WP_RANGES.lock() = ranges
+        .iter()
+        .filter(|r| !refused.contains(r))
+        .copied()
+        .collect();
     let mut t: libc::pthread_t = 0;
     // SAFETY: a real thread that only touches the runtime's own memory.
     unsafe {
@@ -364,20 +424,31 @@ fn split_out(ranges: Vec<Range>, holes: &[usize]) -> Vec<Range> {
 /// A fiber parks at its offload: its window opens.
 pub fn offload_park(f: &Fiber) {
     if on() {
+        f.guard.win_open.store(false, Release);
+        let phase = PHASE.load(Acquire);
+        if phase & 1 == 0 {
+            // Unwatched: this window is not checked, whatever comes after.
+            f.guard.win_phase.store(sample::NO_PHASE, Release);
+            return;
+        }
         if is_async() {
             // What it wrote since it last resumed belongs to the window now closing.
             collect(f);
             f.guard.collected.set(true);
         }
-        f.guard.win_open.store(false, Release);
         f.guard.win_start.store(clock(), Release);
+        f.guard.win_phase.store(phase, Release);
     }
 }
 
-/// It resumed: writes from now until it next switches out are checked.
+/// It resumed: writes from now until it next switches out are checked, if the whole
+/// window was watched (it parked in this very on phase).
 pub fn offload_resume(f: &Fiber) {
     if on() {
         f.guard.collected.set(false);
+        if f.guard.win_phase.load(Acquire) != PHASE.load(Acquire) {
+            return;
+        }
         f.guard.win_end.store(clock(), Release);
         f.guard.win_open.store(true, Release);
     }
@@ -395,6 +466,12 @@ pub fn switch_in(f: &Fiber) {
 #[inline]
 pub fn switch_out(f: &Fiber) {
     if !on() {
+        return;
+    }
+    if !watching() {
+        // Sampled detect, off phase: nothing is protected, nothing to collect. (Enforce
+        // and exact detect are never off.)
+        f.guard.win_open.store(false, Release);
         return;
     }
     if is_async() && !f.guard.collected.replace(false) {
@@ -422,6 +499,139 @@ fn rearm() {
             uffd::protect(fd, p, PAGE, true);
         }
     }
+}
+
+/// Sampled detect: starts the cycle, in an on phase (the ranges were just protected).
+fn start_sampling(pct: u8) {
+    let now = crate::time::now_ns();
+    ON_SINCE.store(now, Relaxed);
+    crate::stats::COUNTERS
+        .guard_sample
+        .store(usize::from(pct), Relaxed);
+    let Some(duty) = sample::Duty::new(pct) else {
+        // Exact: always on; the ticks only keep the watched time up to date.
+        NEXT_TICK.store(now + STATS_EVERY_NS, Release);
+        return;
+    };
+    *DUTY.lock() = Some((duty, now));
+    PHASE.store(sample::phase_word(1, true), Release);
+    NEXT_TICK.store(now + duty.phase_end(0).min(STATS_EVERY_NS), Release);
+}
+
+/// How often the watched-time counter is brought up to date while watching.
+const STATS_EVERY_NS: u64 = 50_000_000;
+
+/// Called by every carrier once per turn, between fibers, with the time: flips the
+/// sampled detect's phase when it is due (and brings the watched-time counter up to
+/// date every 50 ms). One load and a compare otherwise.
+#[inline]
+pub fn tick(now: u64) {
+    if now >= NEXT_TICK.load(Relaxed) {
+        flip(now);
+    }
+}
+
+#[cold]
+fn flip(now: u64) {
+    if FLIPPING
+        .compare_exchange(false, true, Acquire, Relaxed)
+        .is_err()
+    {
+        return; // another carrier is at it
+    }
+    let duty = *DUTY.lock();
+    let next = match duty {
+        Some((duty, t0)) => {
+            flip_to(duty, t0, now);
+            (t0 + duty.phase_end(now.saturating_sub(t0))).min(now + STATS_EVERY_NS)
+        }
+        None => now + STATS_EVERY_NS,
+    };
+    crate::stats::COUNTERS
+        .guard_watched_ms
+        .store((watched_ns(now) / 1_000_000) as usize, Relaxed);
+    NEXT_TICK.store(next, Release);
+    FLIPPING.store(false, Release);
+}
+
+/// Puts the guard in the phase `duty` (started at `t0`) says `now` is in.
+fn flip_to(duty: sample::Duty, t0: u64, now: u64) {
+    let t = now.saturating_sub(t0);
+    let (k, on) = duty.phase(t);
+    let was_on = watching();
+    if on && !was_on {
+        // Protect first, then publish: a window can only open once every write in it
+        // will be seen. Pages a scan would call written are protected again too, so
+        // nothing written in the off phase reads as a write of this one.
+        set_protection(true);
+        ON_SINCE.store(now, Relaxed);
+        PHASE.store(sample::phase_word(k + 1, true), Release);
+    } else if !on && was_on {
+        // Publish first: windows still open stop counting, nothing rearms.
+        PHASE.store(sample::phase_word(k + 1, false), Release);
+        let since = ON_SINCE.swap(0, Relaxed);
+        WATCHED_NS.fetch_add(now.saturating_sub(since), Relaxed);
+        set_protection(false);
+        DIRTY.lock().clear();
+        DIRTY_N.store(0, Relaxed);
+    }
+    // An on phase that finds the guard still on (a carrier idle through the off
+    // phase never opened anything) keeps its epoch: nothing went unwatched.
+}
+
+/// Time watched so far, ns.
+fn watched_ns(now: u64) -> u64 {
+    let since = ON_SINCE.load(Relaxed);
+    WATCHED_NS.load(Relaxed)
+        + if since != 0 {
+            now.saturating_sub(since)
+        } else {
+            0
+        }
+}
+
+/// Brings the watched-time counter up to date (for the stats).
+pub fn update_watched() {
+    if ARMED.load(Relaxed) {
+        crate::stats::COUNTERS.guard_watched_ms.store(
+            (watched_ns(crate::time::now_ns()) / 1_000_000) as usize,
+            Relaxed,
+        );
+    }
+}
+
+/// A copy of a range list, allocated outside its lock (an allocation can write a
+/// page announced to the guard, whose fault handler takes these locks).
+fn snapshot(l: &SpinLock<Vec<Range>>) -> Vec<Range> {
+    loop {
+        let n = l.lock().len();
+        let mut v = Vec::with_capacity(n);
+        let g = l.lock();
+        if g.len() <= n {
+            v.extend_from_slice(&g);
+            return v;
+        }
+    }
+}
+
+/// Sampled detect: protects (`on`) or opens every guarded range, one call per range.
+fn set_protection(on: bool) {
+    let fd = UFFD.load(Acquire);
+    let wp = snapshot(&WP_RANGES);
+    if fd >= 0 {
+        for r in &wp {
+            // Opening does not wake a writer blocked in a fault (uffd): the handler
+            // thread serves it and records its write as the writer's.
+            uffd::protect_nowake(fd, r.start, r.end - r.start, on);
+        }
+    }
+    let mp = snapshot(&MPROTECT_RANGES);
+    let prot = if on {
+        libc::PROT_READ
+    } else {
+        libc::PROT_READ | libc::PROT_WRITE
+    };
+    protect_all(&mp, prot);
 }
 
 /// The fiber wrote to or is about to read from a socket: its handler is over.
@@ -498,11 +708,17 @@ pub fn after_fork_child() {
         DIRTY.force_unlock();
         LEDGER.force_unlock();
         SPANS.force_unlock();
+        WP_RANGES.force_unlock();
+        DUTY.force_unlock();
         own::after_fork_child();
     }
     let r = RANGES.lock().clone();
     protect_all(&r, libc::PROT_READ | libc::PROT_WRITE);
     RANGES.lock().clear();
+    *DUTY.lock() = None;
+    NEXT_TICK.store(u64::MAX, Relaxed);
+    FLIPPING.store(false, Relaxed);
+    PHASE.store(sample::phase_word(0, true), Relaxed);
     ARMED.store(false, Release);
     // The pagemap fd reads the parent's memory: of no use here.
     let pm = PAGEMAP.swap(-1, AcqRel);

@@ -28,6 +28,7 @@ const UFFDIO_REGISTER: u64 = 0xC020_AA00;
 const UFFDIO_WRITEPROTECT: u64 = 0xC018_AA06;
 const MODE_WP: u64 = 2;
 const WP_MODE_WP: u64 = 1;
+const WP_MODE_DONTWAKE: u64 = 2;
 const FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
 const FEATURE_THREAD_ID: u64 = 1 << 8;
 /// Without it, write-protecting a page not yet populated does nothing (6.4+); async
@@ -322,6 +323,19 @@ pub fn protect(fd: c_int, start: usize, len: usize, wp: bool) -> bool {
         start: start as u64,
         len: len as u64,
         mode: if wp { WP_MODE_WP } else { 0 },
+    };
+    // SAFETY: ioctl on our uffd with a valid struct.
+    unsafe { libc::ioctl(fd, UFFDIO_WRITEPROTECT as _, &mut w) == 0 }
+}
+
+/// Write-protects or releases pages without waking a writer blocked in a fault on
+/// them (releasing only: the kernel refuses DONTWAKE with WP): the handler thread
+/// still serves that fault, and its wake-up, in order.
+pub fn protect_nowake(fd: c_int, start: usize, len: usize, wp: bool) -> bool {
+    let mut w = WriteProtect {
+        start: start as u64,
+        len: len as u64,
+        mode: if wp { WP_MODE_WP } else { WP_MODE_DONTWAKE },
     };
     // SAFETY: ioctl on our uffd with a valid struct.
     unsafe { libc::ioctl(fd, UFFDIO_WRITEPROTECT as _, &mut w) == 0 }
