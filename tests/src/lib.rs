@@ -1,9 +1,10 @@
-//! toffload's test support: the load generator library behind `toffload-load`, and the
+//! toffload's test support: the load generator library behind `toffload-load`, the
 //! harness that starts and stops the example servers for the integration suites, the
-//! benchmarks and the demo.
+//! benchmarks and the demo, and the tmux driver of the dashboards' terminal tests.
 
 pub mod harness;
 pub mod loadgen;
 pub mod preload;
+pub mod tmux;
 /// The load generator (short name).
 pub use loadgen as load;

@@ -17,7 +17,6 @@ mod common;
 use common::{ready, serial};
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::sleep;
@@ -25,6 +24,9 @@ use std::time::{Duration, Instant};
 
 use toffload_tests::harness::{self, Server, ServerSpec};
 use toffload_tests::load::{self, Config};
+use toffload_tests::tmux::{
+    self, drawn_at_width, exit_code, have_tmux, requests_value, Session, Tmux,
+};
 use toffload_tui::{CONFIRM_TITLE, FOOTER_KEYS, HELP_TITLE, PANEL_TITLES};
 use toffload_watch::dashboard::{TEST_PANIC_ENV, TEST_PANIC_MESSAGE};
 
@@ -36,242 +38,50 @@ const START: Duration = Duration::from_secs(45);
 /// The watcher's window: short, so that the numbers move between two captures.
 const INTERVAL_MS: u64 = 300;
 
-fn have_tmux() -> bool {
-    let ok = Command::new("tmux")
-        .arg("-V")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        harness::skip("tmux is not installed (apt-get install tmux; .ci/run installs it)");
-    }
-    ok
+/// The watcher's session: waits read the visible screen only. RUST_BACKTRACE=0: a
+/// backtrace would push the panic message off the captured screen.
+const SESSION: Session = Session {
+    name: "toffload-dash",
+    prompt: PROMPT,
+    env: &["TERM=xterm-256color", "RUST_BACKTRACE=0"],
+    history: false,
+    wait: WAIT,
+    titles: PANEL_TITLES,
+    cursor: true,
+};
+
+/// Types the watcher's command line on `pid` into the pane's shell, its exit
+/// status echoed as EXIT-<code>; stderr to the terminal (as a user runs it) or
+/// to a file.
+fn type_watch(t: &Tmux, env: &str, pid: u32, stderr: Option<&Path>) {
+    let watch = harness::bin("toffload-watch").expect("built");
+    let redirect = stderr.map_or(String::new(), |p| format!(" 2>{}", p.display()));
+    t.type_line(&format!(
+        "{env}{} --pid {pid} --tui --interval {INTERVAL_MS}ms{redirect}; echo EXIT-$?",
+        watch.display(),
+    ));
 }
 
-/// A private tmux server with one 80x24 window running a bare bash.
-struct Tmux {
-    socket: String,
-    /// The socket file, removed at the end: kill-server leaves it behind.
-    socket_path: Option<String>,
-}
-
-impl Tmux {
-    fn start(test: &str) -> Tmux {
-        let mut t = Tmux {
-            socket: format!("toffload-dash-{}-{test}", std::process::id()),
-            socket_path: None,
-        };
-        // -f /dev/null: no user config (status line, sizes, key bindings).
-        let out = t.tmux(&[
-            "new-session",
-            "-d",
-            "-s",
-            "t",
-            "-x",
-            "80",
-            "-y",
-            "24",
-            // RUST_BACKTRACE=0: a backtrace would push the panic message off the
-            // captured screen.
-            &format!(
-                "env PS1='{PROMPT}' TERM=xterm-256color RUST_BACKTRACE=0 \
-                 bash --norc --noprofile"
-            ),
-        ]);
-        assert!(out.status.success(), "tmux new-session: {out:?}");
-        t.socket_path = Some(t.display("#{socket_path}")).filter(|p| !p.is_empty());
-        // capture-pane drops trailing blanks: the prompt line reads "dash$".
-        t.wait_for("the shell prompt", WAIT, |s| {
-            s.lines().any(|l| l == PROMPT.trim_end())
-        });
-        t
-    }
-
-    fn tmux(&self, args: &[&str]) -> Output {
-        Command::new("tmux")
-            .args(["-L", &self.socket, "-f", "/dev/null"])
-            .args(args)
-            .output()
-            .expect("run tmux")
-    }
-
-    /// Types `text` literally, then Enter.
-    fn type_line(&self, text: &str) {
-        let out = self.tmux(&["send-keys", "-t", "t", "-l", text]);
-        assert!(out.status.success(), "send-keys: {out:?}");
-        self.key("Enter");
-    }
-
-    /// A key by tmux's name ("Escape", "Enter") or a single character.
-    fn key(&self, k: &str) {
-        let args: &[&str] = if k.chars().count() == 1 {
-            &["send-keys", "-t", "t", "-l", k]
-        } else {
-            &["send-keys", "-t", "t", k]
-        };
-        let out = self.tmux(args);
-        assert!(out.status.success(), "send-keys {k}: {out:?}");
-    }
-
-    /// The visible screen plus some history (where a panic message may scroll to).
-    fn capture(&self) -> String {
-        let out = self.tmux(&["capture-pane", "-p", "-t", "t", "-S", "-50"]);
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Only the visible screen.
-    fn screen(&self) -> String {
-        let out = self.tmux(&["capture-pane", "-p", "-t", "t"]);
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn display(&self, format: &str) -> String {
-        let out = self.tmux(&["display-message", "-p", "-t", "t", format]);
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
-
-    fn resize(&self, w: u16, h: u16) {
-        let out = self.tmux(&[
-            "resize-window",
-            "-t",
-            "t",
-            "-x",
-            &w.to_string(),
-            "-y",
-            &h.to_string(),
-        ]);
-        assert!(out.status.success(), "resize-window: {out:?}");
-        assert_eq!(
-            self.display("#{window_width}x#{window_height}"),
-            format!("{w}x{h}")
-        );
-    }
-
-    /// Polls the visible screen until `ok`, for at most `limit`; panics with the
-    /// screen if not.
-    fn wait_for(&self, what: &str, limit: Duration, ok: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + limit;
-        loop {
-            let s = self.screen();
-            if ok(&s) {
-                return s;
-            }
-            if Instant::now() > deadline {
-                panic!("timed out after {limit:?} waiting for {what}; the screen:\n{s}");
-            }
-            sleep(Duration::from_millis(50));
+/// Starts the watcher's dashboard (stderr on the terminal) and waits until every
+/// panel is drawn. False (after harness::skip, which fails under CI) when the
+/// watcher could not load its BPF programs.
+fn run_dashboard(t: &Tmux, pid: u32) -> bool {
+    type_watch(t, "", pid, None);
+    let s = t.wait_for("every panel title (or the watcher's exit)", START, |s| {
+        all_titles(s) || exit_code(s).is_some()
+    });
+    match exit_code(&s) {
+        None => true,
+        Some(4) => {
+            harness::skip(&format!("BPF unavailable (toffload-watch exit 4):\n{s}"));
+            false
         }
+        Some(code) => panic!("toffload-watch exited {code} before drawing:\n{s}"),
     }
-
-    /// Types the watcher's command line on `pid` into the pane's shell, its exit
-    /// status echoed as EXIT-<code>; stderr to the terminal (as a user runs it) or
-    /// to a file.
-    fn type_watch(&self, env: &str, pid: u32, stderr: Option<&Path>) {
-        let watch = harness::bin("toffload-watch").expect("built");
-        let redirect = stderr.map_or(String::new(), |p| format!(" 2>{}", p.display()));
-        self.type_line(&format!(
-            "{env}{} --pid {pid} --tui --interval {INTERVAL_MS}ms{redirect}; echo EXIT-$?",
-            watch.display(),
-        ));
-    }
-
-    /// Starts the watcher's dashboard (stderr on the terminal) and waits until every
-    /// panel is drawn. False (after harness::skip, which fails under CI) when the
-    /// watcher could not load its BPF programs.
-    fn run_dashboard(&self, pid: u32) -> bool {
-        self.type_watch("", pid, None);
-        let s = self.wait_for("every panel title (or the watcher's exit)", START, |s| {
-            all_titles(s) || exit_code(s).is_some()
-        });
-        match exit_code(&s) {
-            None => true,
-            Some(4) => {
-                harness::skip(&format!("BPF unavailable (toffload-watch exit 4):\n{s}"));
-                false
-            }
-            Some(code) => panic!("toffload-watch exited {code} before drawing:\n{s}"),
-        }
-    }
-
-    /// After the dashboard ended: it exited with `code`, the shell is back on its
-    /// main screen with the cursor shown, and the terminal is cooked (line editing,
-    /// echo, signals).
-    fn assert_terminal_restored(&self, code: i32) {
-        let s = self.wait_for("the watcher's exit", WAIT, |s| exit_code(s).is_some());
-        assert_eq!(exit_code(&s), Some(code), "exit code; the screen:\n{s}");
-        assert_eq!(
-            self.display("#{alternate_on}"),
-            "0",
-            "still on the alternate screen"
-        );
-        assert_eq!(self.display("#{cursor_flag}"), "1", "the cursor is hidden");
-        // A cooked terminal echoes what is typed and hands the shell whole lines.
-        self.type_line("stty -a; echo STTY-DONE");
-        let s = self.wait_for("stty's output", WAIT, |s| {
-            s.lines().any(|l| l.trim() == "STTY-DONE")
-        });
-        let flags: Vec<&str> = s
-            .split(|c: char| c.is_whitespace() || c == ';')
-            .filter(|w| !w.is_empty())
-            .collect();
-        for want in ["icanon", "echo", "isig"] {
-            assert!(
-                flags.contains(&want) && !flags.contains(&format!("-{want}").as_str()),
-                "terminal not cooked ({want}):\n{s}"
-            );
-        }
-        // No dashboard left over on the shell's screen.
-        for t in PANEL_TITLES {
-            assert!(
-                !s.contains(&format!("┌{t}")),
-                "dashboard left on screen:\n{s}"
-            );
-        }
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        // SIGHUP to the pane's processes: a watcher still running ends with it.
-        let _ = self.tmux(&["kill-server"]);
-        if let Some(p) = &self.socket_path {
-            let _ = std::fs::remove_file(p);
-        }
-    }
-}
-
-/// The expanded "EXIT-<code>" line (the typed command line holds "EXIT-$?").
-fn exit_code(screen: &str) -> Option<i32> {
-    screen
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("EXIT-")?.parse().ok())
 }
 
 fn all_titles(s: &str) -> bool {
-    PANEL_TITLES.iter().all(|t| s.contains(t)) && s.contains(FOOTER_KEYS)
-}
-
-/// Whether the screen was laid out for `width` columns: the right column's top
-/// border (the Prediction panel's) closes in the last one.
-fn drawn_at_width(screen: &str, width: usize) -> bool {
-    screen
-        .lines()
-        .any(|l| l.contains("┌Prediction") && l.ends_with('┐') && l.chars().count() == width)
-}
-
-/// The first number under the "Requests/s" title: the latest window's rate, as
-/// drawn ("13,270").
-fn requests_value(screen: &str) -> Option<String> {
-    let lines: Vec<&str> = screen.lines().collect();
-    let (i, col) = lines
-        .iter()
-        .enumerate()
-        .find_map(|(i, l)| l.find("Requests/s").map(|c| (i, l[..c].chars().count())))?;
-    let below: String = lines.get(i + 1)?.chars().skip(col).collect();
-    below
-        .split_whitespace()
-        .next()
-        .filter(|v| v.chars().any(|c| c.is_ascii_digit()))
-        .map(str::to_string)
+    tmux::all_titles(s, PANEL_TITLES, FOOTER_KEYS)
 }
 
 fn parse_rate(v: &str) -> f64 {
@@ -378,8 +188,8 @@ fn dashboard_over_a_watched_conn_server() {
     let mut server = conn_server();
     let pid = server.pid();
     let bg = Load::start(server.port);
-    let t = Tmux::start("live");
-    if !t.run_dashboard(pid) {
+    let t = Tmux::start(&SESSION, "live");
+    if !run_dashboard(&t, pid) {
         let _ = bg.finish();
         return;
     }
@@ -560,12 +370,12 @@ fn a_panic_in_the_watchers_dashboard_restores_the_terminal() {
     }
     let mut server = conn_server();
     let pid = server.pid();
-    let t = Tmux::start("panic");
+    let t = Tmux::start(&SESSION, "panic");
     let env = format!("{TEST_PANIC_ENV}=1 ");
 
     // stderr on the terminal. The dashboard may be gone before its titles could be
     // seen (it panics after the first window): wait for the exit.
-    t.type_watch(&env, pid, None);
+    type_watch(&t, &env, pid, None);
     let s = t.wait_for("the watcher's exit", START, |s| exit_code(s).is_some());
     if exit_code(&s) == Some(4) {
         harness::skip(&format!("BPF unavailable (toffload-watch exit 4):\n{s}"));
@@ -592,7 +402,7 @@ fn a_panic_in_the_watchers_dashboard_restores_the_terminal() {
     });
     let dir = scratch("panic");
     let stderr = dir.join("stderr");
-    t.type_watch(&env, pid, Some(&stderr));
+    type_watch(&t, &env, pid, Some(&stderr));
     t.assert_terminal_restored(101);
     let err = std::fs::read_to_string(&stderr).unwrap_or_default();
     assert!(
