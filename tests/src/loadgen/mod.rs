@@ -30,6 +30,9 @@ pub struct Config {
     pub timeout: Duration,
     pub connect_timeout: Duration,
     pub seed: u64,
+    /// Ends the run early when set (a caller that needs load without gaps until it
+    /// says stop); the rates are then over the time measured.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Config {
@@ -45,6 +48,7 @@ impl Config {
             timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
             seed: 0x70ff_10ad,
+            stop: None,
         }
     }
 }
@@ -305,6 +309,14 @@ impl Run<'_> {
             if now >= self.measure_to {
                 break;
             }
+            if cfg
+                .stop
+                .as_ref()
+                .is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed))
+            {
+                self.measure_to = now.max(self.measure_from);
+                break;
+            }
             if let Some(rate) = cfg.rate {
                 // Hand every arrival that is due to the next connection in turn.
                 while next_arrival <= now {
@@ -342,9 +354,9 @@ impl Run<'_> {
                 self.on_event(ev.u64 as usize, ev.events);
             }
         }
-        let secs = cfg.duration.as_secs_f64();
+        let secs = (self.measure_to - self.measure_from) as f64 / 1e9;
         Ok(Report {
-            requests_per_sec: self.completed as f64 / secs,
+            requests_per_sec: self.completed as f64 / secs.max(1e-9),
             completed: self.completed,
             wrong: self.wrong,
             errors: self.errors.values().sum(),

@@ -74,3 +74,21 @@ fn nothing_listening_is_a_connect_error() {
     };
     assert!(matches!(run(&quick(port)), Err(LoadError::Connect(_))));
 }
+
+#[test]
+fn a_stop_flag_ends_a_long_run_early_with_rates_over_the_time_run() {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut c = quick(echo_server(256, false));
+    c.duration = Duration::from_secs(60);
+    c.stop = Some(stop.clone());
+    let t0 = std::time::Instant::now();
+    let h = std::thread::spawn(move || run(&c).unwrap());
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let r = h.join().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert!(r.completed > 0 && r.wrong == 0);
+    assert!(r.duration_s > 0.0 && r.duration_s < 5.0, "{}", r.duration_s);
+    let rate = r.completed as f64 / r.duration_s;
+    assert!((r.requests_per_sec - rate).abs() < 1e-6 * rate.max(1.0));
+}
