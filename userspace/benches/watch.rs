@@ -56,7 +56,7 @@ fn cpu_secs(pid: u32) -> f64 {
     f.iter().sum::<u64>() as f64 / hz
 }
 
-/// A watcher on `pid` with extra flags (none: the default, the 1% overhead budget).
+/// A watcher on `pid` with extra flags (none: the default, the 0.5% overhead budget).
 fn watcher(pid: u32, flags: &[&str]) -> Child {
     let mut c = Command::new(harness::bin("toffload-watch").expect("toffload-watch built"))
         .args(["--json", "--interval", "1s"])
@@ -81,8 +81,8 @@ fn watcher(pid: u32, flags: &[&str]) -> Child {
 
 fn main() {
     let mut out = None;
-    let mut runs = 5;
-    let mut secs = 2.0;
+    let mut runs = 7;
+    let mut secs = 3.0;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -103,7 +103,7 @@ fn main() {
         harness::pin_current_thread(c).expect("pin the load generator");
     }
     // Unwatched, watched as a user runs it (the default: the watch's measured cost
-    // kept under 1% of the target's CPU), and traced in full (--sample 100).
+    // kept under 0.5% of the target's CPU), and traced in full (--sample 100).
     let modes: [(&str, Option<&[&str]>); 3] = [
         ("unwatched", None),
         ("watched", Some(&[])),
@@ -178,7 +178,7 @@ fn main() {
          per mode, server on CPU {}, load generator on CPU {}, {cpus} CPUs; the watcher attached \
          with --interval 1s, unpinned, before the load starts). watched: the default, which \
          measures what each traced event costs at start and traces only the share of each \
-         interval that keeps that cost under 1% of the target's CPU (--overhead-budget); \
+         interval that keeps that cost under 0.5% of the target's CPU (--overhead-budget); \
          --sample 100: every event traced, the exact counts.\n\n\
          | server | wait | offload us | conns | unwatched req/s | watched req/s (ratio) | \
          --sample 100 req/s (ratio) | server CPU us/req unwatched | watched | --sample 100 |\n\

@@ -590,7 +590,7 @@ fn overhead_budget_traces_part_of_each_interval() {
             if budgeted {
                 assert!((0.02..0.4).contains(&duty), "{wc}");
                 assert!(secs < 0.7, "traced {secs} s of a 1 s interval: {wc}");
-                assert!(wc["budget"].as_f64() == Some(0.01), "{wc}");
+                assert!(wc["budget"].as_f64() == Some(0.005), "{wc}");
             } else {
                 assert_eq!(duty, 1.0, "{wc}");
                 assert!(secs > 0.9, "{secs}");
