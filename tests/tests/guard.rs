@@ -43,17 +43,19 @@ fn stat(v: &serde_json::Value, k: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {k} in {v}"))
 }
 
-/// hostile_server under the runtime with `env`, loaded until `min_total` counted
-/// requests (or `secs` of load when min_total is 0).
-fn hostile(env: &[(&str, &str)], lat_us: u32, secs: f64, min_total: u64) -> Outcome {
-    let dir = TempDir::new("guard");
-    let stats_path = dir.join("stats.json");
+/// `server` under the runtime with `base` then `env` (later wins) and its stats
+/// written to `stats_path`, and the load for it: 16 connections for `secs`.
+fn start_loaded(
+    server: &str,
+    base: &[(&str, &str)],
+    env: &[(&str, &str)],
+    stats_path: &std::path::Path,
+    secs: f64,
+) -> (RtServer, Config) {
     let mut spec = preload::server_under_runtime(
-        ServerSpec::new("hostile_server")
-            .env("TOFFLOAD_EMU_LAT_US", lat_us.to_string())
-            .env("TOFFLOAD_STATS", stats_path.display().to_string()),
+        ServerSpec::new(server).env("TOFFLOAD_STATS", stats_path.display().to_string()),
     );
-    for (k, v) in env {
+    for (k, v) in base.iter().chain(env) {
         spec = spec.env(k, *v);
     }
     let s = RtServer::start(&spec).unwrap_or_else(|e| panic!("{e}"));
@@ -61,6 +63,22 @@ fn hostile(env: &[(&str, &str)], lat_us: u32, secs: f64, min_total: u64) -> Outc
     cfg.conns = 16;
     cfg.duration = Duration::from_secs_f64(secs);
     cfg.warmup = Duration::from_millis(100);
+    (s, cfg)
+}
+
+/// hostile_server under the runtime with `env`, loaded until `min_total` counted
+/// requests (or `secs` of load when min_total is 0).
+fn hostile(env: &[(&str, &str)], lat_us: u32, secs: f64, min_total: u64) -> Outcome {
+    let dir = TempDir::new("guard");
+    let stats_path = dir.join("stats.json");
+    let lat = lat_us.to_string();
+    let (s, cfg) = start_loaded(
+        "hostile_server",
+        &[("TOFFLOAD_EMU_LAT_US", &lat)],
+        env,
+        &stats_path,
+        secs,
+    );
     let mut report = load::run(&cfg).expect("load");
     let mut completed = report.completed;
     let t0 = std::time::Instant::now();
@@ -316,20 +334,13 @@ fn safe(env: &[(&str, &str)], secs: f64) -> serde_json::Value {
     let what = format!("{env:?}");
     let dir = TempDir::new("safe");
     let stats_path = dir.join("stats.json");
-    let mut spec = preload::server_under_runtime(
-        ServerSpec::new("safe_server")
-            .env("TOFFLOAD_EMU_LAT_US", "200")
-            .env("TOFFLOAD_GUARD", "detect")
-            .env("TOFFLOAD_STATS", stats_path.display().to_string()),
+    let (s, cfg) = start_loaded(
+        "safe_server",
+        &[("TOFFLOAD_EMU_LAT_US", "200"), ("TOFFLOAD_GUARD", "detect")],
+        env,
+        &stats_path,
+        secs,
     );
-    for (k, v) in env {
-        spec = spec.env(k, *v);
-    }
-    let s = RtServer::start(&spec).unwrap_or_else(|e| panic!("{e}"));
-    let mut cfg = Config::new(s.port);
-    cfg.conns = 16;
-    cfg.duration = Duration::from_secs_f64(secs);
-    cfg.warmup = Duration::from_millis(100);
     let r = load::run(&cfg).expect("load");
     let out = s.terminate().unwrap_or_else(|e| panic!("{e}"));
     let st = preload::stats(&stats_path).expect("stats");
