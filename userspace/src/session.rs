@@ -98,9 +98,10 @@ struct Tracked {
     /// Sampling: attached now, since when, traced time so far, the epoch.
     on: bool,
     on_since: Duration,
-    life: target::Liveness,
     traced: Duration,
     epoch: u64,
+    /// Whether the target still runs (a pidfd).
+    life: target::Liveness,
 }
 
 impl Tracked {
@@ -153,9 +154,9 @@ impl Tracked {
             counters_at,
             on: true,
             on_since: started.elapsed(),
-            life: target::Liveness::new(pid),
             traced: Duration::ZERO,
             epoch: 1,
+            life: target::Liveness::new(pid),
         })
     }
 
