@@ -25,3 +25,4 @@ pub mod sink;
 pub mod spawn;
 pub mod syscalls;
 pub mod target;
+pub mod untraced;

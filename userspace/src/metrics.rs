@@ -86,6 +86,9 @@ pub struct Window {
     /// and back), which the model needs whole.
     pub on_cpu_per_request_us: Option<f64>,
     pub on_cpu_ms: f64,
+    /// On-CPU time of the target's threads that made no offload call in the window
+    /// (a device's engine, an acceptor): a cost per second, not per request.
+    pub helper_on_cpu_ms: f64,
     pub futex: Origins,
     pub futex_per_request: Option<PerRequest<f64>>,
     pub switches: Switches,
@@ -128,6 +131,9 @@ pub struct Window {
     pub injection: Option<crate::inject_flow::InjectionStatus>,
     /// What watching cost the target in this window, and how much of it was traced.
     pub watcher: Option<WatcherCost>,
+    /// The target while the probes were off (sampled windows): its rate and CPU per
+    /// request without the watch's cost (untraced.rs).
+    pub untraced: Option<crate::untraced::Untraced>,
 }
 
 /// The watch's own cost (probe_cost.rs).
@@ -229,6 +235,7 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
     // Per-thread deltas of the threads that waited on the offload.
     let (mut offload_threads, mut offload_thread_vol, mut offload_thread_invol) =
         (0usize, 0u64, 0u64);
+    let mut helper_on_ns = 0u64;
     for (tid, t) in &cur.threads {
         let before = prev.threads.get(tid);
         let calls = t
@@ -238,6 +245,8 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
             offload_threads += 1;
             offload_thread_vol += t.vol.saturating_sub(before.map_or(0, |b| b.vol));
             offload_thread_invol += t.invol.saturating_sub(before.map_or(0, |b| b.invol));
+        } else {
+            helper_on_ns += t.on_ns.saturating_sub(before.map_or(0, |b| b.on_ns));
         }
     }
     let futex = cur.futex.minus(&prev.futex);
@@ -320,6 +329,7 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         cpu_per_request_us,
         on_cpu_per_request_us: per_req(on_ns as f64 / 1e3),
         on_cpu_ms: on_ns as f64 / 1e6,
+        helper_on_cpu_ms: helper_on_ns as f64 / 1e6,
         futex,
         futex_per_request,
         switches: Switches {
@@ -356,6 +366,7 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         model: None,
         injection: None,
         watcher: None,
+        untraced: None,
     }
 }
 
@@ -408,5 +419,33 @@ mod tests {
         assert!((w.syscalls_top[0].mean_us - 1.0).abs() < 1e-9);
         assert_eq!(w.switches.voluntary_per_sec, 500.0);
         assert_eq!(w.verdict.kind, crate::classifier::Kind::Fiberizable);
+    }
+
+    /// Threads that made no offload call in the window are helpers: their on-CPU time
+    /// is counted apart (the model takes it out of a spinning server's c).
+    #[test]
+    fn helper_threads_are_counted_apart() {
+        let t = |on_ns, offload_calls| abi::ThreadInfo {
+            on_ns,
+            offload_calls,
+            ..Default::default()
+        };
+        let mut prev = Snapshot::zero();
+        prev.threads.insert(1, t(1_000_000, 5));
+        prev.threads.insert(2, t(1_000_000, 0));
+        let mut cur = Snapshot::zero();
+        cur.t = 1.0;
+        cur.counters[abi::C_OFFLOAD_CALLS] = 10;
+        // Thread 1 calls the offload; 2 (old) and 3 (new) do not.
+        cur.threads.insert(1, t(9_000_000, 15));
+        cur.threads.insert(2, t(4_000_000, 0));
+        cur.threads.insert(3, t(2_000_000, 0));
+        let w = window(&prev, &cur, &ctx());
+        assert_eq!(w.offload_threads, 1);
+        assert!(
+            (w.helper_on_cpu_ms - 5.0).abs() < 1e-9,
+            "{}",
+            w.helper_on_cpu_ms
+        );
     }
 }

@@ -18,6 +18,7 @@ use crate::report::{Final, Header, ThreadRow};
 use crate::runtime_counters;
 use crate::sink::{Event, Sink, UserCmd};
 use crate::target::{self, AddressSpace};
+use crate::untraced::{self, Stretch};
 use aya::Ebpf;
 use std::time::{Duration, Instant};
 
@@ -102,6 +103,10 @@ struct Tracked {
     epoch: u64,
     /// Whether the target still runs (a pidfd).
     life: target::Liveness,
+    /// The target's own counters at each edge of a burst: its rate without the watch.
+    ledger: untraced::Ledger,
+    /// Until when the links released by the last detach are settling (untraced.rs).
+    settling_until: Option<Duration>,
 }
 
 impl Tracked {
@@ -157,6 +162,12 @@ impl Tracked {
             traced: Duration::ZERO,
             epoch: 1,
             life: target::Liveness::new(pid),
+            ledger: {
+                let mut l = untraced::Ledger::default();
+                l.edge(pid, Stretch::Neither);
+                l
+            },
+            settling_until: None,
         })
     }
 
@@ -218,6 +229,8 @@ impl Tracked {
         let cur = self.snapshot(started);
         let mut w = metrics::window(&self.prev, &cur, &self.ctx);
         self.prev = cur;
+        self.ledger.edge(self.pid(), self.stretch());
+        w.untraced = self.ledger.close(w.requests, w.offload.stall_mean_us);
         w.watcher = watch_cost(&w, self.header.probe_cost.as_ref(), budget, duty);
         w.model = self.assess(&w);
         w
@@ -248,18 +261,43 @@ impl Tracked {
     fn maybe_pause(&mut self, started: Instant, burst: Duration) -> Result<(), WatchError> {
         let elapsed = started.elapsed();
         if self.on && elapsed >= self.on_since + burst {
+            self.ledger.edge(self.pid(), Stretch::Traced);
             loader::set_epoch(&mut self.a.bpf, None)?;
             loader::detach(&mut self.a.bpf, &mut self.a.links);
             self.traced += elapsed.saturating_sub(self.on_since);
             self.on = false;
+            self.settling_until =
+                Some(started.elapsed() + Duration::from_secs_f64(untraced::SETTLE_SECS));
         }
         Ok(())
+    }
+
+    /// What the stretch since the ledger's last edge has been.
+    fn stretch(&self) -> Stretch {
+        match (self.on, self.settling_until) {
+            (true, _) => Stretch::Traced,
+            (false, Some(_)) => Stretch::Neither,
+            (false, None) => Stretch::Untraced,
+        }
+    }
+
+    /// Ends the settling after a detach: from here the target runs untraced.
+    fn settle(&mut self, started: Instant) {
+        if self
+            .settling_until
+            .is_some_and(|t| !self.on && started.elapsed() >= t)
+        {
+            self.ledger.edge(self.pid(), Stretch::Neither);
+            self.settling_until = None;
+        }
     }
 
     fn resume(&mut self, started: Instant) -> Result<(), WatchError> {
         if self.on {
             return Ok(());
         }
+        self.ledger.edge(self.pid(), self.stretch());
+        self.settling_until = None;
         self.epoch += 1;
         let (_, links) = loader::attach_tracepoints(&mut self.a.bpf, self.a.raw_sched)?;
         self.a.links.extend(links);
@@ -273,6 +311,8 @@ impl Tracked {
         loader::set_epoch(&mut self.a.bpf, Some(self.epoch))?;
         self.on = true;
         self.on_since = started.elapsed();
+        // Attaching counts for neither part.
+        self.ledger.edge(self.pid(), Stretch::Neither);
         Ok(())
     }
 
@@ -385,6 +425,7 @@ pub async fn run(
             let burst = opts.interval.mul_f64(duty);
             tr.maybe_pause(started, burst)?;
         }
+        tr.settle(started);
         if let Some(d) = opts.duration {
             if started.elapsed() >= d {
                 ended = "duration";

@@ -610,6 +610,28 @@ fn overhead_budget_traces_part_of_each_interval() {
             "{rps} vs {}",
             r.requests_per_sec
         );
+        // Between the bursts the server's own counters give its rate without the
+        // watch (untraced.rs): a read and a write per request, at the load's rate. A
+        // window traced in full has no untraced part.
+        if budgeted {
+            let mut untraced = 0.0;
+            for w in mid {
+                let u = &w["untraced"];
+                println!("untraced: {u}");
+                let k = u["io_calls_per_request"].as_f64().expect("untraced part");
+                assert!((1.5..4.0).contains(&k), "{u}");
+                assert!(u["secs"].as_f64().unwrap() >= 0.1, "{u}");
+                assert!(u["cpu_per_request_us"].as_f64().unwrap() > 0.0, "{u}");
+                untraced += u["requests_per_sec"].as_f64().unwrap() / 2.0;
+            }
+            assert!(
+                (untraced / r.requests_per_sec - 1.0).abs() < 0.3,
+                "untraced {untraced} vs {}",
+                r.requests_per_sec
+            );
+        } else {
+            assert!(mid.iter().all(|w| w["untraced"].is_null()), "{mid:?}");
+        }
         let p50 = get(&lines, "final")["total"]["offload"]["stall_p50_us"]
             .as_f64()
             .unwrap();

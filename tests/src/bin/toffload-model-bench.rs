@@ -118,7 +118,12 @@ struct Watched {
     binding: String,
     stop: bool,
     watched_rps: f64,
-    /// The model's inputs as it read them: L, c, c_f (us).
+    /// The stock rate the model took: measured between the watch's bursts, or the
+    /// traced one corrected for the probes' cost.
+    model_stock_rps: Option<f64>,
+    /// Z, the time outside the server the model fitted (us).
+    think_us: Option<f64>,
+    /// The model's inputs as it took them: L, c (without the watch), c_f (us).
     latency_us: Option<f64>,
     cpu_us: Option<f64>,
     fiber_cpu_us: Option<f64>,
@@ -159,7 +164,7 @@ fn watched(pt: Point, secs: f64) -> Result<Watched, String> {
     let z = &m["zero_edit"];
     Ok(Watched {
         latency_us: z["inputs"]["latency_us"].as_f64(),
-        cpu_us: z["inputs"]["cpu_per_request_us"].as_f64(),
+        cpu_us: z["cpu_us"].as_f64(),
         fiber_cpu_us: z["fiber_cpu_us"].as_f64(),
         verdict: best["verdict"]["kind"].as_str().unwrap_or("-").to_string(),
         predicted: m["zero_edit_speedup"].as_f64(),
@@ -169,7 +174,24 @@ fn watched(pt: Point, secs: f64) -> Result<Watched, String> {
             .to_string(),
         stop: !m["stop"].is_null(),
         watched_rps: best["requests_per_sec"].as_f64().unwrap_or(0.0),
+        model_stock_rps: z["stock_rps"].as_f64(),
+        think_us: z["think_us"].as_f64(),
     })
+}
+
+/// The hypervisor's steal ticks and all ticks so far (/proc/stat's cpu line): on a
+/// VM, time the host gave the vCPUs to others, which no model here can see.
+fn steal_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let f: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    (f.get(7).copied().unwrap_or(0), f.iter().take(8).sum())
 }
 
 fn us(v: Option<f64>) -> String {
@@ -196,7 +218,7 @@ fn run(a: &Args) -> Result<(), String> {
     let mut table = String::new();
     let _ = writeln!(
         table,
-        "| latency us | conns | cpu us | wait | lanes | verdict | L us | c us | c_f us | watched stock req/s | stock req/s | runtime req/s | measured | predicted | binding | stop | error |\n|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"
+        "| latency us | conns | cpu us | wait | lanes | verdict | L us | c us | c_f us | Z us | traced stock req/s | model's stock req/s | stock req/s | runtime req/s | measured | predicted | binding | stop | error | steal |\n|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"
     );
     let mut errors = Vec::new();
     let mut behind_ok = true;
@@ -204,6 +226,7 @@ fn run(a: &Args) -> Result<(), String> {
         let mut w_runs = Vec::new();
         let (mut stock, mut rt) = (Vec::new(), Vec::new());
         let mut failed = None;
+        let steal0 = steal_ticks();
         for _ in 0..a.runs {
             let r = (|| -> Result<(), String> {
                 w_runs.push(watched(pt, a.secs)?);
@@ -220,7 +243,7 @@ fn run(a: &Args) -> Result<(), String> {
             // A point that cannot be measured is a row that says why, and counts as a
             // miss: the summary must not look better for it.
             let row = format!(
-                "| {} | {} | {} | {} | {} | FAILED: {e} | | | | | | | | | | | |",
+                "| {} | {} | {} | {} | {} | FAILED: {e} | | | | | | | | | | | | | | |",
                 pt.lat, pt.conns, pt.cpu_us, pt.wait, pt.lanes
             );
             println!("{row}");
@@ -228,6 +251,8 @@ fn run(a: &Args) -> Result<(), String> {
             errors.push(f64::INFINITY);
             continue;
         }
+        let steal1 = steal_ticks();
+        let steal = (steal1.0 - steal0.0) as f64 / (steal1.1 - steal0.1).max(1) as f64;
         let (stock, rt) = (median(stock), median(rt));
         let measured = rt / stock;
         let preds: Vec<f64> = w_runs.iter().filter_map(|w| w.predicted).collect();
@@ -245,7 +270,7 @@ fn run(a: &Args) -> Result<(), String> {
         }
         let row =
             format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.2}x | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} | {:.0} | {:.0} | {:.2}x | {} | {} | {} | {} | {:.0}% |",
             pt.lat,
             pt.conns,
             pt.cpu_us,
@@ -255,7 +280,9 @@ fn run(a: &Args) -> Result<(), String> {
             us(w.latency_us),
             us(w.cpu_us),
             us(w.fiber_cpu_us),
+            us(w.think_us),
             w.watched_rps,
+            w.model_stock_rps.map(|r| format!("{r:.0}")).unwrap_or_else(|| "-".into()),
             stock,
             rt,
             measured,
@@ -263,6 +290,7 @@ fn run(a: &Args) -> Result<(), String> {
             w.binding,
             if w.stop { "stop" } else { "" },
             err.map(|e| format!("{:+.0}%", e * 100.0)).unwrap_or_else(|| "-".into()),
+            steal * 100.0,
         );
         println!("{row}");
         let _ = writeln!(table, "{row}");
@@ -293,10 +321,16 @@ fn run(a: &Args) -> Result<(), String> {
         let doc = format!(
             "# The model against measurement\n\n`cargo xtask bench model` \
              (tests/src/bin/toffload-model-bench.rs): conn_server on the emulated device, server \
-             on core 0, load generator and watcher on core 1. \"watched stock\" is the rate while \
-             toffload-watch traced it (its probes cost the server CPU); \"stock\" and \"runtime\" \
-             are unwatched runs; measured = runtime / stock; predicted = the watcher's zero-edit \
-             speedup from the stock window; error = predicted / measured - 1.\n\n{table}{summary}"
+             on core 0, load generator and watcher on core 1. \"traced stock\" is the rate while \
+             toffload-watch traced it (its probes cost the server CPU); \"model's stock\" is the \
+             one the model took: measured between the watch's bursts from the server's own \
+             read/write and CPU counters (untraced.rs); \"stock\" and \"runtime\" are unwatched \
+             runs; measured = runtime / stock; predicted = the watcher's zero-edit speedup from \
+             the stock window; error = predicted / measured - 1. c is the stock CPU per request \
+             the model took (without the watch); Z is the time outside the server it fitted \
+             on the stock loop. \"steal\" is the share of CPU time the \
+             hypervisor gave to other guests while the point ran (/proc/stat): where it is high \
+             the measured rates move with the host, not the server.\n\n{table}{summary}"
         );
         std::fs::write(out, doc).map_err(|e| format!("{}: {e}", out.display()))?;
     }

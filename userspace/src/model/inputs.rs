@@ -67,10 +67,9 @@ impl TargetFacts {
     }
 }
 
-/// The target's cores this busy (on-CPU share) are saturated.
-const SATURATED: f64 = 0.9;
-/// A measured latency this many times the device's configured one is stretched.
-const STRETCHED: f64 = 1.5;
+/// A measured latency this many times the device's configured one is stretched (the
+/// engine's completions were seen 1.3-1.9x late at 1 ms, 64 connections).
+const STRETCHED: f64 = 1.1;
 
 /// The inputs from one stock window; None when the window cannot feed the model (no
 /// offload seen, or no CPU figure).
@@ -97,23 +96,29 @@ pub fn from_window(
     } else {
         w.offload.latency_p50_us.or(w.offload.stall_p50_us)?
     };
-    // On a saturated core the device's own completions wait for the CPU too (the
-    // emulated device's thread is one of the process's), and every stall stretches
-    // far past the device's latency. Where the device's configuration is known and
-    // the core is saturated, a latency well above it is the CPU's doing, not the
-    // device's: the configuration is L then.
+    // The emulated device's completions come from a thread of the target's own: on a
+    // core its 64 threads crowd, that thread waits for the CPU, and stalls stretch past
+    // the device's latency even when the core is not saturated on average (the
+    // requests come in waves). The fibers' one carrier does not crowd it. Where the
+    // device's configuration is known, a latency above it is the CPU's doing, or the
+    // queue for too few lanes, which the model puts back from D: the configuration is
+    // L then.
     let cores = facts.cores.max(1) as f64;
-    let busy = w.on_cpu_ms / 1e3 / w.secs.max(1e-9) / cores;
     let latency = match facts.device_latency_us() {
-        Some(spec) if busy >= SATURATED && measured > STRETCHED * spec => spec,
+        Some(spec) if measured > STRETCHED * spec => spec,
         _ => measured,
     };
     // A spun stall is waste that fibers do not spend; a blocked stall's on-CPU part
     // is the submit and the blocking itself, whose switches the model takes out
     // (blocking_switches_per_request x X) and the runtime's park replaces: it stays
     // in c, or that switch would be taken out twice.
+    // A spinning server's helper threads (the device's engine, the acceptor) take
+    // their share of a core its spinners crowd: a cost per second that, spread over
+    // the few requests the spinners finish, would read as tens of us per request.
+    // Under fibers the same cost spreads over a hundred times the requests.
     let cpu = if spin {
-        w.cpu_per_request_us?
+        let helpers_us = w.helper_on_cpu_ms * 1e3 / w.requests as f64;
+        (w.cpu_per_request_us? - helpers_us).max(0.0)
     } else {
         w.on_cpu_per_request_us?
     };
@@ -138,7 +143,15 @@ pub fn from_window(
             })
         },
         device_rps: facts.device_rps(),
-        watch_us_per_request: w.watcher.and_then(|c| c.us_per_request).unwrap_or(0.0),
+        watch_us_per_request: if spin {
+            cost.map(|c| spin_watch_outside_us(c, w.blocking_switches_per_request.unwrap_or(0.0)))
+        } else {
+            None
+        }
+        .or(w.watcher.and_then(|c| c.us_per_request))
+        .unwrap_or(0.0),
+        stock_rps_untraced: w.untraced.map(|u| u.requests_per_sec),
+        cpu_untraced_us: w.untraced.map(|u| u.cpu_per_request_us),
     })
 }
 
@@ -157,6 +170,15 @@ fn sleep_cost_unwatched(
     let units = sleeps.max(calls).max(1.0);
     let watch_ns = sleeps * (c.syscall_ns + c.switch_ns) + calls * c.offload_ns / 2.0;
     (measured_us - watch_ns / units / 1e3).max(0.0)
+}
+
+/// The watch's cost inside a spinning request's c, the part outside its offload: the
+/// request's read and write, the half of the offload probes' trap that falls outside
+/// the call's timestamps, and its sleeps there (waiting for the next request). The
+/// rest of the window's events (the spinners' preemptions, the helper threads') land
+/// inside the spin or outside c.
+fn spin_watch_outside_us(c: &ProbeCost, sleeps_per_request: f64) -> f64 {
+    (2.0 * c.syscall_ns + c.offload_ns / 2.0 + sleeps_per_request.max(0.0) * c.switch_ns) / 1e3
 }
 
 fn affinity_cores(pid: u32) -> Option<usize> {
@@ -220,6 +242,18 @@ mod tests {
         // Never below zero; unchanged when the cost is unknown.
         assert_eq!(sleep_cost_unwatched(0.5, 100.0, 80.0, Some(&c)), 0.0);
         assert_eq!(sleep_cost_unwatched(5.0, 100.0, 80.0, None), 5.0);
+    }
+
+    #[test]
+    fn a_spinning_requests_c_carries_only_its_own_events() {
+        let c = ProbeCost {
+            syscall_ns: 200.0,
+            switch_ns: 800.0,
+            offload_ns: 2000.0,
+            handoff_ns: 2000.0,
+        };
+        // 2 x 0.2 + 1.0 + 1.5 x 0.8 us.
+        assert!((spin_watch_outside_us(&c, 1.5) - 2.6).abs() < 1e-9);
     }
 
     #[test]

@@ -69,6 +69,12 @@ pub struct Inputs {
     /// What the watch's own probes added to each request while the window was traced
     /// (probe_cost.rs), us: in c and in R as measured, gone once the watch detaches.
     pub watch_us_per_request: f64,
+    /// R while the probes were off (sampled windows, untraced.rs): the stock rate
+    /// without the watch, measured rather than corrected.
+    pub stock_rps_untraced: Option<f64>,
+    /// All the target's CPU per request while the probes were off, us: c of a blocking
+    /// wait without the watch's cost.
+    pub cpu_untraced_us: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -95,6 +101,12 @@ impl Ceiling {
 #[derive(Clone, Debug, Serialize)]
 pub struct Prediction {
     pub inputs: Inputs,
+    /// c as the model took it: without the watch's cost (measured between bursts, or
+    /// less the calibrated cost), us.
+    pub cpu_us: f64,
+    /// X as the model took it: the calibrated switch, or a sleep's cost to this
+    /// server (without the watch's) when larger, us.
+    pub switch_cost_us: f64,
     /// c_f: predicted per-request CPU under fibers, us.
     pub fiber_cpu_us: f64,
     /// The three ceilings, requests/s (device only when known).
@@ -111,6 +123,9 @@ pub struct Prediction {
     /// The stock rate the formulas give (T_spin or T_block), beside the measured one:
     /// a large gap says the stock server is limited by something the model lacks.
     pub stock_model_rps: f64,
+    /// Z: what each request spends outside the server (the client, the network),
+    /// fitted so that the stock closed loop gives the stock rate, us.
+    pub think_us: f64,
     /// Why overlap will not pay, when it will not.
     pub stop: Option<String>,
 }
@@ -124,14 +139,21 @@ pub fn runtime_overhead_us(yields: f64) -> f64 {
 const BUSY: f64 = 0.85;
 
 /// Requests/s of a closed loop: `n` connections, each request `c` us on one of
-/// `servers` carriers and `l` us on a device of `lanes` lanes (None: every request
-/// gets one). Exact mean value analysis for one-server queues; a queue of several
-/// servers is taken as one server of service time c / servers plus a delay of the
-/// rest (Seidmann's approximation).
-pub fn closed_loop_rps(n: f64, c: f64, servers: f64, l: f64, lanes: Option<f64>) -> f64 {
+/// `servers` carriers, `l` us on a device of `lanes` lanes (None: every request
+/// gets one) and `think` us outside the server. Exact mean value analysis for
+/// one-server queues; a queue of several servers is taken as one server of service
+/// time c / servers plus a delay of the rest (Seidmann's approximation).
+pub fn closed_loop_rps(
+    n: f64,
+    c: f64,
+    servers: f64,
+    l: f64,
+    lanes: Option<f64>,
+    think: f64,
+) -> f64 {
     // (service of the one-server queue, delay beside it)
     let mut queues = vec![(c / servers, c * (servers - 1.0) / servers)];
-    let mut delay = 0.0;
+    let mut delay = think.max(0.0);
     match lanes {
         Some(m) if m < n => queues.push((l / m, l * (m - 1.0) / m)),
         _ => delay += l,
@@ -154,6 +176,44 @@ pub fn closed_loop_rps(n: f64, c: f64, servers: f64, l: f64, lanes: Option<f64>)
     x * 1e6
 }
 
+/// The closed loop's think time Z: what each request spends outside the server (the
+/// load's client, the network stack on its side), which bounds a loop that neither
+/// its CPU nor its device saturates. Not measured in the server, so fitted: the Z at
+/// which the stock loop (`n` connections, `c` us on `servers` cores, `l` on the
+/// device) gives the stock `rate`. Zero where the stock CPU is saturated (its rate
+/// then says nothing of the time outside), and the device's likewise, where the
+/// stations alone would saturate the CPU, and where they already fall short of the
+/// rate.
+pub fn think_time_us(n: f64, c: f64, servers: f64, l: f64, lanes: Option<f64>, rate: f64) -> f64 {
+    let at = |z: f64| closed_loop_rps(n, c, servers, l, lanes, z);
+    // Near a station's saturation the rate hardly moves with Z, and a gap of a percent
+    // would fit a Z of milliseconds; and where the stations alone would saturate the
+    // CPU, a rate short of that is the stock threads' own waste (wake-ups that find the
+    // core idle), not time outside the server.
+    let u_cpu = rate * c / 1e6 / servers;
+    let u_dev = lanes.map_or(0.0, |m| rate * l / 1e6 / m);
+    let alone = at(0.0);
+    if rate <= 0.0
+        || u_cpu >= BUSY
+        || u_dev >= BUSY
+        || alone * c / 1e6 / servers >= BUSY
+        || alone <= rate
+    {
+        return 0.0;
+    }
+    // The rate is below n / z for any z: the fit lies below n / rate.
+    let (mut lo, mut hi) = (0.0, n * 1e6 / rate);
+    for _ in 0..40 {
+        let mid = (lo + hi) / 2.0;
+        if at(mid) > rate {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
 /// The stock formulas, T_spin or T_block, at per-request CPU `c`.
 fn stock_formula(i: &Inputs, c: f64) -> f64 {
     let per_s = |us: f64| 1e6 / us.max(1e-3);
@@ -171,11 +231,28 @@ fn stock_formula(i: &Inputs, c: f64) -> f64 {
 }
 
 pub fn predict(i: &Inputs) -> Prediction {
-    // The window was measured with the probes attached: c without their cost, and the
-    // stock rate as the stock formulas say it moves when that cost goes (a server
-    // bound by its CPU speeds up, one bound by its connections barely moves).
+    // The window was measured with the probes attached: c without their cost. Where
+    // the probes were off for part of the window, the target's own counters gave c and
+    // the rate without them; else c less the calibrated cost, and the stock rate as the
+    // stock formulas say it moves when that cost goes (a server bound by its CPU speeds
+    // up, one bound by its connections barely moves). A spinning wait's c is the part
+    // outside the offload, which the untraced counters cannot split off.
     let c_watched = i.cpu_per_request_us.max(0.0);
-    let c = (c_watched - i.watch_us_per_request.max(0.0)).max(0.0);
+    let untraced = i.cpu_untraced_us.filter(|&u| !i.spin && u > 0.0);
+    let c = match untraced {
+        Some(u) => u,
+        None => (c_watched - i.watch_us_per_request.max(0.0)).max(0.0),
+    };
+    // A sleep's cost was read while traced, and the probes' cost lands mostly on the
+    // sleeps (each is futex calls, a switch out, a wake-up and a switch in, all
+    // traced). Where the untraced CPU shows what the watch really added per request
+    // (up to 5x the calibration on 64 threads), that cost per sleep comes off it.
+    let switches =
+        (i.blocking_switches_per_request.max(0.0) + i.preemptions_per_request.max(0.0)).max(1.0);
+    let sleep_cost = i.sleep_cost_us.map(|s| match untraced {
+        Some(u) => (s - (c_watched - u).max(0.0) / switches).max(0.0),
+        None => s,
+    });
     let l = i.latency_us.max(0.0);
     let n = i.connections.max(1.0);
     let p = i.cores.max(1.0);
@@ -186,20 +263,40 @@ pub fn predict(i: &Inputs) -> Prediction {
     // the window shows that (many threads' cold caches cost far more than the
     // calibration's two warm ones), else the calibrated X. Fibers on one carrier
     // neither sleep nor preempt each other.
-    let x_eff = i.switch_us.max(i.sleep_cost_us.unwrap_or(0.0)).max(0.0);
-    let blocking =
-        (i.blocking_switches_per_request.max(0.0) + i.preemptions_per_request.max(0.0)) * x_eff;
+    // A spinner is preempted while it spins: that switch lands inside the offload,
+    // outside a spin's c; its sleeps (waiting for the next request) land in c.
+    let x_eff = i.switch_us.max(sleep_cost.unwrap_or(0.0)).max(0.0);
+    let preempted = if i.spin {
+        0.0
+    } else {
+        i.preemptions_per_request.max(0.0)
+    };
+    let blocking = (i.blocking_switches_per_request.max(0.0) + preempted) * x_eff;
     let added = runtime_overhead_us(YIELDS_PER_REQUEST);
     let fiber_cpu = (c - blocking).max(0.0) + added;
     let per_s = |us: f64| 1e6 / us.max(1e-3);
+    let lanes = i.device_rps.map(|d| (d * l / 1e6).max(1.0));
+    let stock_model = stock_formula(i, c);
+    let stock = match i.stock_rps_untraced {
+        Some(r) if r > 0.0 => r,
+        _ if i.stock_rps > 0.0 => i.stock_rps * stock_model / stock_formula(i, c_watched).max(1e-9),
+        _ => stock_model,
+    };
+    // The time outside the server is the same for the fibers: fitted on the stock
+    // loop (its threads on every core), spent by the fibers' loop too. A spinning stock
+    // server's loop is its spinners', which says nothing of it.
+    let think = if i.spin {
+        0.0
+    } else {
+        think_time_us(n, c, p, l, lanes, stock)
+    };
     let cpu_ceiling = carriers * per_s(fiber_cpu);
-    let overlap_ceiling = n * per_s(l + fiber_cpu);
+    let overlap_ceiling = n * per_s(l + fiber_cpu + think);
     // The ceilings are the asymptotes; near the knee, where connections just about
     // cover the latency, requests queue for the carriers and the device, and the rate
     // falls short of both. Mean value analysis of the closed loop (N connections, the
     // carriers and the device as queues) gives the rate with that queueing.
-    let lanes = i.device_rps.map(|d| (d * l / 1e6).max(1.0));
-    let fiber_mva = closed_loop_rps(n, fiber_cpu, carriers, l, lanes);
+    let fiber_mva = closed_loop_rps(n, fiber_cpu, carriers, l, lanes, think);
     let fiber = fiber_mva
         .min(cpu_ceiling)
         .min(overlap_ceiling)
@@ -214,12 +311,6 @@ pub fn predict(i: &Inputs) -> Prediction {
         Ceiling::Cpu
     } else {
         Ceiling::Overlap
-    };
-    let stock_model = stock_formula(i, c);
-    let stock = if i.stock_rps > 0.0 {
-        i.stock_rps * stock_model / stock_formula(i, c_watched).max(1e-9)
-    } else {
-        stock_model
     };
     let speedup = fiber / stock.max(1e-9);
     let stop = if l < OVERLAP_PAYS * fiber_cpu {
@@ -241,6 +332,8 @@ pub fn predict(i: &Inputs) -> Prediction {
     };
     Prediction {
         inputs: i.clone(),
+        cpu_us: c,
+        switch_cost_us: x_eff,
         fiber_cpu_us: fiber_cpu,
         cpu_ceiling_rps: cpu_ceiling,
         device_ceiling_rps: i.device_rps,
@@ -250,6 +343,7 @@ pub fn predict(i: &Inputs) -> Prediction {
         speedup,
         stock_rps: stock,
         stock_model_rps: stock_model,
+        think_us: think,
         stop,
     }
 }
@@ -262,18 +356,24 @@ impl Prediction {
             (
                 "R stock".into(),
                 format!(
-                    "{:.0} req/s watched, {:.0} without the watch",
-                    i.stock_rps, self.stock_rps
+                    "{:.0} req/s watched, {:.0} without the watch ({})",
+                    i.stock_rps,
+                    self.stock_rps,
+                    if i.stock_rps_untraced.is_some() {
+                        "measured between bursts"
+                    } else {
+                        "corrected"
+                    }
                 ),
             ),
             ("L latency".into(), format!("{:.1} us", i.latency_us)),
             (
                 "c CPU/req".into(),
                 format!(
-                    "{:.1} us ({} wait; {:.1} us of it the watch's)",
+                    "{:.1} us without the watch, {:.1} traced ({} wait)",
+                    self.cpu_us,
                     i.cpu_per_request_us,
                     if i.spin { "spin" } else { "block" },
-                    i.watch_us_per_request
                 ),
             ),
             (
@@ -281,9 +381,13 @@ impl Prediction {
                 format!(
                     "({:.2} sleeps + {:.2} preempted)/req x {:.2} us{}",
                     i.blocking_switches_per_request,
-                    i.preemptions_per_request,
-                    i.switch_us.max(i.sleep_cost_us.unwrap_or(0.0)),
-                    if i.sleep_cost_us.is_some_and(|s| s > i.switch_us) {
+                    if i.spin {
+                        0.0
+                    } else {
+                        i.preemptions_per_request
+                    },
+                    self.switch_cost_us,
+                    if self.switch_cost_us > i.switch_us {
                         " (its sleeps' cost)"
                     } else {
                         ""
@@ -291,6 +395,10 @@ impl Prediction {
                 ),
             ),
             ("c_f fiber".into(), format!("{:.1} us", self.fiber_cpu_us)),
+            (
+                "Z outside".into(),
+                format!("{:.1} us/req (fitted to the stock rate)", self.think_us),
+            ),
             (
                 "N P C".into(),
                 format!(

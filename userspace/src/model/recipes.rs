@@ -170,7 +170,7 @@ pub fn predicted_speedup(i: &Inputs, loops: f64) -> (f64, f64) {
     if let Some(d) = i.device_rps {
         t = t.min(d);
     }
-    (t, t / i.stock_rps.max(1e-9))
+    (t, t / i.stock_rps_untraced.unwrap_or(i.stock_rps).max(1e-9))
 }
 
 /// One line for reports.

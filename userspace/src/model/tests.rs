@@ -3,10 +3,11 @@ use crate::classifier::Kind;
 use crate::target::RuntimeKind;
 
 /// conn_server-like: 64 connections blocking on a 200 us offload, 12 us of CPU per
-/// request of which 2 switches x 1.5 us are the blocking itself, one core.
+/// request of which 2 switches x 1.5 us are the blocking itself, one core, which the
+/// stock server keeps 90% busy.
 fn base() -> Inputs {
     Inputs {
-        stock_rps: 30_000.0,
+        stock_rps: 75_000.0,
         latency_us: 200.0,
         cpu_per_request_us: 12.0,
         spin: false,
@@ -19,6 +20,8 @@ fn base() -> Inputs {
         sleep_cost_us: None,
         device_rps: None,
         watch_us_per_request: 0.0,
+        stock_rps_untraced: None,
+        cpu_untraced_us: None,
     }
 }
 
@@ -34,7 +37,8 @@ fn cpu_ceiling_binds_with_many_connections() {
     assert!(close(p.fiber_cpu_us, cf), "{}", p.fiber_cpu_us);
     assert_eq!(p.binding, Ceiling::Cpu);
     assert!(close(p.fiber_rps, 1e6 / cf));
-    assert!(close(p.speedup, 1e6 / cf / 30_000.0));
+    assert!(close(p.speedup, 1e6 / cf / 75_000.0));
+    assert_eq!(p.think_us, 0.0);
     assert!(p.stop.is_none(), "{:?}", p.stop);
     // Two carriers on two cores double the CPU ceiling; carriers beyond the cores
     // do not.
@@ -54,9 +58,12 @@ fn overlap_ceiling_binds_with_few_connections() {
     i.stock_rps = 3_900.0;
     let p = predict(&i);
     assert_eq!(p.binding, Ceiling::Overlap);
+    // The stock loop's four connections would make 3,953/s on the server alone: the
+    // rest is time outside it (a few us per request), which the fibers spend too.
+    assert!(p.think_us > 5.0 && p.think_us < 20.0, "{}", p.think_us);
     // Four connections hardly ever queue for the carrier: the overlap asymptote,
     // a hair below.
-    let asymptote = 4e6 / (1000.0 + p.fiber_cpu_us);
+    let asymptote = 4e6 / (1000.0 + p.fiber_cpu_us + p.think_us);
     assert!(
         p.fiber_rps <= asymptote && p.fiber_rps > 0.995 * asymptote,
         "{} vs {asymptote}",
@@ -195,7 +202,14 @@ fn recipes_are_found_by_name_and_runtime() {
 fn lines_show_every_input() {
     let p = predict(&base());
     let text: String = p.lines().iter().map(|(k, v)| format!("{k}={v};")).collect();
-    for want in ["30000 req/s", "200.0 us", "12.0 us", "64 conns", "1.50 us"] {
+    for want in [
+        "75000 req/s",
+        "200.0 us",
+        "12.0 us",
+        "64 conns",
+        "1.50 us",
+        "Z outside",
+    ] {
         assert!(text.contains(want), "{want} missing in {text}");
     }
 }
@@ -212,8 +226,8 @@ fn the_watch_cost_is_taken_out() {
     assert!(close(p.fiber_cpu_us, cf), "{}", p.fiber_cpu_us);
     // Stock, one core, blocking: bound by the CPU, 1 / (c + 2X).
     let scale = (12.0 + 3.0) / (8.0 + 3.0);
-    assert!(close(p.stock_rps, 30_000.0 * scale), "{}", p.stock_rps);
-    assert!(close(p.speedup, p.fiber_rps / (30_000.0 * scale)));
+    assert!(close(p.stock_rps, 75_000.0 * scale), "{}", p.stock_rps);
+    assert!(close(p.speedup, p.fiber_rps / (75_000.0 * scale)));
     // Eight connections of a 2 ms offload on 8 cores: bound by the connections, and
     // 4 us of 2 ms moves the stock rate by a fraction of a percent only.
     let mut j = base();
@@ -221,15 +235,74 @@ fn the_watch_cost_is_taken_out() {
     j.cores = 8.0;
     j.latency_us = 2000.0;
     j.watch_us_per_request = 4.0;
+    j.stock_rps = 3_900.0;
     let q = predict(&j);
     assert!(
-        q.stock_rps > 30_000.0 && q.stock_rps < 30_000.0 * 1.003,
+        q.stock_rps > 3_900.0 && q.stock_rps < 3_900.0 * 1.003,
         "{}",
         q.stock_rps
     );
     // Unknown cost: nothing changes.
     let r = predict(&base());
-    assert!(close(r.stock_rps, 30_000.0));
+    assert!(close(r.stock_rps, 75_000.0));
+    // Measured between bursts: the untraced rate and CPU are taken as they are.
+    let mut k = base();
+    k.watch_us_per_request = 4.0;
+    k.stock_rps = 50_000.0;
+    k.stock_rps_untraced = Some(72_000.0);
+    k.cpu_untraced_us = Some(12.5);
+    let u = predict(&k);
+    assert!(close(u.stock_rps, 72_000.0));
+    let cf = 12.5 - 3.0 + runtime_overhead_us(YIELDS_PER_REQUEST);
+    assert!(close(u.fiber_cpu_us, cf), "{}", u.fiber_cpu_us);
+    assert!(close(u.speedup, u.fiber_rps / 72_000.0));
+    // A spinning wait's c is the part outside the offload: the untraced CPU, spin and
+    // all, is not it.
+    k.spin = true;
+    let s = predict(&k);
+    assert!(close(
+        s.fiber_cpu_us,
+        12.0 - 4.0 - 3.0 + runtime_overhead_us(YIELDS_PER_REQUEST)
+    ));
+}
+
+/// Z, the time outside the server, is fitted on the stock loop and spent by the
+/// fibers' loop too: a loop bound by its connections and Z gains nothing from fibers.
+#[test]
+fn think_time_is_fitted_on_the_stock_loop() {
+    // 64 connections, 2 ms device, 20 us CPU on one core, 150 us outside.
+    let (n, c, l) = (64.0, 20.0, 2000.0);
+    let rate = closed_loop_rps(n, c, 1.0, l, None, 150.0);
+    let z = think_time_us(n, c, 1.0, l, None, rate);
+    assert!((z - 150.0).abs() < 0.5, "{z}");
+    let mut i = base();
+    i.latency_us = l;
+    i.cpu_per_request_us = c;
+    i.stock_rps = rate;
+    let p = predict(&i);
+    assert!((p.think_us - 150.0).abs() < 0.5, "{}", p.think_us);
+    // Without Z the fibers' 64 connections would make about 64 / (2 ms + c_f), a
+    // gain the stock loop rules out.
+    let without = closed_loop_rps(n, p.fiber_cpu_us, 1.0, l, None, 0.0) / rate;
+    assert!(without > 1.05, "{without}");
+    assert!(p.speedup < 1.02, "{}", p.speedup);
+    assert_eq!(p.binding, Ceiling::Overlap);
+    // A saturated station says nothing of Z: the CPU (1 / 12 us at 75,000/s) ...
+    assert_eq!(think_time_us(64.0, 12.0, 1.0, 200.0, None, 75_000.0), 0.0);
+    // ... or the device (8 lanes of 1 ms at 7,990/s).
+    assert_eq!(
+        think_time_us(64.0, 12.0, 1.0, 1000.0, Some(8.0), 7_990.0),
+        0.0
+    );
+    // A stock rate above what the stations allow: no Z (the model's c is high).
+    assert_eq!(think_time_us(4.0, 12.0, 1.0, 1000.0, None, 4_000.0), 0.0);
+    // 64 connections of a 20 us offload at 20 us CPU would saturate the core alone:
+    // a stock rate 20% short of that (80% busy) is waste, not time outside.
+    assert_eq!(think_time_us(64.0, 20.0, 1.0, 20.0, None, 40_000.0), 0.0);
+    // A spinning server's loop is its spinners': no Z.
+    i.spin = true;
+    i.stock_rps = 270.0;
+    assert_eq!(predict(&i).think_us, 0.0);
 }
 
 /// The closed loop's rate: one connection is one request at a time; many
@@ -239,11 +312,14 @@ fn the_watch_cost_is_taken_out() {
 #[test]
 fn closed_loop_queueing() {
     let (c, l) = (20.0, 1000.0);
-    assert!(close(closed_loop_rps(1.0, c, 1.0, l, None), 1e6 / (l + c)));
-    let deep = closed_loop_rps(1000.0, c, 1.0, l, None);
+    assert!(close(
+        closed_loop_rps(1.0, c, 1.0, l, None, 0.0),
+        1e6 / (l + c)
+    ));
+    let deep = closed_loop_rps(1000.0, c, 1.0, l, None, 0.0);
     assert!(deep <= 1e6 / c && deep > 0.999 * 1e6 / c, "{deep}");
     // The knee: N = (L + c) / c = 51 connections.
-    let knee = closed_loop_rps(51.0, c, 1.0, l, None);
+    let knee = closed_loop_rps(51.0, c, 1.0, l, None, 0.0);
     let asymptote = (1e6 / c).min(51e6 / (l + c));
     assert!(
         knee < 0.95 * asymptote && knee > 0.7 * asymptote,
@@ -252,14 +328,53 @@ fn closed_loop_queueing() {
     // More connections never lower the rate.
     let mut last = 0.0;
     for n in [1.0, 2.0, 8.0, 32.0, 64.0, 128.0] {
-        let x = closed_loop_rps(n, c, 1.0, l, None);
+        let x = closed_loop_rps(n, c, 1.0, l, None, 0.0);
         assert!(x >= last, "{n}: {x} < {last}");
         last = x;
     }
     // Two carriers: twice the CPU ceiling, deep in the queue.
-    let two = closed_loop_rps(1000.0, c, 2.0, l, None);
+    let two = closed_loop_rps(1000.0, c, 2.0, l, None, 0.0);
     assert!(two > 0.99 * 2e6 / c && two <= 2e6 / c, "{two}");
     // Four lanes of 1 ms with 64 connections: the device's 4,000/s.
-    let dev = closed_loop_rps(64.0, 1.0, 1.0, l, Some(4.0));
+    let dev = closed_loop_rps(64.0, 1.0, 1.0, l, Some(4.0), 0.0);
     assert!(dev > 0.99 * 4000.0 && dev <= 4000.0, "{dev}");
+}
+
+/// A sleep's cost read in a traced window carries most of the watch's cost: where the
+/// untraced CPU shows how much the watch added, that cost per sleep comes off it.
+#[test]
+fn the_watchs_measured_cost_comes_off_the_sleeps_cost() {
+    let mut i = base();
+    i.cpu_per_request_us = 30.0;
+    i.sleep_cost_us = Some(6.0);
+    i.switch_us = 1.0;
+    // Traced: c_f = c - 2 sleeps x 6 us (less the calibrated 0 us of watch).
+    let traced = predict(&i).fiber_cpu_us;
+    assert!(close(
+        traced,
+        30.0 - 12.0 + runtime_overhead_us(YIELDS_PER_REQUEST)
+    ));
+    // Untraced c of 24 us: the watch cost 6 us per request, 3 us per sleep, and a
+    // sleep 6 - 3 = 3 us.
+    i.cpu_untraced_us = Some(24.0);
+    i.stock_rps_untraced = Some(36_000.0);
+    let p = predict(&i);
+    assert!(
+        close(
+            p.fiber_cpu_us,
+            24.0 - 6.0 + runtime_overhead_us(YIELDS_PER_REQUEST)
+        ),
+        "{}",
+        p.fiber_cpu_us
+    );
+    // The lines show the X taken.
+    assert!(close(p.switch_cost_us, 3.0));
+    let text: String = p.lines().iter().map(|(k, v)| format!("{k}={v};")).collect();
+    assert!(text.contains("x 3.00 us (its sleeps' cost)"), "{text}");
+    // Never below the calibrated switch cost.
+    i.switch_us = 5.0;
+    assert!(close(
+        predict(&i).fiber_cpu_us,
+        24.0 - 10.0 + runtime_overhead_us(YIELDS_PER_REQUEST)
+    ));
 }

@@ -1,0 +1,254 @@
+//! What the target does while the probes are off. Tracing costs the target CPU, and
+//! on a busy server that slows it: a rate read in a traced burst is the traced
+//! server's, not the one the fibers will be compared with. Between bursts the kernel
+//! still keeps two counters of its own for every process at no cost to it: its read
+//! and write calls (/proc/PID/io syscr + syscw) and its CPU time (/proc/PID/stat).
+//! Read at every edge of a burst, the traced part gives the calls per request, and
+//! the untraced part then gives the requests/s and CPU per request without the watch.
+
+use serde::Serialize;
+use std::time::Instant;
+
+/// After a detach, the kernel takes up to ~0.2 s to release the links (loader.rs):
+/// that stretch is neither traced nor clean, and counts for neither.
+pub const SETTLE_SECS: f64 = 0.25;
+/// Fewer requests than this in the traced part make the calls per request too rough.
+const MIN_REQUESTS: u64 = 50;
+/// A server whose requests make fewer read/write calls than this each (one using
+/// recv/send, which syscr/syscw do not count) gives no untraced rate.
+const MIN_CALLS_PER_REQUEST: f64 = 0.5;
+/// Untraced time shorter than this is too short to read a rate from.
+const MIN_UNTRACED_SECS: f64 = 0.1;
+
+/// One reading of the target's kernel counters.
+#[derive(Clone, Copy, Debug)]
+pub struct Reading {
+    at: Instant,
+    /// read + write calls (syscr + syscw).
+    io_calls: u64,
+    /// utime + stime, seconds.
+    cpu_s: f64,
+}
+
+impl Reading {
+    pub fn take(pid: u32) -> Option<Reading> {
+        let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        Some(Reading {
+            at: Instant::now(),
+            io_calls: io_calls(&io)?,
+            cpu_s: cpu_ticks(&stat)? as f64 / clock_ticks_per_sec(),
+        })
+    }
+}
+
+/// syscr + syscw of a /proc/PID/io text.
+pub fn io_calls(io: &str) -> Option<u64> {
+    let field = |k: &str| {
+        io.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    Some(field("syscr:")? + field("syscw:")?)
+}
+
+/// utime + stime (clock ticks) of a /proc/PID/stat text; the command name may hold
+/// spaces and parentheses, so fields are counted from its closing one.
+pub fn cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state is field 3, utime 14 and stime 15.
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+fn clock_ticks_per_sec() -> f64 {
+    // SAFETY: no arguments.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+/// Counter deltas of one kind of stretch (traced or untraced).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Part {
+    pub secs: f64,
+    pub io_calls: u64,
+    pub cpu_s: f64,
+    /// Stretches booked (bursts, for the traced part).
+    pub stretches: u32,
+}
+
+impl Part {
+    fn add(&mut self, from: &Reading, to: &Reading) {
+        self.stretches += 1;
+        self.secs += to.at.saturating_duration_since(from.at).as_secs_f64();
+        self.io_calls += to.io_calls.saturating_sub(from.io_calls);
+        self.cpu_s += (to.cpu_s - from.cpu_s).max(0.0);
+    }
+}
+
+/// The target without the watch, over one window.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+pub struct Untraced {
+    /// Seconds of the window the probes were off (and settled).
+    pub secs: f64,
+    pub requests_per_sec: f64,
+    /// The target's CPU time (all its threads) per request, us.
+    pub cpu_per_request_us: f64,
+    /// Read and write calls per request, as the traced part counted them.
+    pub io_calls_per_request: f64,
+}
+
+/// From a window's traced part (with the requests the probes counted in it, and their
+/// mean stall) and its untraced part; None when either is too thin to read a rate from.
+///
+/// A request is counted when its offload returns, and only if the probes saw it enter:
+/// the offloads in flight when a burst starts are not counted, though their replies'
+/// writes are, and those in flight when it ends not either, though their requests'
+/// reads are. Each burst so misses the requests in flight (Little: rate x mean
+/// stall) whose calls it counts; left in, a 40 ms burst of 8 ms stalls read 20% low.
+pub fn estimate(
+    traced: &Part,
+    requests: u64,
+    stall_mean_us: Option<f64>,
+    untraced: &Part,
+) -> Option<Untraced> {
+    if requests < MIN_REQUESTS || untraced.secs < MIN_UNTRACED_SECS || traced.secs <= 0.0 {
+        return None;
+    }
+    let in_flight = requests as f64 / traced.secs * stall_mean_us.unwrap_or(0.0).max(0.0) / 1e6;
+    let seen = requests as f64 + f64::from(traced.stretches.max(1)) * in_flight;
+    let k = traced.io_calls as f64 / seen;
+    if k < MIN_CALLS_PER_REQUEST || untraced.io_calls == 0 {
+        return None;
+    }
+    let rate = untraced.io_calls as f64 / k / untraced.secs;
+    Some(Untraced {
+        secs: untraced.secs,
+        requests_per_sec: rate,
+        cpu_per_request_us: untraced.cpu_s / untraced.secs / rate * 1e6,
+        io_calls_per_request: k,
+    })
+}
+
+/// The edges of the bursts: each stretch between two readings goes to the traced or
+/// the untraced part, or to neither (attaching, settling after a detach).
+#[derive(Debug, Default)]
+pub struct Ledger {
+    last: Option<Reading>,
+    pub traced: Part,
+    pub untraced: Part,
+}
+
+/// What the stretch that ends at an edge was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stretch {
+    Traced,
+    Untraced,
+    /// Counts for neither.
+    Neither,
+}
+
+impl Ledger {
+    /// Reads the counters and books the stretch since the last edge as `was`. A failed
+    /// read (the target gone) books nothing and leaves the next stretch unanchored.
+    pub fn edge(&mut self, pid: u32, was: Stretch) {
+        let now = Reading::take(pid);
+        if let (Some(from), Some(to)) = (&self.last, &now) {
+            match was {
+                Stretch::Traced => self.traced.add(from, to),
+                Stretch::Untraced => self.untraced.add(from, to),
+                Stretch::Neither => {}
+            }
+        }
+        self.last = now;
+    }
+
+    /// The window's estimate, with the parts reset for the next window.
+    pub fn close(&mut self, requests: u64, stall_mean_us: Option<f64>) -> Option<Untraced> {
+        let est = estimate(&self.traced, requests, stall_mean_us, &self.untraced);
+        self.traced = Part::default();
+        self.untraced = Part::default();
+        est
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_fields() {
+        let io = "rchar: 10\nwchar: 20\nsyscr: 7\nsyscw: 5\nread_bytes: 0\n";
+        assert_eq!(io_calls(io), Some(12));
+        assert_eq!(io_calls("rchar: 1\n"), None);
+        // A name with spaces and a parenthesis does not shift the fields.
+        let stat = "42 (a) b (c) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0";
+        assert_eq!(cpu_ticks(stat), Some(300));
+        assert_eq!(cpu_ticks("42 (x) S 1"), None);
+        assert!(Reading::take(std::process::id()).is_some());
+        assert!(Reading::take(u32::MAX).is_none());
+    }
+
+    #[test]
+    fn the_untraced_rate_from_the_calls_per_request() {
+        // Traced: 1000 requests made 2000 calls. Untraced: 90,000 calls in 1.5 s at
+        // 0.9 CPU-s: 30,000 req/s at 20 us each.
+        let traced = Part {
+            secs: 0.05,
+            io_calls: 2000,
+            cpu_s: 0.05,
+            stretches: 1,
+        };
+        let untraced = Part {
+            secs: 1.5,
+            io_calls: 90_000,
+            cpu_s: 0.9,
+            stretches: 1,
+        };
+        let u = estimate(&traced, 1000, None, &untraced).unwrap();
+        assert!((u.requests_per_sec - 30_000.0).abs() < 1e-6);
+        assert!((u.cpu_per_request_us - 20.0).abs() < 1e-9);
+        assert_eq!(u.io_calls_per_request, 2.0);
+        // Stalls of 12.5 ms: 20,000/s x 12.5 ms = 250 requests in flight at the burst's
+        // edges, whose 500 calls the burst counted: 2000 calls for 1250 requests.
+        let v = estimate(&traced, 1000, Some(12_500.0), &untraced).unwrap();
+        assert!((v.io_calls_per_request - 1.6).abs() < 1e-9, "{v:?}");
+        assert!((v.requests_per_sec - 37_500.0).abs() < 1e-6, "{v:?}");
+        // Too few requests, too short, or a server whose requests the counters miss.
+        assert_eq!(estimate(&traced, 10, None, &untraced), None);
+        let short = Part {
+            secs: 0.05,
+            ..untraced
+        };
+        assert_eq!(estimate(&traced, 1000, None, &short), None);
+        let recv_send = Part {
+            io_calls: 100,
+            ..traced
+        };
+        assert_eq!(estimate(&recv_send, 1000, None, &untraced), None);
+    }
+
+    #[test]
+    fn edges_book_their_stretch() {
+        let pid = std::process::id();
+        let mut l = Ledger::default();
+        l.edge(pid, Stretch::Neither);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        l.edge(pid, Stretch::Traced);
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        l.edge(pid, Stretch::Neither);
+        std::thread::sleep(std::time::Duration::from_millis(40));
+        l.edge(pid, Stretch::Untraced);
+        assert!(l.traced.secs >= 0.02 && l.traced.secs < 0.03 + 0.02);
+        assert!(l.untraced.secs >= 0.04 && l.untraced.secs < 0.04 + 0.03);
+        assert_eq!((l.traced.stretches, l.untraced.stretches), (1, 1));
+        // Closing resets both for the next window.
+        l.close(0, None);
+        assert_eq!(l.traced, Part::default());
+        assert_eq!(l.untraced, Part::default());
+    }
+}
