@@ -50,7 +50,10 @@ static void usage(FILE *f, const char *prog)
             "  --size BYTES    request/response size 1..%zu (default 1024)\n"
             "  --cpu-us U      CPU work per request in microseconds, >= 0,\n"
             "                  fractional allowed (default 0)\n"
-            "Prints \"READY port=<port>\" on stdout once listening.\n",
+            "Prints \"READY port=<port>\" on stdout once listening.\n"
+            "With --cpu-us, the busy loop is calibrated at start (its rate goes to\n"
+            "stderr); TOFFLOAD_CPU_ITERS_PER_US=R uses rate R instead, so that several\n"
+            "servers do the same work per request.\n",
             prog, MAX_REQ_SIZE);
 }
 
@@ -78,6 +81,7 @@ static long long parse_uint(const char *s, long long lo, long long hi)
 }
 
 static void calibrate(void);
+static double iters_per_us;
 
 void server_setup(const char *prog, int argc, char **argv, struct server_opts *o)
 {
@@ -170,8 +174,29 @@ void server_setup(const char *prog, int argc, char **argv, struct server_opts *o
             warn_errno(prog, "setrlimit(RLIMIT_NOFILE)", errno);
     }
 
-    if (o->cpu_us > 0)
-        calibrate();
+    if (o->cpu_us > 0) {
+        /* A server that calibrates on a slow moment of a shared host does less work
+         * per request than the next one: a benchmark comparing servers passes one
+         * rate to all. */
+        const char *fixed = getenv("TOFFLOAD_CPU_ITERS_PER_US");
+        if (fixed && *fixed) {
+            char *end;
+            errno = 0;
+            double r = strtod(fixed, &end);
+            if (errno || *end || !(r > 0) || r > 1e9) {
+                fprintf(stderr,
+                        "%s: invalid TOFFLOAD_CPU_ITERS_PER_US '%s': expected a positive "
+                        "number of iterations per microsecond\n",
+                        prog, fixed);
+                exit(2);
+            }
+            iters_per_us = r;
+        } else {
+            calibrate();
+            fprintf(stderr, "%s: cpu work calibrated: TOFFLOAD_CPU_ITERS_PER_US=%.6f\n", prog,
+                    iters_per_us);
+        }
+    }
 }
 
 /* ---- listening socket ------------------------------------------------ */
@@ -249,9 +274,9 @@ int set_nodelay(int fd)
 
 /* ---- CPU work -------------------------------------------------------- */
 
-/* Iterations of mix() per microsecond. Written once by calibrate() before any
- * thread exists, read-only afterwards. */
-static double iters_per_us;
+/* Iterations of mix() per microsecond (declared above). Written once by
+ * calibrate() or from TOFFLOAD_CPU_ITERS_PER_US before any thread exists,
+ * read-only afterwards. */
 
 /* splitmix64-style mixing over a small array. Each step depends on the
  * previous one (h), so the loop is latency-bound and cannot be collapsed. */

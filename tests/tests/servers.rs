@@ -51,6 +51,50 @@ fn conn_server_answers_correctly_both_wait_styles() {
     }
 }
 
+/// TOFFLOAD_CPU_ITERS_PER_US fixes the busy loop's rate (benchmarks give every server
+/// one calibration): a tiny rate makes --cpu-us 2000 nearly free, the calibrated one
+/// does not; a malformed rate is refused with exit 2.
+#[test]
+fn cpu_work_rate_can_be_fixed_and_a_bad_one_is_refused() {
+    let _serial = serial();
+    let p50 = |rate: Option<&str>| {
+        let mut spec = ServerSpec::new("conn_server")
+            .arg("--cpu-us")
+            .arg("2000")
+            .env("TOFFLOAD_EMU_LAT_US", "1")
+            .env("TOFFLOAD_WAIT", "block");
+        if let Some(r) = rate {
+            spec = spec.env("TOFFLOAD_CPU_ITERS_PER_US", r);
+        }
+        let s = start(spec);
+        let r = load(&s, 1, 0.5);
+        assert_clean(&format!("conn_server rate {rate:?}"), &r);
+        r.p50_us
+    };
+    let calibrated = p50(None);
+    let fixed = p50(Some("0.001"));
+    // Calibrated on a slow moment of a shared host, the loop can do half its work:
+    // still a millisecond, against microseconds for two iterations.
+    assert!(calibrated >= 1000.0, "calibrated: p50 {calibrated} us");
+    assert!(
+        fixed < calibrated / 4.0,
+        "2 iterations per request: p50 {fixed} us"
+    );
+    for bad in ["abc", "0", "-1", "1e10", "5x"] {
+        let out = std::process::Command::new(harness::bin("conn_server").unwrap())
+            .args(["--port", "0", "--cpu-us", "1"])
+            .env("TOFFLOAD_CPU_ITERS_PER_US", bad)
+            .output()
+            .expect("conn_server");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(
+            err.contains("invalid TOFFLOAD_CPU_ITERS_PER_US"),
+            "{bad}: {err}"
+        );
+    }
+}
+
 #[test]
 fn conn_server_large_requests() {
     let _serial = serial();

@@ -71,10 +71,42 @@ const POINTS: &[Point] = &[
     p(200, 64, 400, "block", 64),
 ];
 
+/// conn_server's busy-loop rate (iterations per us), the best of three start-up
+/// calibrations: every server of the run then does the same work per request. Each
+/// calibrating for itself, one that started on a slow moment of the host did half the
+/// work of the others (a 400 us point measured 226 us per request watched, ~460
+/// unwatched).
+fn cpu_rate() -> Result<f64, String> {
+    use std::io::BufRead;
+    let mut best: f64 = 0.0;
+    for _ in 0..3 {
+        let mut child = Command::new(harness::bin("conn_server")?)
+            .args(["--port", "0", "--cpu-us", "1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("conn_server: {e}"))?;
+        let stderr = std::io::BufReader::new(child.stderr.take().expect("piped"));
+        let rate = stderr.lines().map_while(Result::ok).find_map(|l| {
+            l.split_once("TOFFLOAD_CPU_ITERS_PER_US=")
+                .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+        });
+        let _ = child.kill();
+        let _ = child.wait();
+        best = best.max(rate.ok_or("conn_server printed no calibration")?);
+    }
+    Ok(best)
+}
+
 fn spec(pt: Point, runtime: bool) -> Result<ServerSpec, String> {
     let mut s = ServerSpec::new("conn_server")
         .arg("--cpu-us")
         .arg(pt.cpu_us.to_string())
+        .env(
+            "TOFFLOAD_CPU_ITERS_PER_US",
+            format!("{:.6}", cpu_rate_once()?),
+        )
         .env("TOFFLOAD_EMU_LAT_US", pt.lat.to_string())
         .env("TOFFLOAD_EMU_LANES", pt.lanes.to_string())
         .env("TOFFLOAD_WAIT", pt.wait)
@@ -90,6 +122,12 @@ fn spec(pt: Point, runtime: bool) -> Result<ServerSpec, String> {
         s = s.env("LD_PRELOAD", lib.display().to_string());
     }
     Ok(s)
+}
+
+/// cpu_rate(), measured on first use.
+fn cpu_rate_once() -> Result<f64, String> {
+    static RATE: std::sync::OnceLock<Result<f64, String>> = std::sync::OnceLock::new();
+    RATE.get_or_init(cpu_rate).clone()
 }
 
 fn drive(port: u16, conns: usize, secs: f64) -> Result<load::Report, String> {
@@ -296,11 +334,13 @@ fn run(a: &Args) -> Result<(), String> {
         let _ = writeln!(table, "{row}");
     }
     let med = median(errors.clone());
+    let rate = cpu_rate_once()?;
     let worst = errors.iter().cloned().fold(0.0, f64::max);
     let summary = format!(
         "\nMedian absolute error {:.0}% (target <= 15%: {}), worst {:.0}% (target <= 35%: {}), \
          behind-wall points predicted as no gain (< 1.10x): {}. {} points, {} run(s) each, {:.1} s \
-         per run; load average {}.\n",
+         per run; conn_server's CPU work at {rate:.3} iterations/us for every server (best of \
+         three calibrations); load average {}.\n",
         med * 100.0,
         if med <= 0.15 { "met" } else { "NOT met" },
         worst * 100.0,
