@@ -40,20 +40,10 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// utime + stime of a process, seconds (/proc/PID/stat fields 14 and 15). The
-/// kernel-side programs run in the server's own context, so their cost lands here.
+/// utime + stime of a process, seconds. The kernel-side programs run in the server's
+/// own context, so their cost lands here.
 fn cpu_secs(pid: u32) -> f64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|v| v.parse().ok())
-        .collect();
-    // SAFETY: no arguments.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    f.iter().sum::<u64>() as f64 / hz
+    toffload_watch::untraced::cpu_secs(pid).unwrap_or(0.0)
 }
 
 /// A watcher on `pid` with extra flags (none: the default, the 0.5% overhead budget).

@@ -33,13 +33,18 @@ pub struct Reading {
 impl Reading {
     pub fn take(pid: u32) -> Option<Reading> {
         let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         Some(Reading {
             at: Instant::now(),
             io_calls: io_calls(&io)?,
-            cpu_s: cpu_ticks(&stat)? as f64 / clock_ticks_per_sec(),
+            cpu_s: cpu_secs(pid)?,
         })
     }
+}
+
+/// A process's CPU time so far, all its threads (utime + stime), seconds.
+pub fn cpu_secs(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(cpu_ticks(&stat)? as f64 / clock_ticks_per_sec())
 }
 
 /// syscr + syscw of a /proc/PID/io text.
