@@ -57,10 +57,22 @@ const C_OFFLOAD_SLEEPS: u32 = 18;
 /// total, taken at its end, may have begun windows earlier).
 const C_ON_IN_NS: u32 = 19;
 const C_ON_OUT_NS: u32 = 20;
+/// Syscalls outside offload calls that slept (a read waiting for the next request),
+/// and their on-CPU time: what such a sleep costs the thread (the call, the switch
+/// out, the switch back in), which fibers replace with a yield.
+const C_SLEPT_SYSCALLS: u32 = 21;
+const C_SLEPT_SYSCALL_ON_NS: u32 = 22;
+/// The same inside offload calls (a blocking wait's futex): the sleep's own cost,
+/// without the submit around it, which fibers pay too.
+const C_SLEPT_IN_SYSCALLS: u32 = 23;
+const C_SLEPT_IN_SYSCALL_ON_NS: u32 = 24;
 const N_COUNTERS: u32 = 32;
 
 /// Thread flags.
 const F_EXITED: u32 = 1;
+/// An outside part is being timed: the thread's last offload returned while tracing,
+/// and `out_ns` sums its on-CPU time since.
+const F_OUT_OPEN: u32 = 2;
 
 /// Per-thread state, keyed by tid. Written only from the thread's own context or by
 /// the scheduler tracepoints that serialize on it, so plain stores are enough.
@@ -93,6 +105,11 @@ pub struct ThreadInfo {
     pub offload_wake_ns: u64,
     /// The attach epoch the timestamps above belong to (see CONFIG).
     pub epoch: u64,
+    /// On-CPU time since the last offload returned (see F_OUT_OPEN).
+    pub out_ns: u64,
+    /// The thread's on-CPU clock and voluntary switches when its syscall began.
+    pub sys_on0: u64,
+    pub sys_vol0: u64,
 }
 
 impl ThreadInfo {
@@ -116,6 +133,9 @@ impl ThreadInfo {
             futex_calls: 0,
             offload_wake_ns: 0,
             epoch,
+            out_ns: 0,
+            sys_on0: 0,
+            sys_vol0: 0,
         }
     }
 }
@@ -158,6 +178,11 @@ static DONE_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS,
 static SPIN_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(11, 0);
 #[map]
 static WAKE_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS, 0);
+/// Each request's on-CPU time outside the offload, ns: from an offload's return to
+/// the thread's next offload call. Its spread tells the warm cost of a request from
+/// the cost of one that came back to cold caches.
+#[map]
+static OUTSIDE_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS, 0);
 #[map]
 static STACKS: StackTrace = StackTrace::with_max_entries(2048, 0);
 /// Futex calls per user stack id (best effort: a full bucket drops the stack, never
@@ -293,6 +318,16 @@ fn epoch() -> u64 {
     CONFIG.get(0).copied().unwrap_or(0)
 }
 
+/// The thread's on-CPU time so far, the running stretch included.
+#[inline(always)]
+fn on_cpu_clock(t: &ThreadInfo, now: u64) -> u64 {
+    if t.on_since != 0 {
+        t.on_ns + now.saturating_sub(t.on_since)
+    } else {
+        t.on_ns
+    }
+}
+
 /// A thread's entry, its timestamps reset when they predate the current epoch.
 #[inline(always)]
 fn thread(tid: u32) -> Option<*mut ThreadInfo> {
@@ -307,6 +342,8 @@ fn thread(tid: u32) -> Option<*mut ThreadInfo> {
         t.wake_ts = 0;
         t.offload_depth = 0;
         t.sys_ts = 0;
+        // An outside part that spans a detached gap has lost part of its CPU.
+        t.flags &= !F_OUT_OPEN;
     }
     Some(p)
 }
@@ -351,6 +388,8 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     let t = unsafe { &mut *t };
     t.sys_nr = nr;
     t.sys_ts = now;
+    t.sys_on0 = on_cpu_clock(t, now);
+    t.sys_vol0 = t.vol;
     if nr == NR_FUTEX {
         add(C_FUTEX_TOTAL, 1);
         t.futex_calls += 1;
@@ -449,6 +488,27 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     let dt = now.saturating_sub(t.sys_ts);
     let nr = t.sys_nr;
     t.sys_ts = 0;
+    // Only threads that call the offload: a helper's sleeps (a device engine's) are
+    // not a request's.
+    if t.vol != t.sys_vol0 && (t.offload_depth > 0 || t.offload_calls > 0) {
+        let inside = t.offload_depth > 0;
+        add(
+            if inside {
+                C_SLEPT_IN_SYSCALLS
+            } else {
+                C_SLEPT_SYSCALLS
+            },
+            1,
+        );
+        add(
+            if inside {
+                C_SLEPT_IN_SYSCALL_ON_NS
+            } else {
+                C_SLEPT_SYSCALL_ON_NS
+            },
+            on_cpu_clock(t, now).saturating_sub(t.sys_on0),
+        );
+    }
     if nr >= NR_MAX {
         return 0;
     }
@@ -489,6 +549,9 @@ fn on_switch(prev_pid: u32, involuntary: bool, next_pid: u32) -> u32 {
                     },
                     d,
                 );
+                if t.offload_depth == 0 && t.flags & F_OUT_OPEN != 0 {
+                    t.out_ns += d;
+                }
             }
             t.on_since = 0;
             t.off_since = now;
@@ -704,6 +767,11 @@ pub fn offload_enter(_ctx: ProbeContext) -> u32 {
         // SAFETY: own thread's entry.
         let t = unsafe { &mut *t };
         if t.offload_depth == 0 {
+            if t.flags & F_OUT_OPEN != 0 && t.on_since != 0 {
+                let d = now.saturating_sub(t.on_since);
+                bump(&OUTSIDE_HIST, fine_bucket(t.out_ns + d));
+            }
+            t.flags &= !F_OUT_OPEN;
             split_on_cpu(t, now, C_ON_OUT_NS);
             t.offload_start = now;
             t.offload_off0 = t.off_ns;
@@ -735,6 +803,8 @@ pub fn offload_exit(_ctx: RetProbeContext) -> u32 {
     }
     let now = unsafe { bpf_ktime_get_ns() };
     split_on_cpu(t, now, C_ON_IN_NS);
+    t.out_ns = 0;
+    t.flags |= F_OUT_OPEN;
     let stall = now.saturating_sub(t.offload_start);
     // Every off-CPU interval of the stall was closed by the switch that brought the
     // thread back, so off_ns now includes all of them.

@@ -32,6 +32,12 @@ pub const C_OFFLOAD_SLEEPS: usize = 18;
 /// On-CPU time inside and outside offload calls (split at the probes).
 pub const C_ON_IN_NS: usize = 19;
 pub const C_ON_OUT_NS: usize = 20;
+/// Syscalls outside offload calls that slept, and their on-CPU time.
+pub const C_SLEPT_SYSCALLS: usize = 21;
+pub const C_SLEPT_SYSCALL_ON_NS: usize = 22;
+/// The same inside offload calls.
+pub const C_SLEPT_IN_SYSCALLS: usize = 23;
+pub const C_SLEPT_IN_SYSCALL_ON_NS: usize = 24;
 
 pub const F_EXITED: u32 = 1;
 
@@ -57,9 +63,12 @@ pub struct ThreadInfo {
     pub futex_calls: u64,
     pub offload_wake_ns: u64,
     pub epoch: u64,
+    pub out_ns: u64,
+    pub sys_on0: u64,
+    pub sys_vol0: u64,
 }
 
-// SAFETY: repr(C), only integers, no padding (4 + 4 + 16 * 8 bytes).
+// SAFETY: repr(C), only integers, no padding (4 + 4 + 19 * 8 bytes).
 unsafe impl aya::Pod for ThreadInfo {}
 
 /// ebpf/src/main.rs `Site`: a futex syscall's user address and the word at the
@@ -110,7 +119,7 @@ mod tests {
 
     #[test]
     fn thread_info_has_the_kernel_size() {
-        assert_eq!(std::mem::size_of::<ThreadInfo>(), 8 + 16 * 8);
+        assert_eq!(std::mem::size_of::<ThreadInfo>(), 8 + 19 * 8);
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub struct Snapshot {
     pub stall: Hist,
     /// Stall minus its wake-up delay.
     pub done: Hist,
+    /// Each request's on-CPU time outside the offload (OUTSIDE_HIST).
+    pub outside: Hist,
     /// Stalls by on-CPU share in tenths (11 buckets).
     pub spin_tenths: Vec<u64>,
     pub wake: Hist,
@@ -57,6 +59,7 @@ impl Snapshot {
             syscalls: vec![0; abi::NR_MAX * 2],
             stall: Hist::fine(vec![0; abi::FINE_BUCKETS]),
             done: Hist::fine(vec![0; abi::FINE_BUCKETS]),
+            outside: Hist::fine(vec![0; abi::FINE_BUCKETS]),
             spin_tenths: vec![0; 11],
             wake: Hist::fine(vec![0; abi::FINE_BUCKETS]),
             ..Default::default()
@@ -70,6 +73,7 @@ pub struct Collector {
     sys_hist: PerCpuArray<MapData, u64>,
     stall: PerCpuArray<MapData, u64>,
     done: PerCpuArray<MapData, u64>,
+    outside: PerCpuArray<MapData, u64>,
     spin_hist: PerCpuArray<MapData, u64>,
     wake: PerCpuArray<MapData, u64>,
     threads: HashMap<MapData, u32, ThreadInfo>,
@@ -105,6 +109,7 @@ impl Collector {
             sys_hist: take(bpf, "SYS_HIST")?,
             stall: take(bpf, "STALL_HIST")?,
             done: take(bpf, "DONE_HIST")?,
+            outside: take(bpf, "OUTSIDE_HIST")?,
             spin_hist: take(bpf, "SPIN_HIST")?,
             wake: take(bpf, "WAKE_HIST")?,
             threads: take(bpf, "THREADS")?,
@@ -148,6 +153,7 @@ impl Collector {
         }
         let stall = Hist::fine(Self::array(&self.stall, abi::FINE_BUCKETS));
         let done = Hist::fine(Self::array(&self.done, abi::FINE_BUCKETS));
+        let outside = Hist::fine(Self::array(&self.outside, abi::FINE_BUCKETS));
         let spin_tenths = Self::array(&self.spin_hist, 11);
         let wake = Hist::fine(Self::array(&self.wake, abi::FINE_BUCKETS));
 
@@ -206,6 +212,7 @@ impl Collector {
             sys_hists: self.sys_hists.clone(),
             stall,
             done,
+            outside,
             spin_tenths,
             wake,
             futex,

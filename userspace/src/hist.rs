@@ -35,6 +35,22 @@ impl Hist {
         }
     }
 
+    /// The mean, each count taken at its bucket's middle (None when empty).
+    pub fn mean(&self) -> Option<f64> {
+        let total = self.total();
+        if total == 0 {
+            return None;
+        }
+        let sum: f64 = (self.counts.iter().enumerate())
+            .filter(|(_, &c)| c > 0)
+            .map(|(i, &c)| {
+                let (lo, w) = self.bounds(i);
+                c as f64 * (lo + w / 2.0)
+            })
+            .sum();
+        Some(sum / total as f64)
+    }
+
     /// The q-quantile (0..=1) in the histogram's unit, None when empty.
     pub fn quantile(&self, q: f64) -> Option<f64> {
         let total = self.total();
@@ -126,6 +142,14 @@ mod tests {
         assert!((p50 - 500_000.0).abs() / 500_000.0 < 0.04, "{p50}");
         assert!((p99 - 990_000.0).abs() / 990_000.0 < 0.04, "{p99}");
         assert_eq!(Hist::fine(vec![0; 8]).quantile(0.5), None);
+    }
+
+    #[test]
+    fn mean_of_a_spread() {
+        let v: Vec<u64> = (1..=10_000).map(|i| i * 100).collect();
+        let m = fine_of(&v).mean().unwrap();
+        assert!((m - 500_050.0).abs() / 500_050.0 < 0.03, "{m}");
+        assert_eq!(Hist::fine(vec![0; 8]).mean(), None);
     }
 
     #[test]

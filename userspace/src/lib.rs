@@ -23,6 +23,7 @@ pub mod runtime_counters;
 pub mod session;
 pub mod sink;
 pub mod spawn;
+pub mod steal;
 pub mod syscalls;
 pub mod target;
 pub mod untraced;

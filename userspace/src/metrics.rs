@@ -43,6 +43,37 @@ pub struct Offload {
     /// Sleeps (voluntary switches) per offload call: about one for a blocking wait,
     /// none for a spinning one, however long it is preempted.
     pub sleeps_per_call: Option<f64>,
+    /// On-CPU time of a syscall that slept inside an offload call (a blocking wait's
+    /// futex), us each: the sleep's own cost, the call, the switch out and back in,
+    /// without the submit around it.
+    pub slept_syscall_us: Option<f64>,
+}
+
+/// The distribution of a request's on-CPU time outside the offload, us. Its low end
+/// is the request run on warm caches; a thread that comes back to a core other
+/// threads have used pays more, and the mean shows both.
+#[derive(Clone, Debug, Serialize)]
+pub struct OutsideCpu {
+    pub requests: u64,
+    pub mean_us: f64,
+    pub p10_us: f64,
+    pub p25_us: f64,
+    pub p50_us: f64,
+    pub p90_us: f64,
+}
+
+impl OutsideCpu {
+    fn from(h: &crate::hist::Hist) -> Option<OutsideCpu> {
+        let q = |p: f64| h.quantile(p).map(|ns| ns / 1e3);
+        Some(OutsideCpu {
+            requests: h.total(),
+            mean_us: h.mean()? / 1e3,
+            p10_us: q(0.10)?,
+            p25_us: q(0.25)?,
+            p50_us: q(0.50)?,
+            p90_us: q(0.90)?,
+        })
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -89,6 +120,16 @@ pub struct Window {
     /// On-CPU time of the target's threads that made no offload call in the window
     /// (a device's engine, an acceptor): a cost per second, not per request.
     pub helper_on_cpu_ms: f64,
+    /// Each request's on-CPU time outside the offload, from one offload's return to
+    /// the thread's next call, as a distribution (None before any was closed).
+    pub outside_cpu: Option<OutsideCpu>,
+    /// On-CPU time of a syscall that slept outside the offload (a read waiting for
+    /// the next request), us per such call: the call, the switch out and back in.
+    pub slept_syscall_us: Option<f64>,
+    pub slept_syscalls_per_request: Option<f64>,
+    /// Share of the target's cores' time the hypervisor gave other guests in the
+    /// window (steal.rs; set by the session).
+    pub steal_share: Option<f64>,
     pub futex: Origins,
     pub futex_per_request: Option<PerRequest<f64>>,
     pub switches: Switches,
@@ -206,6 +247,7 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         })
         .collect();
     let done = cur.done.minus(&prev.done);
+    let outside_cpu = OutsideCpu::from(&cur.outside.minus(&prev.outside));
     let stall_ns = d(abi::C_OFFLOAD_NS);
     let stall_off_ns = d(abi::C_OFFLOAD_OFF_NS).min(stall_ns);
     let spin_ns = stall_ns - stall_off_ns;
@@ -231,6 +273,9 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         stall_p1_us: stall.quantile(0.01).map(|v| v / 1e3),
         sleeps_per_call: (offload_calls > 0)
             .then(|| d(abi::C_OFFLOAD_SLEEPS) as f64 / offload_calls as f64),
+        slept_syscall_us: (d(abi::C_SLEPT_IN_SYSCALLS) > 0).then(|| {
+            d(abi::C_SLEPT_IN_SYSCALL_ON_NS) as f64 / d(abi::C_SLEPT_IN_SYSCALLS) as f64 / 1e3
+        }),
     };
     // Per-thread deltas of the threads that waited on the offload.
     let (mut offload_threads, mut offload_thread_vol, mut offload_thread_invol) =
@@ -330,6 +375,11 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         on_cpu_per_request_us: per_req(on_ns as f64 / 1e3),
         on_cpu_ms: on_ns as f64 / 1e6,
         helper_on_cpu_ms: helper_on_ns as f64 / 1e6,
+        outside_cpu,
+        slept_syscall_us: (d(abi::C_SLEPT_SYSCALLS) > 0)
+            .then(|| d(abi::C_SLEPT_SYSCALL_ON_NS) as f64 / d(abi::C_SLEPT_SYSCALLS) as f64 / 1e3),
+        slept_syscalls_per_request: per_req(d(abi::C_SLEPT_SYSCALLS) as f64),
+        steal_share: None,
         futex,
         futex_per_request,
         switches: Switches {

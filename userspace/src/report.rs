@@ -176,6 +176,22 @@ pub fn window_text(w: &Window, title: &str) -> String {
             pct(o.stalls_mostly_blocked)
         );
     }
+    if let Some(c) = &w.outside_cpu {
+        let _ = writeln!(
+            s,
+            "  CPU outside the offload per request: p10 {:.1} p25 {:.1} p50 {:.1} p90 {:.1} \
+             us ({} requests); syscalls that slept there: {} per request at {} each",
+            c.p10_us,
+            c.p25_us,
+            c.p50_us,
+            c.p90_us,
+            c.requests,
+            w.slept_syscalls_per_request
+                .map(|x| format!("{x:.2}"))
+                .unwrap_or_else(|| "-".into()),
+            opt(w.slept_syscall_us, " us"),
+        );
+    }
     let _ = writeln!(
         s,
         "  futex {} libc / {} raw / {} offload / {} unknown{fp}",

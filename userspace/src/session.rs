@@ -17,6 +17,7 @@ use crate::probe_cost::{self, ProbeCost};
 use crate::report::{Final, Header, ThreadRow};
 use crate::runtime_counters;
 use crate::sink::{Event, Sink, UserCmd};
+use crate::steal;
 use crate::target::{self, AddressSpace};
 use crate::untraced::{self, Stretch};
 use aya::Ebpf;
@@ -96,6 +97,8 @@ struct Tracked {
     maps_len: usize,
     counters_at: Option<u64>,
     facts: model::inputs::TargetFacts,
+    /// The hypervisor's steal on the target's cores, per window.
+    steal: steal::Meter,
     /// Sampling: attached now, since when, traced time so far, the epoch.
     on: bool,
     on_since: Duration,
@@ -146,8 +149,10 @@ impl Tracked {
             runtime: header.runtime.clone(),
             offload_probed: !a.probes.offload.is_empty(),
         };
+        let facts = model::inputs::TargetFacts::read(pid);
         Ok(Tracked {
-            facts: model::inputs::TargetFacts::read(pid),
+            steal: steal::Meter::new(facts.cpus.clone()),
+            facts,
             a,
             collector,
             header,
@@ -231,6 +236,7 @@ impl Tracked {
         self.prev = cur;
         self.ledger.edge(self.pid(), self.stretch());
         w.untraced = self.ledger.close(w.requests, w.offload.stall_mean_us);
+        w.steal_share = self.steal.share();
         w.watcher = watch_cost(&w, self.header.probe_cost.as_ref(), budget, duty);
         w.model = self.assess(&w);
         w

@@ -205,6 +205,80 @@ fn count_k(raw_sched: bool) {
     }
 }
 
+/// A program whose every request spends a known BUSY us of its own CPU outside the
+/// offload, then sleeps once: the outside-CPU distribution must sit at BUSY (plus
+/// the sleep's few us), and each sleep must count as a slept syscall. Without the
+/// busy loop the same distribution sits near zero, so the test cannot pass on a
+/// histogram that does not follow the program.
+#[test]
+fn outside_cpu_and_slept_syscalls_follow_the_program() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    const K: u64 = 400;
+    // A spinning wait sleeps only outside the offload; a blocking one (200 us, long
+    // enough that every wait sleeps) also inside it, in its futex.
+    for (busy, wait) in [(0.0, "spin"), (200.0, "spin"), (0.0, "block")] {
+        let mut c = watch_cmd();
+        c.args(["run", "--json", "--sample", "100", "--"])
+            .arg(harness::bin("kmix").expect("kmix built"))
+            .arg(K.to_string())
+            .arg(format!("{busy}"))
+            .env("TOFFLOAD_WAIT", wait)
+            .env(
+                "TOFFLOAD_EMU_LAT_US",
+                if wait == "spin" { "20" } else { "200" },
+            );
+        let (code, lines, err) = Watcher::start(c).finish();
+        assert_eq!(code, 0, "{err:?}");
+        let total = &get(&lines, "final")["total"];
+        let o = &total["outside_cpu"];
+        let (n, p10, p50, p90) = (
+            o["requests"].as_u64().expect("outside_cpu.requests"),
+            o["p10_us"].as_f64().unwrap(),
+            o["p50_us"].as_f64().unwrap(),
+            o["p90_us"].as_f64().unwrap(),
+        );
+        let slept = total["slept_syscalls_per_request"].as_f64().expect("slept");
+        let slept_us = total["slept_syscall_us"].as_f64().expect("slept us");
+        println!(
+            "busy {busy} us: {n} outside parts, p10 {p10:.1} p50 {p50:.1} p90 {p90:.1} us; \
+             {slept:.2} slept syscalls per request at {slept_us:.1} us"
+        );
+        // K offloads close K - 1 outside parts (the last one never ends in a call).
+        assert!((n as i64 - (K as i64 - 1)).abs() <= 2, "{n} outside parts");
+        assert!(p10 <= p50 && p50 <= p90, "{o}");
+        // The busy loop, plus the sleep's on-CPU share and the probes' few us.
+        assert!(
+            p50 >= busy && p50 < busy + 60.0,
+            "p50 {p50} for busy {busy}"
+        );
+        // Every nanosleep sleeps once and follows an offload.
+        assert!(
+            (0.9..=1.1).contains(&slept),
+            "{slept} slept syscalls per request"
+        );
+        assert!(
+            slept_us > 0.0 && slept_us < 100.0,
+            "{slept_us} us per slept syscall"
+        );
+        let inside = total["offload"]["slept_syscall_us"].as_f64();
+        let sleeps = total["offload"]["sleeps_per_call"].as_f64().unwrap();
+        println!("  {wait}: {sleeps:.2} sleeps per offload call, {inside:?} us each");
+        if wait == "spin" {
+            assert_eq!(inside, None, "a spin has no sleep inside the offload");
+        } else {
+            assert!((0.9..=1.1).contains(&sleeps), "{sleeps} sleeps per call");
+            let inside = inside.expect("the futex's sleeps");
+            assert!(
+                inside > 0.0 && inside < 100.0,
+                "{inside} us per sleep inside"
+            );
+        }
+    }
+}
+
 fn verdict_of(spec: ServerSpec, conns: usize) -> (String, String) {
     let server = Server::start(&spec).expect("server");
     let w = watch_pid(server.pid(), 3.0);

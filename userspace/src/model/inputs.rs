@@ -3,15 +3,16 @@
 //! (the cores it may use, the runtime knobs and device it was started with).
 
 use super::Inputs;
-use crate::metrics::Window;
+use crate::metrics::{OutsideCpu, Window};
 use crate::probe_cost::ProbeCost;
 use std::collections::HashMap;
 
 /// What the model needs about the target besides a window.
 #[derive(Clone, Debug, Default)]
 pub struct TargetFacts {
-    /// Cores in the process's affinity mask.
+    /// Cores in the process's affinity mask, and which.
     pub cores: usize,
+    pub cpus: Vec<usize>,
     /// Its environment (as it was started: /proc/PID/environ).
     pub env: HashMap<String, String>,
     /// libtoffload_accel.so is mapped: the device knobs in `env` apply.
@@ -20,8 +21,10 @@ pub struct TargetFacts {
 
 impl TargetFacts {
     pub fn read(pid: u32) -> TargetFacts {
+        let cpus = affinity_cpus(pid).unwrap_or_else(|| (0..online_cores()).collect::<Vec<_>>());
         TargetFacts {
-            cores: affinity_cores(pid).unwrap_or_else(online_cores),
+            cores: cpus.len().max(1),
+            cpus,
             env: environ(pid),
             accel_mapped: std::fs::read_to_string(format!("/proc/{pid}/maps"))
                 .is_ok_and(|m| m.contains("libtoffload_accel.so")),
@@ -70,6 +73,11 @@ impl TargetFacts {
 /// A measured latency this many times the device's configured one is stretched (the
 /// engine's completions were seen 1.3-1.9x late at 1 ms, 64 connections).
 const STRETCHED: f64 = 1.1;
+/// Steal beyond this share is taken as this share: a window the host starved that
+/// badly says little of the server.
+const MAX_STEAL: f64 = 0.5;
+/// Requests whose outside CPU was timed whole before its warm quartile is read.
+const WARM_MIN_REQUESTS: u64 = 20;
 
 /// The inputs from one stock window; None when the window cannot feed the model (no
 /// offload seen, or no CPU figure).
@@ -116,25 +124,33 @@ pub fn from_window(
     // their share of a core its spinners crowd: a cost per second that, spread over
     // the few requests the spinners finish, would read as tens of us per request.
     // Under fibers the same cost spreads over a hundred times the requests.
-    let cpu = if spin {
+    let connections = w.offload_threads.max(1) as f64;
+    let (cpu, cpu_warm_quartile) = if spin {
         let helpers_us = w.helper_on_cpu_ms * 1e3 / w.requests as f64;
-        (w.cpu_per_request_us? - helpers_us).max(0.0)
+        let mean = (w.cpu_per_request_us? - helpers_us).max(0.0);
+        spin_cpu_us(w.outside_cpu.as_ref(), mean, connections, cores)
     } else {
-        w.on_cpu_per_request_us?
+        (w.on_cpu_per_request_us?, false)
     };
     Some(Inputs {
         stock_rps: w.requests_per_sec,
         latency_us: latency,
         cpu_per_request_us: cpu,
+        cpu_warm_quartile,
         spin,
-        connections: w.offload_threads.max(1) as f64,
+        connections,
         cores,
+        cpu_available: 1.0 - w.steal_share.unwrap_or(0.0).clamp(0.0, MAX_STEAL),
         carriers: (facts.carriers() as f64).min(cores),
         switch_us: switch_us.unwrap_or(0.0),
         blocking_switches_per_request: w.blocking_switches_per_request.unwrap_or(0.0),
         preemptions_per_request: w.preemptions_per_request.unwrap_or(0.0),
+        // A spinner sleeps only outside the offload, waiting for its next request:
+        // that syscall's on-CPU time is its sleep's cost (12-15 us on a core 64
+        // spinners crowd, 8x the calibrated switch).
         sleep_cost_us: if spin {
-            None
+            w.slept_syscall_us
+                .map(|us| slept_syscall_unwatched(us, cost))
         } else {
             w.sleep_cost_us.map(|us| {
                 let calls = w.offload.calls as f64;
@@ -172,6 +188,34 @@ fn sleep_cost_unwatched(
     (measured_us - watch_ns / units / 1e3).max(0.0)
 }
 
+/// A spinning request's c, the CPU it takes outside the offload. Spinners that
+/// outnumber the cores run once per scheduling round (each spins a whole time
+/// slice): a request comes back to caches that the other threads and the host have
+/// had a round to cool, 64 x a slice, a quarter of a second. Fibers cycle through
+/// the same connections in about a millisecond. The spread of each request's own
+/// outside CPU shows it (64 spinners on one core: 20-25 us at its 10th percentile,
+/// 35-55 us on average, a tail past 100 us); its warm quartile is what fibers pay.
+/// Otherwise, or with too few requests timed whole, the window's mean (`mean_us`,
+/// the helper threads' share already out). True when it is the warm quartile.
+fn spin_cpu_us(
+    outside: Option<&OutsideCpu>,
+    mean_us: f64,
+    connections: f64,
+    cores: f64,
+) -> (f64, bool) {
+    match outside {
+        Some(o) if connections > cores && o.requests >= WARM_MIN_REQUESTS => (o.p25_us, true),
+        _ => (mean_us, false),
+    }
+}
+
+/// A slept syscall's cost without the watch's: its entry and exit probes and its
+/// switch's.
+fn slept_syscall_unwatched(measured_us: f64, cost: Option<&ProbeCost>) -> f64 {
+    let Some(c) = cost else { return measured_us };
+    (measured_us - (c.syscall_ns + c.switch_ns) / 1e3).max(0.0)
+}
+
 /// The watch's cost inside a spinning request's c, the part outside its offload: the
 /// request's read and write, the half of the offload probes' trap that falls outside
 /// the call's timestamps, and its sleeps there (waiting for the next request). The
@@ -181,27 +225,33 @@ fn spin_watch_outside_us(c: &ProbeCost, sleeps_per_request: f64) -> f64 {
     (2.0 * c.syscall_ns + c.offload_ns / 2.0 + sleeps_per_request.max(0.0) * c.switch_ns) / 1e3
 }
 
-fn affinity_cores(pid: u32) -> Option<usize> {
+fn affinity_cpus(pid: u32) -> Option<Vec<usize>> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let list = status
         .lines()
         .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
-    cpu_list_len(list.trim())
+    cpu_list(list.trim())
 }
 
-/// "0-3,8,10-11" -> 7.
-pub fn cpu_list_len(list: &str) -> Option<usize> {
-    let mut n = 0;
+/// "0-3,8,10-11" -> [0, 1, 2, 3, 8, 10, 11].
+pub fn cpu_list(list: &str) -> Option<Vec<usize>> {
+    let mut v = Vec::new();
     for part in list.split(',').filter(|p| !p.is_empty()) {
-        n += match part.split_once('-') {
-            Some((a, b)) => b.trim().parse::<usize>().ok()? + 1 - a.trim().parse::<usize>().ok()?,
-            None => {
-                part.trim().parse::<usize>().ok()?;
-                1
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (
+                    a.trim().parse::<usize>().ok()?,
+                    b.trim().parse::<usize>().ok()?,
+                );
+                if b < a {
+                    return None;
+                }
+                v.extend(a..=b);
             }
-        };
+            None => v.push(part.trim().parse::<usize>().ok()?),
+        }
     }
-    (n > 0).then_some(n)
+    (!v.is_empty()).then_some(v)
 }
 
 fn online_cores() -> usize {
@@ -256,18 +306,64 @@ mod tests {
         assert!((spin_watch_outside_us(&c, 1.5) - 2.6).abs() < 1e-9);
     }
 
+    fn outside(requests: u64) -> OutsideCpu {
+        OutsideCpu {
+            requests,
+            mean_us: 45.0,
+            p10_us: 20.0,
+            p25_us: 24.0,
+            p50_us: 30.0,
+            p90_us: 100.0,
+        }
+    }
+
+    #[test]
+    fn crowded_spinners_pay_their_warm_quartile() {
+        // 64 spinners on one core: the warm quartile, not the mean the cold tail lifts.
+        assert_eq!(
+            spin_cpu_us(Some(&outside(250)), 45.0, 64.0, 1.0),
+            (24.0, true)
+        );
+        // As many spinners as cores each keep theirs: the mean.
+        assert_eq!(
+            spin_cpu_us(Some(&outside(250)), 45.0, 4.0, 4.0),
+            (45.0, false)
+        );
+        // Too few requests timed whole, or none: the mean.
+        assert_eq!(
+            spin_cpu_us(Some(&outside(5)), 45.0, 64.0, 1.0),
+            (45.0, false)
+        );
+        assert_eq!(spin_cpu_us(None, 45.0, 64.0, 1.0), (45.0, false));
+    }
+
+    #[test]
+    fn a_slept_syscalls_cost_leaves_the_watchs_own_out() {
+        let c = ProbeCost {
+            syscall_ns: 200.0,
+            switch_ns: 800.0,
+            offload_ns: 2000.0,
+            handoff_ns: 2000.0,
+        };
+        assert!((slept_syscall_unwatched(12.0, Some(&c)) - 11.0).abs() < 1e-9);
+        assert_eq!(slept_syscall_unwatched(0.5, Some(&c)), 0.0);
+        assert_eq!(slept_syscall_unwatched(12.0, None), 12.0);
+    }
+
     #[test]
     fn cpu_lists() {
-        assert_eq!(cpu_list_len("0"), Some(1));
-        assert_eq!(cpu_list_len("0-3,8,10-11"), Some(7));
-        assert_eq!(cpu_list_len("x"), None);
-        assert_eq!(cpu_list_len(""), None);
+        assert_eq!(cpu_list("0"), Some(vec![0]));
+        assert_eq!(cpu_list("0-3,8,10-11"), Some(vec![0, 1, 2, 3, 8, 10, 11]));
+        assert_eq!(cpu_list("x"), None);
+        assert_eq!(cpu_list("3-1"), None);
+        assert_eq!(cpu_list(""), None);
     }
 
     #[test]
     fn device_ceiling_from_the_emulated_knobs() {
         let mut f = TargetFacts {
             cores: 1,
+            cpus: vec![0],
             accel_mapped: true,
             env: parse_environ(b"TOFFLOAD_EMU_LAT_US=500\0TOFFLOAD_EMU_LANES=4\0PATH=/bin\0"),
         };

@@ -47,12 +47,19 @@ pub struct Inputs {
     /// c: on-CPU time per request, us: without the stall when it spins (waste), with
     /// it when it blocks (the submit and the blocking, see inputs.rs).
     pub cpu_per_request_us: f64,
+    /// c is the warm quartile of the requests' outside CPU: spinners crowding their
+    /// cores come back to cold caches, which fibers do not (inputs.rs).
+    pub cpu_warm_quartile: bool,
     /// The stock wait spins (the thread is on CPU for most of the stall).
     pub spin: bool,
     /// N: threads that made offload calls (connections served concurrently).
     pub connections: f64,
     /// P: cores the process may run on.
     pub cores: f64,
+    /// The share of those cores' time the hypervisor left the machine while the
+    /// window ran (1 - steal): the CPU the stock server's rate was measured on, and
+    /// all the fibers would get.
+    pub cpu_available: f64,
     /// C: carriers the runtime will start (TOFFLOAD_CARRIERS, at most P).
     pub carriers: f64,
     /// X: context-switch cost, us (measured at the watch's start).
@@ -61,8 +68,9 @@ pub struct Inputs {
     pub blocking_switches_per_request: f64,
     /// Involuntary ones (the threads preempting each other), per request.
     pub preemptions_per_request: f64,
-    /// What one sleep in the offload cost the server, us (on-CPU inside the offload
-    /// per sleep, blocking waits only): X as this server pays it.
+    /// What one sleep cost the server, us: X as this server pays it. A blocking wait's
+    /// is the on-CPU time inside the offload per sleep; a spinning one's, the on-CPU
+    /// time of a syscall that slept outside it (the read waiting for the next request).
     pub sleep_cost_us: Option<f64>,
     /// D: the device's throughput when the window shows it saturated, requests/s.
     pub device_rps: Option<f64>,
@@ -257,6 +265,7 @@ pub fn predict(i: &Inputs) -> Prediction {
     let n = i.connections.max(1.0);
     let p = i.cores.max(1.0);
     let carriers = i.carriers.clamp(1.0, p);
+    let avail = i.cpu_available.clamp(0.1, 1.0);
     // Blocking's CPU leaves with the kernel threads; the runtime's own comes in. The
     // stock CPU can never drop below the runtime's share (a noisy small c).
     // A switch costs the server what one of its sleeps in the offload costs it when
@@ -288,22 +297,25 @@ pub fn predict(i: &Inputs) -> Prediction {
     let think = if i.spin {
         0.0
     } else {
-        think_time_us(n, c, p, l, lanes, stock)
+        think_time_us(n, c / avail, p, l, lanes, stock)
     };
-    let cpu_ceiling = carriers * per_s(fiber_cpu);
-    let overlap_ceiling = n * per_s(l + fiber_cpu + think);
+    // A request's CPU takes longer on cores the hypervisor shares: c / avail of
+    // wall time, for the fibers as for the stock loop Z was fitted on.
+    let fiber_wall = fiber_cpu / avail;
+    let cpu_ceiling = carriers * per_s(fiber_wall);
+    let overlap_ceiling = n * per_s(l + fiber_wall + think);
     // The ceilings are the asymptotes; near the knee, where connections just about
     // cover the latency, requests queue for the carriers and the device, and the rate
     // falls short of both. Mean value analysis of the closed loop (N connections, the
     // carriers and the device as queues) gives the rate with that queueing.
-    let fiber_mva = closed_loop_rps(n, fiber_cpu, carriers, l, lanes, think);
+    let fiber_mva = closed_loop_rps(n, fiber_wall, carriers, l, lanes, think);
     let fiber = fiber_mva
         .min(cpu_ceiling)
         .min(overlap_ceiling)
         .min(i.device_rps.unwrap_or(f64::INFINITY));
     // What binds: the station nearest saturation at that rate, or the connections
     // when neither is (the loop is mostly waiting).
-    let u_cpu = fiber * fiber_cpu / carriers / 1e6;
+    let u_cpu = fiber * fiber_wall / carriers / 1e6;
     let u_dev = lanes.map_or(0.0, |m| fiber * l / m / 1e6);
     let binding = if u_dev >= BUSY && u_dev >= u_cpu {
         Ceiling::Device
@@ -370,10 +382,15 @@ impl Prediction {
             (
                 "c CPU/req".into(),
                 format!(
-                    "{:.1} us without the watch, {:.1} traced ({} wait)",
+                    "{:.1} us without the watch, {:.1} traced ({} wait{})",
                     self.cpu_us,
                     i.cpu_per_request_us,
                     if i.spin { "spin" } else { "block" },
+                    if i.cpu_warm_quartile {
+                        ", warm quartile"
+                    } else {
+                        ""
+                    },
                 ),
             ),
             (
@@ -402,8 +419,12 @@ impl Prediction {
             (
                 "N P C".into(),
                 format!(
-                    "{:.0} conns, {:.0} cores, {:.0} carriers",
-                    i.connections, i.cores, i.carriers
+                    "{:.0} conns, {:.0} cores ({:.0}% of their time left by the hypervisor), \
+                     {:.0} carriers",
+                    i.connections,
+                    i.cores,
+                    i.cpu_available * 100.0,
+                    i.carriers
                 ),
             ),
             (

@@ -10,9 +10,11 @@ fn base() -> Inputs {
         stock_rps: 75_000.0,
         latency_us: 200.0,
         cpu_per_request_us: 12.0,
+        cpu_warm_quartile: false,
         spin: false,
         connections: 64.0,
         cores: 1.0,
+        cpu_available: 1.0,
         carriers: 1.0,
         switch_us: 1.5,
         blocking_switches_per_request: 2.0,
@@ -377,4 +379,60 @@ fn the_watchs_measured_cost_comes_off_the_sleeps_cost() {
         predict(&i).fiber_cpu_us,
         24.0 - 10.0 + runtime_overhead_us(YIELDS_PER_REQUEST)
     ));
+}
+
+#[test]
+fn a_spinners_sleep_for_its_next_request_comes_off_at_its_cost() {
+    // 64 spinners: c 24 us outside the offload, one sleep per request (the read that
+    // waits for the next one) measured at 11 us, well above the calibrated 1.5.
+    let mut i = base();
+    i.spin = true;
+    i.stock_rps = 250.0;
+    i.cpu_per_request_us = 24.0;
+    i.blocking_switches_per_request = 1.0;
+    i.preemptions_per_request = 1.0;
+    let calibrated = predict(&i).fiber_cpu_us;
+    assert!(close(
+        calibrated,
+        24.0 - 1.5 + runtime_overhead_us(YIELDS_PER_REQUEST)
+    ));
+    i.sleep_cost_us = Some(11.0);
+    let p = predict(&i);
+    // The preemption lands inside the spin: only the sleep comes off.
+    assert!(
+        close(
+            p.fiber_cpu_us,
+            24.0 - 11.0 + runtime_overhead_us(YIELDS_PER_REQUEST)
+        ),
+        "{}",
+        p.fiber_cpu_us
+    );
+    assert!(close(p.switch_cost_us, 11.0));
+    let mut j = i.clone();
+    j.sleep_cost_us = None;
+    assert!(p.speedup > 1.5 * predict(&j).speedup);
+    // The lines say which c it is.
+    i.cpu_warm_quartile = true;
+    let text: String = predict(&i)
+        .lines()
+        .iter()
+        .map(|(k, v)| format!("{k}={v};"))
+        .collect();
+    assert!(text.contains("spin wait, warm quartile"), "{text}");
+}
+
+#[test]
+fn the_hypervisors_steal_comes_off_the_fibers_cpu() {
+    // The stock rate was measured on cores the host took 11% of: the fibers get no
+    // more of them.
+    let full = predict(&base());
+    let mut i = base();
+    i.cpu_available = 0.89;
+    let p = predict(&i);
+    assert_eq!(p.binding, Ceiling::Cpu);
+    assert!(close(p.fiber_cpu_us, full.fiber_cpu_us));
+    assert!(close(p.cpu_ceiling_rps, 0.89 * full.cpu_ceiling_rps));
+    assert!(close(p.speedup, 0.89 * full.speedup), "{}", p.speedup);
+    let text: String = p.lines().iter().map(|(k, v)| format!("{k}={v};")).collect();
+    assert!(text.contains("89% of their time left"), "{text}");
 }
