@@ -256,7 +256,7 @@ fn run(a: &Args) -> Result<(), String> {
     let mut table = String::new();
     let _ = writeln!(
         table,
-        "| latency us | conns | cpu us | wait | lanes | verdict | L us | c us | c_f us | Z us | traced stock req/s | model's stock req/s | stock req/s | runtime req/s | measured | predicted | binding | stop | error | steal |\n|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"
+        "| latency us | conns | cpu us | wait | lanes | verdict | L us | c us | c_f us | Z us | traced stock req/s | model's stock req/s | stock req/s | runtime req/s | measured | runs' range | predicted | binding | stop | error | steal |\n|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"
     );
     let mut errors = Vec::new();
     let mut behind_ok = true;
@@ -281,7 +281,7 @@ fn run(a: &Args) -> Result<(), String> {
             // A point that cannot be measured is a row that says why, and counts as a
             // miss: the summary must not look better for it.
             let row = format!(
-                "| {} | {} | {} | {} | {} | FAILED: {e} | | | | | | | | | | | | | | |",
+                "| {} | {} | {} | {} | {} | FAILED: {e} | | | | | | | | | | | | | | | |",
                 pt.lat, pt.conns, pt.cpu_us, pt.wait, pt.lanes
             );
             println!("{row}");
@@ -291,6 +291,15 @@ fn run(a: &Args) -> Result<(), String> {
         }
         let steal1 = steal_ticks();
         let steal = (steal1.0 - steal0.0) as f64 / (steal1.1 - steal0.1).max(1) as f64;
+        // Each run's own ratio, for the spread: how far the host moved the measured
+        // side while the point ran.
+        let ratios: Vec<f64> = stock
+            .iter()
+            .zip(&rt)
+            .map(|(s, r)| r / s.max(1e-9))
+            .collect();
+        let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = ratios.iter().copied().fold(0.0, f64::max);
         let (stock, rt) = (median(stock), median(rt));
         let measured = rt / stock;
         let preds: Vec<f64> = w_runs.iter().filter_map(|w| w.predicted).collect();
@@ -308,7 +317,7 @@ fn run(a: &Args) -> Result<(), String> {
         }
         let row =
             format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} | {:.0} | {:.0} | {:.2}x | {} | {} | {} | {} | {:.0}% |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} | {:.0} | {:.0} | {:.2}x | {:.2}-{:.2}x | {} | {} | {} | {} | {:.0}% |",
             pt.lat,
             pt.conns,
             pt.cpu_us,
@@ -324,6 +333,8 @@ fn run(a: &Args) -> Result<(), String> {
             stock,
             rt,
             measured,
+            lo,
+            hi,
             predicted.map(|p| format!("{p:.2}x")).unwrap_or_else(|| "-".into()),
             w.binding,
             if w.stop { "stop" } else { "" },
@@ -365,7 +376,8 @@ fn run(a: &Args) -> Result<(), String> {
              toffload-watch traced it (its probes cost the server CPU); \"model's stock\" is the \
              one the model took: measured between the watch's bursts from the server's own \
              read/write and CPU counters (untraced.rs); \"stock\" and \"runtime\" are unwatched \
-             runs; measured = runtime / stock; predicted = the watcher's zero-edit speedup from \
+             runs; measured = runtime / stock (medians of the runs), and \"runs' range\" each \
+             run's own runtime / stock, lowest and highest; predicted = the watcher's zero-edit speedup from \
              the stock window; error = predicted / measured - 1. c is the stock CPU per request \
              the model took (without the watch); Z is the time outside the server it fitted \
              on the stock loop. \"steal\" is the share of CPU time the \

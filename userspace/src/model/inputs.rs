@@ -146,8 +146,8 @@ pub fn from_window(
         blocking_switches_per_request: w.blocking_switches_per_request.unwrap_or(0.0),
         preemptions_per_request: w.preemptions_per_request.unwrap_or(0.0),
         // A spinner sleeps only outside the offload, waiting for its next request:
-        // that syscall's on-CPU time is its sleep's cost (12-15 us on a core 64
-        // spinners crowd, 8x the calibrated switch).
+        // that syscall's on-CPU time is its sleep's cost (9-17 us on a core 64
+        // spinners crowd, 6-10x the calibrated switch).
         sleep_cost_us: if spin {
             w.slept_syscall_us
                 .map(|us| slept_syscall_unwatched(us, cost))

@@ -419,11 +419,10 @@ impl Prediction {
             (
                 "N P C".into(),
                 format!(
-                    "{:.0} conns, {:.0} cores ({:.0}% of their time left by the hypervisor), \
-                     {:.0} carriers",
+                    "{:.0} conns, {:.0} cores ({:.0}% stolen by the hypervisor), {:.0} carriers",
                     i.connections,
                     i.cores,
-                    i.cpu_available * 100.0,
+                    (1.0 - i.cpu_available) * 100.0,
                     i.carriers
                 ),
             ),
