@@ -66,6 +66,10 @@ const C_SLEPT_SYSCALL_ON_NS: u32 = 22;
 /// without the submit around it, which fibers pay too.
 const C_SLEPT_IN_SYSCALLS: u32 = 23;
 const C_SLEPT_IN_SYSCALL_ON_NS: u32 = 24;
+/// The time those sleeps outside the offload waited before their wake-up: for a
+/// connection thread's read, the time the next request took to come (the client's
+/// share of the loop, Z), without the wake-up delay (the server's own).
+const C_SLEPT_SYSCALL_BLOCKED_NS: u32 = 25;
 const N_COUNTERS: u32 = 32;
 
 /// Thread flags.
@@ -110,6 +114,8 @@ pub struct ThreadInfo {
     /// The thread's on-CPU clock and voluntary switches when its syscall began.
     pub sys_on0: u64,
     pub sys_vol0: u64,
+    /// Switch-out-to-wake-up time in the current syscall, outside offload calls.
+    pub sys_blocked: u64,
 }
 
 impl ThreadInfo {
@@ -136,6 +142,7 @@ impl ThreadInfo {
             out_ns: 0,
             sys_on0: 0,
             sys_vol0: 0,
+            sys_blocked: 0,
         }
     }
 }
@@ -390,6 +397,7 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     t.sys_ts = now;
     t.sys_on0 = on_cpu_clock(t, now);
     t.sys_vol0 = t.vol;
+    t.sys_blocked = 0;
     if nr == NR_FUTEX {
         add(C_FUTEX_TOTAL, 1);
         t.futex_calls += 1;
@@ -508,6 +516,9 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
             },
             on_cpu_clock(t, now).saturating_sub(t.sys_on0),
         );
+        if !inside {
+            add(C_SLEPT_SYSCALL_BLOCKED_NS, t.sys_blocked);
+        }
     }
     if nr >= NR_MAX {
         return 0;
@@ -555,6 +566,10 @@ fn on_switch(prev_pid: u32, involuntary: bool, next_pid: u32) -> u32 {
             }
             t.on_since = 0;
             t.off_since = now;
+            // A wake-up that came while the thread still ran (woken before it got to
+            // sleep) is no wake-up from this switch: left pending, it would date the
+            // next real one (a read's, say) from before the thread ever slept.
+            t.wake_ts = 0;
             if involuntary {
                 t.invol += 1;
                 add(C_INVOL, 1);
@@ -572,6 +587,7 @@ fn on_switch(prev_pid: u32, involuntary: bool, next_pid: u32) -> u32 {
             // SAFETY: as above.
             let t = unsafe { &mut *t };
             if t.flags & F_EXITED == 0 {
+                let off_since = t.off_since;
                 if t.off_since != 0 {
                     let d = now.saturating_sub(t.off_since);
                     t.off_ns += d;
@@ -580,13 +596,18 @@ fn on_switch(prev_pid: u32, involuntary: bool, next_pid: u32) -> u32 {
                 t.off_since = 0;
                 t.on_since = now;
                 if t.wake_ts != 0 {
-                    let d = now.saturating_sub(t.wake_ts);
+                    let t_wake = t.wake_ts;
+                    let d = now.saturating_sub(t_wake);
                     t.wake_ts = 0;
                     add(C_WAKEUPS, 1);
                     add(C_WAKE_NS, d);
                     bump(&WAKE_HIST, fine_bucket(d));
                     if t.offload_depth > 0 {
                         t.offload_wake_ns += d;
+                    } else if t.sys_ts != 0 && off_since != 0 {
+                        // Asleep in a syscall outside the offload: how long until
+                        // the wake-up.
+                        t.sys_blocked += t_wake.saturating_sub(off_since);
                     }
                 }
             }

@@ -72,18 +72,22 @@ fn hostile(env: &[(&str, &str)], lat_us: u32, secs: f64, min_total: u64) -> Outc
     let dir = TempDir::new("guard");
     let stats_path = dir.join("stats.json");
     let lat = lat_us.to_string();
-    let (s, cfg) = start_loaded(
+    let (mut s, cfg) = start_loaded(
         "hostile_server",
         &[("TOFFLOAD_EMU_LAT_US", &lat)],
         env,
         &stats_path,
         secs,
     );
-    let mut report = load::run(&cfg).expect("load");
+    // A load that fails says how the server fared (it stopped listening once in CI).
+    let run_load = |s: &mut RtServer| {
+        load::run(&cfg).unwrap_or_else(|e| panic!("load: {e}; {}", s.describe()))
+    };
+    let mut report = run_load(&mut s);
     let mut completed = report.completed;
     let t0 = std::time::Instant::now();
     while min_total > 0 && completed < min_total && t0.elapsed() < Duration::from_secs(60) {
-        let r = load::run(&cfg).expect("load");
+        let r = run_load(&mut s);
         completed += r.completed;
         assert_eq!(r.wrong, 0);
         report.errors += r.errors;

@@ -38,6 +38,8 @@ pub const C_SLEPT_SYSCALL_ON_NS: usize = 22;
 /// The same inside offload calls.
 pub const C_SLEPT_IN_SYSCALLS: usize = 23;
 pub const C_SLEPT_IN_SYSCALL_ON_NS: usize = 24;
+/// The time the sleeps outside offload calls waited until their wake-up.
+pub const C_SLEPT_SYSCALL_BLOCKED_NS: usize = 25;
 
 pub const F_EXITED: u32 = 1;
 
@@ -66,9 +68,10 @@ pub struct ThreadInfo {
     pub out_ns: u64,
     pub sys_on0: u64,
     pub sys_vol0: u64,
+    pub sys_blocked: u64,
 }
 
-// SAFETY: repr(C), only integers, no padding (4 + 4 + 19 * 8 bytes).
+// SAFETY: repr(C), only integers, no padding (4 + 4 + 20 * 8 bytes).
 unsafe impl aya::Pod for ThreadInfo {}
 
 /// ebpf/src/main.rs `Site`: a futex syscall's user address and the word at the
@@ -119,7 +122,7 @@ mod tests {
 
     #[test]
     fn thread_info_has_the_kernel_size() {
-        assert_eq!(std::mem::size_of::<ThreadInfo>(), 8 + 19 * 8);
+        assert_eq!(std::mem::size_of::<ThreadInfo>(), 8 + 20 * 8);
     }
 
     #[test]

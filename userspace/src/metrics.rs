@@ -127,6 +127,11 @@ pub struct Window {
     /// the next request), us per such call: the call, the switch out and back in.
     pub slept_syscall_us: Option<f64>,
     pub slept_syscalls_per_request: Option<f64>,
+    /// Per request, how long its thread's syscalls outside the offload slept before
+    /// their wake-up (the read waiting for the next request), us: the time the request
+    /// spent outside the server (the client, the network; Z), the server's own
+    /// wake-up delay left out.
+    pub outside_wait_us: Option<f64>,
     /// Share of the target's cores' time the hypervisor gave other guests in the
     /// window (steal.rs; set by the session).
     pub steal_share: Option<f64>,
@@ -379,6 +384,7 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         slept_syscall_us: (d(abi::C_SLEPT_SYSCALLS) > 0)
             .then(|| d(abi::C_SLEPT_SYSCALL_ON_NS) as f64 / d(abi::C_SLEPT_SYSCALLS) as f64 / 1e3),
         slept_syscalls_per_request: per_req(d(abi::C_SLEPT_SYSCALLS) as f64),
+        outside_wait_us: per_req(d(abi::C_SLEPT_SYSCALL_BLOCKED_NS) as f64 / 1e3),
         steal_share: None,
         futex,
         futex_per_request,

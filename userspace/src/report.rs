@@ -180,7 +180,8 @@ pub fn window_text(w: &Window, title: &str) -> String {
         let _ = writeln!(
             s,
             "  CPU outside the offload per request: p10 {:.1} p25 {:.1} p50 {:.1} p90 {:.1} \
-             us ({} requests); syscalls that slept there: {} per request at {} each",
+             us ({} requests); syscalls that slept there: {} per request at {} each, \
+             asleep {} per request until woken (the time outside the server)",
             c.p10_us,
             c.p25_us,
             c.p50_us,
@@ -190,6 +191,7 @@ pub fn window_text(w: &Window, title: &str) -> String {
                 .map(|x| format!("{x:.2}"))
                 .unwrap_or_else(|| "-".into()),
             opt(w.slept_syscall_us, " us"),
+            opt(w.outside_wait_us, " us"),
         );
     }
     let _ = writeln!(

@@ -263,6 +263,21 @@ fn outside_cpu_and_slept_syscalls_follow_the_program() {
             slept_us > 0.0 && slept_us < 100.0,
             "{slept_us} us per slept syscall"
         );
+        // Each request's time asleep outside the offload: the 20 us nanosleep (with
+        // its timer slack), never the blocking wait's futex inside the offload, so
+        // that it and the stall fit in the loop's cycle (they overlapped by 220 us a
+        // request when the futex counted too).
+        let z = total["outside_wait_us"].as_f64().expect("outside_wait_us");
+        let stall = total["offload"]["stall_mean_us"]
+            .as_f64()
+            .expect("stall mean");
+        let cycle = total["secs"].as_f64().unwrap() * 1e6 / total["requests"].as_f64().unwrap();
+        println!("  asleep outside {z:.1} us per request; stall {stall:.1}, cycle {cycle:.1} us");
+        assert!(z >= 15.0, "{z} us asleep outside for a 20 us nanosleep");
+        assert!(
+            z + stall <= cycle * 1.02,
+            "asleep outside {z} + stall {stall} exceed the cycle {cycle} us"
+        );
         let inside = total["offload"]["slept_syscall_us"].as_f64();
         let sleeps = total["offload"]["sleeps_per_call"].as_f64().unwrap();
         println!("  {wait}: {sleeps:.2} sleeps per offload call, {inside:?} us each");

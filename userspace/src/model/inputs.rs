@@ -168,6 +168,17 @@ pub fn from_window(
         .unwrap_or(0.0),
         stock_rps_untraced: w.untraced.map(|u| u.requests_per_sec),
         cpu_untraced_us: w.untraced.map(|u| u.cpu_per_request_us),
+        outside_wait_us: w.outside_wait_us.map(|z| {
+            // The CPU outside the stall, per request where the histogram timed it.
+            let cpu = w
+                .outside_cpu
+                .as_ref()
+                .map(|o| o.mean_us)
+                .or(w.on_cpu_per_request_us)
+                .unwrap_or(0.0);
+            let stall = w.offload.stall_mean_us.unwrap_or(0.0);
+            outside_wait_us(z, connections, w.requests_per_sec, stall, cpu)
+        }),
     })
 }
 
@@ -207,6 +218,21 @@ fn spin_cpu_us(
         Some(o) if connections > cores && o.requests >= WARM_MIN_REQUESTS => (o.p25_us, true),
         _ => (mean_us, false),
     }
+}
+
+/// Z as measured (`z`, us per request), no more than the stock loop leaves for it:
+/// each connection's cycle is N / R (Little's law), of which a request spent its stall
+/// in the offload (`stall_us`, wall time) and its CPU outside it in the server
+/// (`cpu_us`); the rest is the most it can have spent outside. The bound holds the
+/// mean to the window's own rates when a few reads slept through a stolen stretch of
+/// the client's vCPU.
+fn outside_wait_us(z: f64, connections: f64, rps: f64, stall_us: f64, cpu_us: f64) -> f64 {
+    let rest = if rps > 0.0 {
+        (connections * 1e6 / rps - stall_us - cpu_us).max(0.0)
+    } else {
+        f64::INFINITY
+    };
+    z.max(0.0).min(rest)
 }
 
 /// A slept syscall's cost without the watch's: its entry and exit probes and its
@@ -335,6 +361,19 @@ mod tests {
             (45.0, false)
         );
         assert_eq!(spin_cpu_us(None, 45.0, 64.0, 1.0), (45.0, false));
+    }
+
+    #[test]
+    fn measured_outside_wait_stays_within_the_stock_cycle() {
+        // 64 connections at 40,000/s: a 1,600 us cycle, 1,200 us of it stalled and 20
+        // on CPU, so at most 380 us outside.
+        assert_eq!(outside_wait_us(300.0, 64.0, 40_000.0, 1200.0, 20.0), 300.0);
+        assert!((outside_wait_us(1900.0, 64.0, 40_000.0, 1200.0, 20.0) - 380.0).abs() < 1e-9);
+        // A stall longer than the cycle (a window's tail) leaves nothing outside.
+        assert_eq!(outside_wait_us(300.0, 64.0, 40_000.0, 1700.0, 20.0), 0.0);
+        // No rate: no bound.
+        assert_eq!(outside_wait_us(300.0, 64.0, 0.0, 1200.0, 20.0), 300.0);
+        assert_eq!(outside_wait_us(-1.0, 64.0, 40_000.0, 1200.0, 20.0), 0.0);
     }
 
     #[test]

@@ -24,6 +24,7 @@ fn base() -> Inputs {
         watch_us_per_request: 0.0,
         stock_rps_untraced: None,
         cpu_untraced_us: None,
+        outside_wait_us: None,
     }
 }
 
@@ -438,4 +439,26 @@ fn the_hypervisors_steal_comes_off_the_fibers_cpu() {
         text.contains("1 cores (11% stolen by the hypervisor)"),
         "{text}"
     );
+}
+
+/// Z measured in the kernel (the reads' sleep for the next request) is shown beside the
+/// fitted one and changes nothing: it moved 60 us-2.4 ms between windows of one point.
+#[test]
+fn measured_think_time_is_shown_not_used() {
+    let mut i = base();
+    i.latency_us = 1000.0;
+    i.stock_rps = 60_000.0;
+    let fitted = predict(&i);
+    i.outside_wait_us = Some(300.0);
+    let p = predict(&i);
+    assert_eq!(p.think_us, fitted.think_us);
+    assert_eq!(p.fiber_rps, fitted.fiber_rps);
+    assert!(p
+        .lines()
+        .iter()
+        .any(|(k, v)| k == "Z outside" && v.contains("slept 300.0 us/req (measured, not used)")));
+    assert!(!fitted
+        .lines()
+        .iter()
+        .any(|(k, v)| k == "Z outside" && v.contains("measured")));
 }
