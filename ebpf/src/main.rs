@@ -588,8 +588,8 @@ fn on_switch(prev_pid: u32, involuntary: bool, next_pid: u32) -> u32 {
             let t = unsafe { &mut *t };
             if t.flags & F_EXITED == 0 {
                 let off_since = t.off_since;
-                if t.off_since != 0 {
-                    let d = now.saturating_sub(t.off_since);
+                if off_since != 0 {
+                    let d = now.saturating_sub(off_since);
                     t.off_ns += d;
                     add(C_OFF_NS, d);
                 }

@@ -313,34 +313,28 @@ fn run(a: &Args) -> Result<(), String> {
                         measure(pt, true, a.secs)?,
                     ))
                 })();
+                // A noisy moment: the hypervisor took the CPU, or a crowded spinner's
+                // watch saw no finished request. Measured again after 3 s, since steal
+                // comes in bursts of seconds to minutes; the last repeat is kept.
+                let steal = steal_share(steal0, steal_ticks());
+                let redo = match &r {
+                    Ok(_) => (steal * 100.0 > a.max_steal)
+                        .then(|| format!("{:.0}% stolen by the hypervisor", steal * 100.0)),
+                    Err(e) => Some(e.clone()),
+                };
+                if let (Some(why), true) = (&redo, attempt < a.retries) {
+                    retried += 1;
+                    eprintln!("{}: {why}; measuring the run again in 3 s", pt.key());
+                    std::thread::sleep(Duration::from_secs(3));
+                    continue;
+                }
                 let (w, s, r) = match r {
                     Ok(v) => v,
-                    // A noisy moment can leave a crowded spinner's watch without one
-                    // finished request: measured again like a stolen run.
-                    Err(e) if attempt < a.retries => {
-                        retried += 1;
-                        eprintln!("{}: {e}; measuring the run again in 3 s", pt.key());
-                        std::thread::sleep(Duration::from_secs(3));
-                        continue;
-                    }
                     Err(e) => {
                         failed = Some(e);
                         break 'runs;
                     }
                 };
-                let steal = steal_share(steal0, steal_ticks());
-                if steal * 100.0 > a.max_steal && attempt < a.retries {
-                    retried += 1;
-                    eprintln!(
-                        "{}: {:.0}% stolen by the hypervisor, measuring the run again in 3 s",
-                        pt.key(),
-                        steal * 100.0
-                    );
-                    // Steal comes in bursts of seconds to minutes: give this one time
-                    // to pass rather than measure straight into it again.
-                    std::thread::sleep(Duration::from_secs(3));
-                    continue;
-                }
                 w_runs.push(w);
                 stock.push(s);
                 rt.push(r);
