@@ -70,12 +70,26 @@ fn retry(
     f: &Fiber,
     fd: c_int,
     events: u32,
+    op: impl FnMut() -> isize,
+    blocking: impl FnOnce() -> isize,
+) -> isize {
+    retry_after(f, fd, events, None, op, blocking)
+}
+
+/// retry() when the caller has already made the first attempt (`first`, with errno
+/// still its): a read that probed the fd for ENOTSOCK must not ask the socket twice
+/// before it parks (one syscall of the ~6 a waiting read costs).
+fn retry_after(
+    f: &Fiber,
+    fd: c_int,
+    events: u32,
+    mut first: Option<isize>,
     mut op: impl FnMut() -> isize,
     blocking: impl FnOnce() -> isize,
 ) -> isize {
     let mut deadline = None;
     loop {
-        let r = op();
+        let r = first.take().unwrap_or_else(&mut op);
         if !would_block(r) {
             return r;
         }
@@ -182,10 +196,11 @@ pub unsafe fn read(f: &Fiber, fd: c_int, buf: *mut c_void, n: usize) -> isize {
     if !would_block(r) {
         return r;
     }
-    retry(
+    retry_after(
         f,
         fd,
         IN,
+        Some(r),
         || unsafe { (real::recv())(fd, buf, n, libc::MSG_DONTWAIT) },
         || unsafe { (real::read())(fd, buf, n) },
     )
@@ -417,7 +432,15 @@ pub unsafe fn readv(f: &Fiber, fd: c_int, iov: *const iovec, cnt: c_int) -> isiz
     if !would_block(r) {
         return r;
     }
-    recvmsg(f, fd, &mut m, 0)
+    let mp: *mut msghdr = &mut m;
+    retry_after(
+        f,
+        fd,
+        IN,
+        Some(r),
+        || unsafe { (real::recvmsg())(fd, mp, libc::MSG_DONTWAIT) },
+        || unsafe { (real::readv())(fd, iov, cnt) },
+    )
 }
 
 pub unsafe fn writev(f: &Fiber, fd: c_int, iov: *const iovec, cnt: c_int) -> isize {

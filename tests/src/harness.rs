@@ -156,6 +156,18 @@ impl Server {
         self.child.id()
     }
 
+    /// CPU time the server has used so far, all its threads (utime + stime), seconds.
+    pub fn cpu_secs(&self) -> Option<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).ok()?;
+        // Fields after the command name (which may hold spaces): utime and stime are
+        // the 12th and 13th.
+        let f: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+        let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+        // SAFETY: no arguments.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        Some(ticks as f64 / if hz > 0 { hz as f64 } else { 100.0 })
+    }
+
     /// True while the process runs.
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

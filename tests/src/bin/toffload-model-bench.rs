@@ -160,12 +160,28 @@ fn drive(port: u16, conns: usize, secs: f64) -> Result<load::Report, String> {
     Ok(r)
 }
 
-/// Unwatched requests/s.
-fn measure(pt: Point, runtime: bool, secs: f64) -> Result<f64, String> {
+/// An unwatched run.
+struct Measured {
+    rps: f64,
+    /// The share of a core the server used meanwhile (warm-up included): below ~85% at
+    /// a point the model calls CPU-bound, something outside the server (the load
+    /// generator, the host) set the rate.
+    busy: f64,
+}
+
+fn measure(pt: Point, runtime: bool, secs: f64) -> Result<Measured, String> {
     let server = Server::start(&spec(pt, runtime)?)?;
+    let (cpu0, t0) = (server.cpu_secs(), std::time::Instant::now());
     let r = drive(server.port, pt.conns, secs)?;
+    let busy = match (cpu0, server.cpu_secs()) {
+        (Some(a), Some(b)) => (b - a) / t0.elapsed().as_secs_f64().max(1e-3),
+        _ => f64::NAN,
+    };
     drop(server);
-    Ok(r.requests_per_sec)
+    Ok(Measured {
+        rps: r.requests_per_sec,
+        busy,
+    })
 }
 
 struct Watched {
@@ -294,19 +310,20 @@ fn run(a: &Args) -> Result<(), String> {
     let mut table = String::new();
     let _ = writeln!(
         table,
-        "| latency us | conns | cpu us | wait | lanes | verdict | L us | c us | c_f us | Z us | traced stock req/s | model's stock req/s | stock req/s | runtime req/s | measured | runs' range | predicted | binding | stop | error | steal | runs redone |\n|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|"
+        "| latency us | conns | cpu us | wait | lanes | verdict | L us | c us | c_f us | runtime c us | Z us | traced stock req/s | model's stock req/s | stock req/s | runtime req/s | stock CPU | runtime CPU | measured | runs' range | predicted | binding | stop | error | steal | runs redone |\n|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|"
     );
     let mut errors = Vec::new();
     let mut behind_ok = true;
     for &pt in &points {
         let mut w_runs = Vec::new();
         let (mut stock, mut rt) = (Vec::new(), Vec::new());
+        let (mut stock_cpu, mut rt_cpu) = (Vec::new(), Vec::new());
         let mut failed = None;
         let (mut steals, mut retried) = (Vec::new(), 0);
         'runs: for _ in 0..a.runs {
             for attempt in 0..=a.retries {
                 let steal0 = steal_ticks();
-                let r = (|| -> Result<(Watched, f64, f64), String> {
+                let r = (|| -> Result<(Watched, Measured, Measured), String> {
                     Ok((
                         watched(pt, a.secs)?,
                         measure(pt, false, a.secs)?,
@@ -336,8 +353,10 @@ fn run(a: &Args) -> Result<(), String> {
                     }
                 };
                 w_runs.push(w);
-                stock.push(s);
-                rt.push(r);
+                stock.push(s.rps);
+                rt.push(r.rps);
+                stock_cpu.push(s.busy);
+                rt_cpu.push(r.busy);
                 steals.push(steal);
                 break;
             }
@@ -346,7 +365,7 @@ fn run(a: &Args) -> Result<(), String> {
             // A point that cannot be measured is a row that says why, and counts as a
             // miss: the summary must not look better for it.
             let row = format!(
-                "| {} | {} | {} | {} | {} | FAILED: {e} | | | | | | | | | | | | | | | | |",
+                "| {} | {} | {} | {} | {} | FAILED: {e} | | | | | | | | | | | | | | | | | | | |",
                 pt.lat, pt.conns, pt.cpu_us, pt.wait, pt.lanes
             );
             println!("{row}");
@@ -364,6 +383,13 @@ fn run(a: &Args) -> Result<(), String> {
             .collect();
         let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = ratios.iter().copied().fold(0.0, f64::max);
+        // The runtime's CPU per request as measured, all its threads (the device's
+        // included, as in c): what c_f predicted.
+        let rt_c: Vec<f64> = rt_cpu
+            .iter()
+            .zip(&rt)
+            .map(|(cpu, r)| cpu * 1e6 / r.max(1e-9))
+            .collect();
         let (stock, rt) = (median(stock), median(rt));
         let measured = rt / stock;
         let preds: Vec<f64> = w_runs.iter().filter_map(|w| w.predicted).collect();
@@ -381,7 +407,7 @@ fn run(a: &Args) -> Result<(), String> {
         }
         let row =
             format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} | {:.0} | {:.0} | {:.2}x | {:.2}-{:.2}x | {} | {} | {} | {} | {:.0}% | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.0} | {} | {:.0} | {:.0} | {:.0}% | {:.0}% | {:.2}x | {:.2}-{:.2}x | {} | {} | {} | {} | {:.0}% | {} |",
             pt.lat,
             pt.conns,
             pt.cpu_us,
@@ -391,11 +417,14 @@ fn run(a: &Args) -> Result<(), String> {
             us(w.latency_us),
             us(w.cpu_us),
             us(w.fiber_cpu_us),
+            median(rt_c),
             us(w.think_us),
             w.watched_rps,
             w.model_stock_rps.map(|r| format!("{r:.0}")).unwrap_or_else(|| "-".into()),
             stock,
             rt,
+            median(stock_cpu) * 100.0,
+            median(rt_cpu) * 100.0,
             measured,
             lo,
             hi,
@@ -441,10 +470,14 @@ fn run(a: &Args) -> Result<(), String> {
              toffload-watch traced it (its probes cost the server CPU); \"model's stock\" is the \
              one the model took: measured between the watch's bursts from the server's own \
              read/write and CPU counters (untraced.rs); \"stock\" and \"runtime\" are unwatched \
-             runs; measured = runtime / stock (medians of the runs), and \"runs' range\" each \
+             runs, and \"stock CPU\" and \"runtime CPU\" the share of a core the server used \
+             in them (medians; a CPU-bound point well below 100% was held back from \
+             outside); measured = runtime / stock (medians of the runs), and \"runs' range\" each \
              run's own runtime / stock, lowest and highest; predicted = the watcher's zero-edit speedup from \
              the stock window; error = predicted / measured - 1. c is the stock CPU per request \
-             the model took (without the watch); Z is the time outside the server it fitted \
+             the model took (without the watch), c_f the fibers' it predicted, and \
+             \"runtime c\" the runtime's as measured (its CPU over its requests, all threads, \
+             medians); Z is the time outside the server it fitted \
              on the stock loop. \"steal\" is the share of CPU time the \
              hypervisor gave to other guests while the point's kept runs ran (/proc/stat), \
              the mean of the runs: where it is high the measured rates move with the host, not \

@@ -22,11 +22,11 @@ use serde::Serialize;
 /// Fiber park + resume, microseconds: `cargo xtask bench runtime` (bench_switch)
 /// measured 52 ns on this kind of machine.
 pub const FIBER_SWITCH_US: f64 = 0.052;
-/// What the runtime adds per yield besides the switch: the non-blocking retry of the
-/// call that would have blocked (recv or accel_done returning "not yet") and the
-/// carrier's share of its epoll_pwait2 + completion-fd read. Measured, not fitted:
-/// tests/results/model.md's calibration row (a 0-latency conn_server under the
-/// runtime, CPU per request minus the stock server's at the same point).
+/// What the runtime adds per yield besides the switch: the non-blocking attempt that
+/// said "not yet" (a recv's EAGAIN, accel_done's 0), a waiting read's fcntl
+/// (O_NONBLOCK of the application's own?), getsockopt (SO_RCVTIMEO) and epoll_ctl, and
+/// the carrier's share of its epoll_pwait2. Not fitted: `cargo xtask bench model` sets
+/// the runtime's CPU per request as measured ("runtime c") beside the c_f it gives.
 pub const RUNTIME_PER_YIELD_US: f64 = 1.2;
 /// Yields per request of a thread-per-connection server: one at the offload, one at
 /// the read that waits for the next request.
