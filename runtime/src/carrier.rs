@@ -45,6 +45,7 @@ pub struct Carrier {
     completion_seen: Cell<bool>,
     last_poll: Cell<u64>,
     pub live: AtomicUsize,
+    pub idle_poll: crate::idle_poll::Poll,
 }
 
 // SAFETY: the UnsafeCell/Cell fields are used only by the carrier's own thread (and by
@@ -112,6 +113,7 @@ impl Carrier {
             completion_seen: Cell::new(false),
             last_poll: Cell::new(0),
             live: AtomicUsize::new(0),
+            idle_poll: Default::default(),
         })))
     }
 
@@ -368,6 +370,9 @@ impl Carrier {
                 self.sleeping.store(false, SeqCst);
                 return;
             }
+            // SAFETY: carriers are leaked, never freed.
+            let me: &'static Carrier = unsafe { &*(self as *const Carrier) };
+            self.idle_poll.before_sleep(me);
         }
         let mut evs: [libc::epoll_event; 128] = [libc::epoll_event { events: 0, u64: 0 }; 128];
         let ts = timeout_ns.map(|ns| libc::timespec {
@@ -425,6 +430,7 @@ impl Carrier {
             self.wakefd.set(wake);
         }
         self.completion_watched.set(0);
+        self.idle_poll.reset_in_child();
         self.tid.store(real::gettid(), SeqCst);
         self.live.store(keep.is_some() as usize, SeqCst);
         if let Some(f) = keep {

@@ -38,6 +38,17 @@ pub enum GuardMech {
     Mprotect,
 }
 
+/// TOFFLOAD_IDLE_POLL: whether a SCHED_IDLE thread keeps a carrier's vCPU from halting
+/// while its offloads are in flight (idle_poll.rs). Off by default: on a quiet host it
+/// spends idle CPU for nothing (tests/results/model.md, README).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdlePoll {
+    /// On under a hypervisor whose guest kernel does not poll before halting.
+    Auto,
+    On,
+    Off,
+}
+
 /// One TOFFLOAD_GUARD_REGIONS entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RegionSpec {
@@ -84,6 +95,7 @@ pub struct Config {
     /// TOFFLOAD_GUARD_SAMPLE: the share of time, percent, detect watches (100: all of
     /// it, exact). Enforce ignores it (it must see every access).
     pub guard_sample: u8,
+    pub idle_poll: IdlePoll,
 }
 
 /// TOFFLOAD_GUARD_SAMPLE's default: the largest share at which detect's overhead on
@@ -104,6 +116,7 @@ impl Default for Config {
             guard_mech: GuardMech::Auto,
             guard_regions: Vec::new(),
             guard_sample: DEFAULT_GUARD_SAMPLE,
+            idle_poll: IdlePoll::Off,
         }
     }
 }
@@ -179,6 +192,7 @@ fn parse_rows(s: &str) -> Option<Vec<OffloadRow>> {
     (rows.len() <= MAX_EXTRA_ROWS).then_some(rows)
 }
 
+const IDLE_POLL_FORM: &str = "`auto`, `on` or `off`";
 const GUARD_FORM: &str = "`off`, `detect` or `enforce`";
 const MECH_FORM: &str = "`auto`, `uffd-async`, `uffd` or `mprotect`";
 const SAMPLE_FORM: &str = "a percentage of the time detect watches, an integer from 1 to 100";
@@ -297,6 +311,14 @@ impl Config {
             c.guard_regions = parse_regions(v.trim())
                 .ok_or_else(|| bad("TOFFLOAD_GUARD_REGIONS", v.clone(), REGIONS_FORM))?;
         }
+        if let Some(v) = val("TOFFLOAD_IDLE_POLL") {
+            c.idle_poll = match v.trim() {
+                "auto" => IdlePoll::Auto,
+                "on" => IdlePoll::On,
+                "off" => IdlePoll::Off,
+                _ => return Err(bad("TOFFLOAD_IDLE_POLL", v, IDLE_POLL_FORM)),
+            };
+        }
         if let Some(v) = val("TOFFLOAD_TEST_DISABLE") {
             c.disabled = parse_disabled(v.trim())
                 .ok_or_else(|| bad("TOFFLOAD_TEST_DISABLE", v.clone(), DISABLE_FORM))?;
@@ -373,6 +395,8 @@ mod tests {
             ("TOFFLOAD_GUARD_SAMPLE", "-5"),
             ("TOFFLOAD_GUARD_REGIONS", "0x2000-0x1000"),
             ("TOFFLOAD_GUARD_REGIONS", "not a symbol"),
+            ("TOFFLOAD_IDLE_POLL", "yes"),
+            ("TOFFLOAD_IDLE_POLL", "1"),
         ] {
             let e = cfg(&[(var, v)]).unwrap_err();
             assert_eq!(e.var, var);
@@ -417,6 +441,18 @@ mod tests {
                 .guard_mech,
             GuardMech::UffdAsync
         );
+    }
+
+    #[test]
+    fn idle_poll_knob() {
+        assert_eq!(cfg(&[]).unwrap().idle_poll, IdlePoll::Off);
+        for (v, want) in [
+            ("auto", IdlePoll::Auto),
+            ("on", IdlePoll::On),
+            (" off ", IdlePoll::Off),
+        ] {
+            assert_eq!(cfg(&[("TOFFLOAD_IDLE_POLL", v)]).unwrap().idle_poll, want);
+        }
     }
 
     #[test]

@@ -211,6 +211,7 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
                 submitted: t0,
                 result: &result,
             });
+            c.idle_poll.parked_offload();
             crate::guard::offload_park(f);
             while result.get() == 0 {
                 fiber::park(f);
@@ -239,6 +240,7 @@ pub fn scan(c: &Carrier, completion_seen: bool) {
         return;
     }
     let rows = rows();
+    let before = list.len();
     list.retain(|w| {
         let done: DoneFn = unsafe { std::mem::transmute(rows[w.row].done) };
         // SAFETY: the handle is live until its fiber releases it, after this wake.
@@ -251,6 +253,7 @@ pub fn scan(c: &Carrier, completion_seen: bool) {
         fiber::wake(unsafe { &*w.fiber });
         false
     });
+    c.idle_poll.completed_offloads((before - list.len()) as u32);
 }
 
 /// For an idle carrier with offloads on polled rows: how soon to look again.

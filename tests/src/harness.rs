@@ -56,8 +56,18 @@ pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
 }
 
 /// Number of CPUs this process may use.
+/// CPUs online on the machine. Not available_parallelism(): that is the calling
+/// thread's affinity, and the benches pin themselves to core 1 before they start the
+/// servers they mean to pin to core 0, which then read as "one CPU" and were left
+/// beside the load generator.
 pub fn cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    // SAFETY: no arguments.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n > 0 {
+        n as usize
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
 }
 
 /// What to start.
@@ -158,14 +168,25 @@ impl Server {
 
     /// CPU time the server has used so far, all its threads (utime + stime), seconds.
     pub fn cpu_secs(&self) -> Option<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).ok()?;
-        // Fields after the command name (which may hold spaces): utime and stime are
-        // the 12th and 13th.
-        let f: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
-        let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-        // SAFETY: no arguments.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        Some(ticks as f64 / if hz > 0 { hz as f64 } else { 100.0 })
+        stat_cpu_secs(&std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).ok()?)
+    }
+
+    /// CPU time used so far by the server's threads named `comm` (the runtime's
+    /// `toffload-poll`), seconds; 0 when there are none.
+    pub fn threads_cpu_secs(&self, comm: &str) -> f64 {
+        let dir = format!("/proc/{}/task", self.pid());
+        let Ok(tasks) = std::fs::read_dir(&dir) else {
+            return 0.0;
+        };
+        tasks
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+            .filter(|stat| {
+                stat.split_once(" (")
+                    .is_some_and(|(_, r)| r.starts_with(&format!("{comm})")))
+            })
+            .filter_map(|stat| stat_cpu_secs(&stat))
+            .sum()
     }
 
     /// True while the process runs.
@@ -247,4 +268,15 @@ pub fn end_adopted(pid: u32, limit: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
     false
+}
+
+/// utime + stime of a /proc stat line, seconds.
+fn stat_cpu_secs(stat: &str) -> Option<f64> {
+    // Fields after the command name (which may hold spaces): utime and stime are the
+    // 12th and 13th.
+    let f: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: no arguments.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    Some(ticks as f64 / if hz > 0 { hz as f64 } else { 100.0 })
 }

@@ -1561,3 +1561,158 @@ fn malformed_knob_gives_one_clear_line_and_the_program_works() {
         assert_eq!(o.stdout, reference.stdout, "{}", o.report());
     }
 }
+
+// ---------------------------------------------------------------- idle poller
+
+/// A /proc task's stat fields after the command name: [0] is the state, [11] and [12]
+/// utime and stime, [38] the scheduling policy.
+fn task_stat(pid: u32, tid: &str) -> Option<(String, Vec<String>)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    let open = s.find(" (")?;
+    let close = s.rfind(')')?;
+    let comm = s[open + 2..close].to_string();
+    Some((
+        comm,
+        s[close + 1..]
+            .split_whitespace()
+            .map(String::from)
+            .collect(),
+    ))
+}
+
+/// The server's threads named `toffload-poll`, by tid.
+fn pollers(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .map(|t| t.file_name().to_string_lossy().into_owned())
+                .filter(|tid| task_stat(pid, tid).is_some_and(|(c, _)| c == "toffload-poll"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn task_cpu_ticks(pid: u32, tid: &str) -> u64 {
+    task_stat(pid, tid).map_or(0, |(_, f)| {
+        f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0)
+    })
+}
+
+/// What TOFFLOAD_IDLE_POLL=auto should choose here: a hypervisor, and a guest idle
+/// loop that halts without polling first (runtime/src/idle_poll.rs).
+fn host_halts_idle_vcpu() -> bool {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let hv = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .is_some_and(|l| l.split_whitespace().any(|f| f == "hypervisor"));
+    let drv = std::fs::read_to_string("/sys/devices/system/cpu/cpuidle/current_driver")
+        .unwrap_or_default();
+    hv && drv.trim() != "haltpoll"
+}
+
+/// The idle poller (TOFFLOAD_IDLE_POLL) lives inside the server, so what must hold is
+/// what keeps it harmless: it exists only when asked for (or, under auto, where the
+/// host halts idle vCPUs), it runs at SCHED_IDLE on one core (the carrier's), it spins
+/// while offloads are in flight, and once they stop it parks instead of burning the
+/// core. Each check fails on a poller that lacks the property.
+#[test]
+fn idle_poller_spins_only_while_offloads_are_in_flight() {
+    let _s = serial();
+    if !ready(&["conn_server"]) {
+        return;
+    }
+    let hz = (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).max(1) as f64;
+    let auto = host_halts_idle_vcpu();
+    println!("host halts idle vCPUs (auto turns the poller on): {auto}");
+    // "": unset, the default (off).
+    for mode in ["on", "off", "auto", ""] {
+        let mut s = start(preload::server_under_runtime(
+            ServerSpec::new("conn_server")
+                .env("TOFFLOAD_EMU_LAT_US", "1000")
+                .env("TOFFLOAD_WAIT", "block")
+                .env("TOFFLOAD_IDLE_POLL", mode),
+        ));
+        let pid = s.pid();
+        // Offloads in flight for 1.5 s: 8 connections on a 1 ms device leave the
+        // carrier asleep most of the time, which is when the poller spins.
+        let load = std::thread::spawn({
+            let port = s.port;
+            move || load::run(&load_cfg(port, 8, 1.5)).expect("load run")
+        });
+        std::thread::sleep(Duration::from_millis(700));
+        let during = pollers(pid);
+        let t0 = during.iter().map(|t| task_cpu_ticks(pid, t)).sum::<u64>();
+        let w0 = Instant::now();
+        std::thread::sleep(Duration::from_millis(500));
+        let spun = (during.iter().map(|t| task_cpu_ticks(pid, t)).sum::<u64>() - t0) as f64
+            / hz
+            / w0.elapsed().as_secs_f64();
+        let placement: Vec<(String, String)> = during
+            .iter()
+            .map(|t| {
+                let policy = task_stat(pid, t).map_or(String::new(), |(_, f)| f[38].clone());
+                let status = std::fs::read_to_string(format!("/proc/{pid}/task/{t}/status"))
+                    .unwrap_or_default();
+                let cpus = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                    .unwrap_or("")
+                    .trim()
+                    .to_string();
+                (policy, cpus)
+            })
+            .collect();
+        let r = load.join().expect("load thread");
+        assert_served(&mut s, &format!("TOFFLOAD_IDLE_POLL={mode}"), &r);
+        println!(
+            "TOFFLOAD_IDLE_POLL={mode}: pollers {during:?}, (policy, cpus) {placement:?}, \
+             spun {:.0}% of a core under load",
+            spun * 100.0
+        );
+        let want = match mode {
+            "on" => true,
+            "auto" => auto,
+            _ => false,
+        };
+        if !want {
+            assert!(during.is_empty(), "{mode}: a poller runs: {during:?}");
+            assert!(pollers(pid).is_empty(), "{mode}: a poller started late");
+            continue;
+        }
+        assert_eq!(
+            during.len(),
+            1,
+            "{mode}: one carrier, one poller: {during:?}"
+        );
+        for (policy, cpus) in &placement {
+            // SCHED_IDLE is policy 5: it never takes the core from the server.
+            assert_eq!(policy, "5", "{mode}: poller policy");
+            assert!(
+                !cpus.is_empty() && !cpus.contains(',') && !cpus.contains('-'),
+                "{mode}: the poller must be pinned to its carrier's core, allowed {cpus:?}"
+            );
+        }
+        assert!(
+            spun > 0.2,
+            "{mode}: the poller spun {:.0}% of a core while offloads were in flight",
+            spun * 100.0
+        );
+        // Load over: nothing in flight, so after the linger it parks.
+        std::thread::sleep(Duration::from_millis(300));
+        let t1 = during.iter().map(|t| task_cpu_ticks(pid, t)).sum::<u64>();
+        std::thread::sleep(Duration::from_millis(1000));
+        let idle_ticks = during.iter().map(|t| task_cpu_ticks(pid, t)).sum::<u64>() - t1;
+        let states: Vec<String> = during
+            .iter()
+            .filter_map(|t| task_stat(pid, t).map(|(_, f)| f[0].clone()))
+            .collect();
+        println!("{mode}: after the load, {idle_ticks} ticks in 1 s, states {states:?}");
+        assert!(
+            (idle_ticks as f64) / hz < 0.05,
+            "{mode}: the poller kept spinning with nothing in flight: {idle_ticks} ticks in 1 s"
+        );
+        assert!(states.iter().all(|s| s == "S"), "{mode}: states {states:?}");
+        s.expect_alive(mode);
+    }
+}

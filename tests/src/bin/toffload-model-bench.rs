@@ -167,20 +167,34 @@ struct Measured {
     /// a point the model calls CPU-bound, something outside the server (the load
     /// generator, the host) set the rate.
     busy: f64,
+    /// The share of a core the runtime's idle poller spun on (runtime/src/idle_poll.rs):
+    /// idle time it keeps from halting, not work; kept out of `busy`.
+    poll: f64,
 }
+
+/// The runtime's idle-poll threads' name.
+const POLLER: &str = "toffload-poll";
 
 fn measure(pt: Point, runtime: bool, secs: f64) -> Result<Measured, String> {
     let server = Server::start(&spec(pt, runtime)?)?;
-    let (cpu0, t0) = (server.cpu_secs(), std::time::Instant::now());
+    let (cpu0, poll0, t0) = (
+        server.cpu_secs(),
+        server.threads_cpu_secs(POLLER),
+        std::time::Instant::now(),
+    );
     let r = drive(server.port, pt.conns, secs)?;
-    let busy = match (cpu0, server.cpu_secs()) {
-        (Some(a), Some(b)) => (b - a) / t0.elapsed().as_secs_f64().max(1e-3),
+    let (cpu1, poll1) = (server.cpu_secs(), server.threads_cpu_secs(POLLER));
+    let elapsed = t0.elapsed().as_secs_f64().max(1e-3);
+    let poll = (poll1 - poll0).max(0.0) / elapsed;
+    let busy = match (cpu0, cpu1) {
+        (Some(a), Some(b)) => ((b - a) / elapsed - poll).max(0.0),
         _ => f64::NAN,
     };
     drop(server);
     Ok(Measured {
         rps: r.requests_per_sec,
         busy,
+        poll,
     })
 }
 
@@ -310,14 +324,14 @@ fn run(a: &Args) -> Result<(), String> {
     let mut table = String::new();
     let _ = writeln!(
         table,
-        "| latency us | conns | cpu us | wait | lanes | verdict | L us | c us | c_f us | runtime c us | Z us | traced stock req/s | model's stock req/s | stock req/s | runtime req/s | stock CPU | runtime CPU | measured | runs' range | predicted | binding | stop | error | steal | runs redone |\n|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|"
+        "| latency us | conns | cpu us | wait | lanes | verdict | L us | c us | c_f us | runtime c us | Z us | traced stock req/s | model's stock req/s | stock req/s | runtime req/s | stock CPU | runtime CPU | poll CPU | measured | runs' range | predicted | binding | stop | error | steal | runs redone |\n|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|"
     );
     let mut errors = Vec::new();
     let mut behind_ok = true;
     for &pt in &points {
         let mut w_runs = Vec::new();
         let (mut stock, mut rt) = (Vec::new(), Vec::new());
-        let (mut stock_cpu, mut rt_cpu) = (Vec::new(), Vec::new());
+        let (mut stock_cpu, mut rt_cpu, mut rt_poll) = (Vec::new(), Vec::new(), Vec::new());
         let mut failed = None;
         let (mut steals, mut retried) = (Vec::new(), 0);
         'runs: for _ in 0..a.runs {
@@ -357,6 +371,7 @@ fn run(a: &Args) -> Result<(), String> {
                 rt.push(r.rps);
                 stock_cpu.push(s.busy);
                 rt_cpu.push(r.busy);
+                rt_poll.push(r.poll);
                 steals.push(steal);
                 break;
             }
@@ -365,7 +380,7 @@ fn run(a: &Args) -> Result<(), String> {
             // A point that cannot be measured is a row that says why, and counts as a
             // miss: the summary must not look better for it.
             let row = format!(
-                "| {} | {} | {} | {} | {} | FAILED: {e} | | | | | | | | | | | | | | | | | | | |",
+                "| {} | {} | {} | {} | {} | FAILED: {e} | | | | | | | | | | | | | | | | | | | | |",
                 pt.lat, pt.conns, pt.cpu_us, pt.wait, pt.lanes
             );
             println!("{row}");
@@ -407,7 +422,7 @@ fn run(a: &Args) -> Result<(), String> {
         }
         let row =
             format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.0} | {} | {:.0} | {:.0} | {:.0}% | {:.0}% | {:.2}x | {:.2}-{:.2}x | {} | {} | {} | {} | {:.0}% | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.0} | {} | {:.0} | {:.0} | {:.0}% | {:.0}% | {:.0}% | {:.2}x | {:.2}-{:.2}x | {} | {} | {} | {} | {:.0}% | {} |",
             pt.lat,
             pt.conns,
             pt.cpu_us,
@@ -425,6 +440,7 @@ fn run(a: &Args) -> Result<(), String> {
             rt,
             median(stock_cpu) * 100.0,
             median(rt_cpu) * 100.0,
+            median(rt_poll) * 100.0,
             measured,
             lo,
             hi,
@@ -472,12 +488,14 @@ fn run(a: &Args) -> Result<(), String> {
              read/write and CPU counters (untraced.rs); \"stock\" and \"runtime\" are unwatched \
              runs, and \"stock CPU\" and \"runtime CPU\" the share of a core the server used \
              in them (medians; a CPU-bound point well below 100% was held back from \
-             outside); measured = runtime / stock (medians of the runs), and \"runs' range\" each \
+             outside), the runtime's without \"poll CPU\", the share its idle poller spun \
+             on the server's core while offloads were in flight (TOFFLOAD_IDLE_POLL: idle \
+             time kept from halting the vCPU, not work); measured = runtime / stock (medians of the runs), and \"runs' range\" each \
              run's own runtime / stock, lowest and highest; predicted = the watcher's zero-edit speedup from \
              the stock window; error = predicted / measured - 1. c is the stock CPU per request \
              the model took (without the watch), c_f the fibers' it predicted, and \
-             \"runtime c\" the runtime's as measured (its CPU over its requests, all threads, \
-             medians); Z is the time outside the server it fitted \
+             \"runtime c\" the runtime's as measured (its CPU over its requests, all threads \
+             but the poller, medians); Z is the time outside the server it fitted \
              on the stock loop. \"steal\" is the share of CPU time the \
              hypervisor gave to other guests while the point's kept runs ran (/proc/stat), \
              the mean of the runs: where it is high the measured rates move with the host, not \
