@@ -446,6 +446,9 @@ extern "C" fn carrier_main(arg: *mut libc::c_void) -> *mut libc::c_void {
     c.tid.store(real::gettid(), SeqCst);
     crate::stack::install_altstack();
     calibrate();
+    // Decided here, on the carrier's own stack: under auto it reads sysfs, which an
+    // offload on a fiber should not be the first to do.
+    crate::idle_poll::enabled();
     crate::log_at!(
         crate::log::INFO,
         "carrier {} started (tid {})",

@@ -79,21 +79,22 @@ fn under_hypervisor() -> bool {
 
 impl Poll {
     /// Carrier side: an offload parked (`+1`) or completed (`-1`).
+    /// (Nothing when polling is off: two atomic RMWs are a fifth of a park.)
     pub fn parked_offload(&self) {
-        if self.inflight.fetch_add(1, SeqCst) == 0 && self.parked.swap(false, SeqCst) {
+        if enabled() && self.inflight.fetch_add(1, SeqCst) == 0 && self.parked.swap(false, SeqCst) {
             futex_wake(&self.inflight);
         }
     }
 
     pub fn completed_offloads(&self, n: u32) {
-        if n > 0 {
+        if n > 0 && enabled() {
             self.inflight.fetch_sub(n, SeqCst);
         }
     }
 
     /// Carrier side, before it sleeps: where it sleeps, and a poller if none yet.
     pub fn before_sleep(&self, c: &'static Carrier) {
-        if self.inflight.load(Relaxed) == 0 || !enabled() {
+        if self.inflight.load(Relaxed) == 0 {
             return;
         }
         // SAFETY: no arguments; vDSO/rseq-backed, no syscall on current glibc.
@@ -145,12 +146,12 @@ impl Poll {
     }
 }
 
-fn pin_to(cpu: u32) -> bool {
+fn pin_to(cpu: u32) {
     // SAFETY: a zeroed cpu_set_t with one bit set, for this thread.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu as usize, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
 
@@ -192,7 +193,10 @@ extern "C" fn poller_main(arg: *mut libc::c_void) -> *mut libc::c_void {
         }
         idle_since = None;
         let cpu = p.cpu.load(Relaxed);
-        if cpu != pinned && pin_to(cpu) {
+        if cpu != pinned {
+            // Tried once per move: a refused mask (a cpuset) leaves it where it is,
+            // still SCHED_IDLE, rather than retrying the syscall in the spin.
+            pin_to(cpu);
             pinned = cpu;
         }
         spin(256);

@@ -55,7 +55,6 @@ pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Number of CPUs this process may use.
 /// CPUs online on the machine. Not available_parallelism(): that is the calling
 /// thread's affinity, and the benches pin themselves to core 1 before they start the
 /// servers they mean to pin to core 0, which then read as "one CPU" and were left
