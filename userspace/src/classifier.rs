@@ -35,6 +35,21 @@ pub struct Evidence {
     /// epoll_wait/epoll_pwait/poll/ppoll/select/pselect6 calls.
     pub mux_waits: u64,
     pub threads: usize,
+    /// The fiber runtime's own counters, when it is loaded and active in the target.
+    pub fiber_runtime: Option<FiberRuntime>,
+}
+
+/// What the fiber runtime reports of itself over the window (its counters, on the
+/// window's clock).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct FiberRuntime {
+    pub fibers_live: u64,
+    pub carriers: u64,
+    pub offloads_per_sec: f64,
+    /// Offloads that parked their fiber (the overlap), per second.
+    pub parked_per_sec: f64,
+    /// Fibers parked on socket I/O, per second.
+    pub io_parks_per_sec: f64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -55,6 +70,8 @@ pub enum Kind {
     NotDynamic,
     /// Not enough activity in the window to decide.
     Undecided,
+    /// Already running under toffload's fiber runtime (injected).
+    UnderRuntime,
 }
 
 impl Kind {
@@ -67,6 +84,7 @@ impl Kind {
             Kind::BehindWall => "behind wall (per-request CPU >= offload)",
             Kind::NotDynamic => "not dynamically linked (LD_PRELOAD cannot interpose)",
             Kind::Undecided => "undecided (no requests seen yet)",
+            Kind::UnderRuntime => "under the fiber runtime (connection threads run as fibers)",
         }
     }
 }
@@ -96,6 +114,27 @@ fn per(n: u64, d: u64) -> f64 {
 }
 
 pub fn classify(e: &Evidence) -> Verdict {
+    // Injected: the threads the other verdicts look at are fibers now (no thread per
+    // accept, epoll waits on the carriers), so they would mislabel it.
+    if let Some(f) = &e.fiber_runtime {
+        let parked = if f.offloads_per_sec > 0.0 {
+            format!(
+                " ({:.0}% of {:.0} offloads/s)",
+                100.0 * f.parked_per_sec / f.offloads_per_sec,
+                f.offloads_per_sec
+            )
+        } else {
+            String::new()
+        };
+        return verdict(
+            Kind::UnderRuntime,
+            format!(
+                "libtoffload.so active: {} fibers on {} carrier(s), {:.0} offloads parked/s{parked}, \
+                 {:.0} I/O parks/s",
+                f.fibers_live, f.carriers, f.parked_per_sec, f.io_parks_per_sec
+            ),
+        );
+    }
     match e.runtime {
         Some(RuntimeKind::Jvm) | Some(RuntimeKind::Go) | Some(RuntimeKind::Python) => {
             let rt = e.runtime.map(|r| r.label()).unwrap_or_default();
@@ -223,6 +262,7 @@ mod tests {
             threads_created: 64,
             mux_waits: 0,
             threads: 66,
+            fiber_runtime: None,
         }
     }
 
@@ -305,6 +345,32 @@ mod tests {
         e.runtime = Some(RuntimeKind::Static);
         e.dynamic = false;
         assert_eq!(classify(&e).kind, Kind::NotDynamic);
+    }
+
+    /// After an injection the carriers wait in epoll and no thread is made per
+    /// connection: without the runtime's own word that reads as an event loop.
+    #[test]
+    fn injected_is_under_the_runtime() {
+        let mut e = conn_server();
+        e.threads_created = 0;
+        e.mux_waits = 900;
+        e.threads = 4;
+        assert_eq!(classify(&e).kind, Kind::EventLoop);
+        e.fiber_runtime = Some(FiberRuntime {
+            fibers_live: 64,
+            carriers: 1,
+            offloads_per_sec: 10_000.0,
+            parked_per_sec: 9_000.0,
+            io_parks_per_sec: 20_000.0,
+        });
+        let v = classify(&e);
+        assert_eq!(v.kind, Kind::UnderRuntime, "{v:?}");
+        assert!(
+            v.because
+                .contains("64 fibers on 1 carrier(s), 9000 offloads parked/s (90% of"),
+            "{}",
+            v.because
+        );
     }
 
     #[test]

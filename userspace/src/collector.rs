@@ -12,8 +12,11 @@ use std::collections::BTreeMap;
 /// Everything measured since the watch began (the maps only grow).
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
-    /// Seconds since the watch began.
+    /// Seconds traced since the watch began (the clock every count here runs on).
     pub t: f64,
+    /// Wall-clock seconds since the watch began, and the Unix time, when read.
+    pub wall: f64,
+    pub unix: f64,
     pub counters: Vec<u64>,
     /// [nr * 2] calls, [nr * 2 + 1] total ns.
     pub syscalls: Vec<u64>,
@@ -207,6 +210,9 @@ impl Collector {
             .sum();
         Snapshot {
             t,
+            // The caller's clock (session.rs) sets these.
+            wall: 0.0,
+            unix: 0.0,
             counters,
             syscalls,
             sys_hists: self.sys_hists.clone(),

@@ -43,6 +43,14 @@ pub struct InjectionStatus {
     /// predicted / measured - 1.
     pub prediction_error: Option<f64>,
     pub after_windows: usize,
+    /// The Unix times [start, end] of the windows before_rps and after_rps are the
+    /// medians of, so that another count over the same seconds can be set beside them.
+    pub before_spans: Vec<[f64; 2]>,
+    pub after_spans: Vec<[f64; 2]>,
+}
+
+fn span(w: &Window) -> [f64; 2] {
+    [w.ts - w.wall_secs, w.ts]
 }
 
 pub fn median(v: &[f64]) -> Option<f64> {
@@ -59,13 +67,19 @@ pub fn median(v: &[f64]) -> Option<f64> {
     })
 }
 
+/// Stock windows (and their predictions) kept for the decision.
+const KEEP: usize = 5;
+
 /// Follows a watch's windows around an injection.
 #[derive(Default)]
 pub struct Tracker {
     before: Vec<f64>,
+    before_spans: Vec<[f64; 2]>,
     verdict: Option<(Kind, String)>,
-    assessment: Option<Assessment>,
+    /// The model's word on each of the `before` windows.
+    assessments: Vec<Assessment>,
     after: Vec<f64>,
+    after_spans: Vec<[f64; 2]>,
     seen_after: usize,
     pub status: Option<InjectionStatus>,
 }
@@ -77,15 +91,22 @@ impl Tracker {
             return;
         }
         self.before.push(w.requests_per_sec);
+        self.before_spans.push(span(w));
         // Keep the recent past: a server warming up is not what is injected.
-        if self.before.len() > 5 {
+        if self.before.len() > KEEP {
             self.before.remove(0);
+            self.before_spans.remove(0);
         }
         self.verdict = Some((
             w.verdict.kind,
             format!("{} -- {}", w.verdict.label, w.verdict.because),
         ));
-        self.assessment = w.model.clone();
+        if let Some(a) = &w.model {
+            self.assessments.push(a.clone());
+            if self.assessments.len() > KEEP {
+                self.assessments.remove(0);
+            }
+        }
     }
 
     pub fn windows_seen(&self) -> usize {
@@ -114,12 +135,21 @@ impl Tracker {
         median(&self.before)
     }
 
+    /// The prediction: the median over the recent windows of each window's own, so
+    /// that one window a noisy host disturbed (steal, another job's burst) does not
+    /// decide it.
     pub fn predicted(&self) -> (Option<f64>, Option<f64>) {
-        let z = self.assessment.as_ref().and_then(|a| a.zero_edit.as_ref());
-        (
-            self.assessment.as_ref().and_then(|a| a.zero_edit_speedup),
-            z.map(|p| p.fiber_rps),
-        )
+        let speedups: Vec<f64> = self
+            .assessments
+            .iter()
+            .filter_map(|a| a.zero_edit_speedup)
+            .collect();
+        let rps: Vec<f64> = self
+            .assessments
+            .iter()
+            .filter_map(|a| a.zero_edit.as_ref().map(|p| p.fiber_rps))
+            .collect();
+        (median(&speedups), median(&rps))
     }
 
     /// The injection happened: from now on windows are "after".
@@ -135,6 +165,8 @@ impl Tracker {
             measured_speedup: None,
             prediction_error: None,
             after_windows: 0,
+            before_spans: self.before_spans.clone(),
+            after_spans: Vec::new(),
         });
     }
 
@@ -144,8 +176,10 @@ impl Tracker {
         self.seen_after += 1;
         if self.seen_after > 1 && w.requests > 0 {
             self.after.push(w.requests_per_sec);
+            self.after_spans.push(span(w));
         }
         st.after_windows = self.after.len();
+        st.after_spans = self.after_spans.clone();
         st.after_rps = median(&self.after);
         st.measured_speedup = st
             .after_rps

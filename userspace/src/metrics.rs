@@ -103,8 +103,16 @@ pub struct SyscallRow {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Window {
+    /// Traced seconds since the watch began at the window's start, and the traced
+    /// seconds in it: every count and rate below is over these (the runtime's
+    /// counters too), whatever share of the interval was traced.
     pub start_s: f64,
     pub secs: f64,
+    /// The wall-clock seconds the window spans, and the Unix time at its end: where
+    /// another count (a load generator's, a server's own) over the same seconds is
+    /// read from.
+    pub wall_secs: f64,
+    pub ts: f64,
     pub requests: u64,
     pub requests_per_sec: f64,
     /// "offload calls" or "socket reads".
@@ -195,6 +203,13 @@ pub struct WatcherCost {
     pub budget: Option<f64>,
 }
 
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 fn nr(name: &str) -> usize {
     syscalls::number(name).unwrap_or(usize::MAX)
 }
@@ -222,6 +237,22 @@ const MUX_WAITS: &[&str] = &[
 fn share_of(tenths: &[u64], range: std::ops::RangeInclusive<usize>) -> Option<f64> {
     let total: u64 = tenths.iter().sum();
     (total > 0).then(|| tenths[range].iter().sum::<u64>() as f64 / total as f64)
+}
+
+/// The runtime's own account of the window, when it is loaded and active.
+fn fiber_runtime(prev: &Snapshot, cur: &Snapshot, secs: f64) -> Option<classifier::FiberRuntime> {
+    let c = cur.runtime.filter(|c| c.state == "active")?;
+    let d = match prev.runtime {
+        Some(p) => c.events_minus(&p),
+        None => c,
+    };
+    Some(classifier::FiberRuntime {
+        fibers_live: c.fibers_live,
+        carriers: c.carriers,
+        offloads_per_sec: d.offloads as f64 / secs,
+        parked_per_sec: d.offloads_parked as f64 / secs,
+        io_parks_per_sec: d.io_parks as f64 / secs,
+    })
 }
 
 pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
@@ -368,10 +399,13 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         threads_created,
         mux_waits,
         threads: cur.live_threads,
+        fiber_runtime: fiber_runtime(prev, cur, secs),
     };
     Window {
         start_s: prev.t,
         secs,
+        wall_secs: cur.wall - prev.wall,
+        ts: cur.unix,
         requests,
         requests_per_sec: requests as f64 / secs,
         request_source,

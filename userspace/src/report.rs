@@ -21,6 +21,8 @@ pub struct Header {
     pub context_switch_us: Option<f64>,
     /// What each traced event costs the target, measured at start (probe_cost.rs).
     pub probe_cost: Option<crate::probe_cost::ProbeCost>,
+    /// Whether probe_cost was measured or is the default (calibration cut short).
+    pub probe_cost_source: crate::probe_cost::CostSource,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -122,10 +124,14 @@ pub fn header_text(h: &Header) -> String {
     if let Some(c) = &h.probe_cost {
         let _ = writeln!(
             s,
-            "  watch cost per event: syscall {:.2} us, switch {:.2} us, offload {:.2} us (measured)",
+            "  watch cost per event: syscall {:.2} us, switch {:.2} us, offload {:.2} us ({})",
             c.syscall_ns / 1e3,
             c.switch_ns / 1e3,
-            c.offload_ns / 1e3
+            c.offload_ns / 1e3,
+            match h.probe_cost_source {
+                crate::probe_cost::CostSource::Measured => "measured",
+                crate::probe_cost::CostSource::Default => "default: calibration cut short",
+            }
         );
     }
     for m in &h.missing {

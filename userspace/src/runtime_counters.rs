@@ -43,6 +43,87 @@ pub struct RuntimeCounters {
     pub guard_watched_ms: u64,
 }
 
+impl RuntimeCounters {
+    /// `self` with its event counts (the monotonic words) combined with `o`'s by `f`;
+    /// the gauges (live fibers, carriers, modes, states) stay `self`'s.
+    fn events_with(&self, o: &RuntimeCounters, f: impl Fn(u64, u64) -> u64) -> RuntimeCounters {
+        RuntimeCounters {
+            fibers_created: f(self.fibers_created, o.fibers_created),
+            parks: f(self.parks, o.parks),
+            offloads: f(self.offloads, o.offloads),
+            offloads_parked: f(self.offloads_parked, o.offloads_parked),
+            offloads_inline: f(self.offloads_inline, o.offloads_inline),
+            io_parks: f(self.io_parks, o.io_parks),
+            guard_faults: f(self.guard_faults, o.guard_faults),
+            guard_conflicts: f(self.guard_conflicts, o.guard_conflicts),
+            guard_serialized: f(self.guard_serialized, o.guard_serialized),
+            guard_released: f(self.guard_released, o.guard_released),
+            ..*self
+        }
+    }
+
+    /// The events of `self` less those of `o` (an earlier reading, or the events of
+    /// stretches left out); gauges from `self`.
+    pub fn events_minus(&self, o: &RuntimeCounters) -> RuntimeCounters {
+        self.events_with(o, u64::saturating_sub)
+    }
+
+    pub fn events_plus(&self, o: &RuntimeCounters) -> RuntimeCounters {
+        self.events_with(o, u64::saturating_add)
+    }
+
+    /// The gauges of `self` with the event counts of `events`.
+    pub fn with_events_of(&self, events: &RuntimeCounters) -> RuntimeCounters {
+        events.gauges_of(self)
+    }
+
+    fn gauges_of(&self, g: &RuntimeCounters) -> RuntimeCounters {
+        RuntimeCounters {
+            fibers_live: g.fibers_live,
+            carriers: g.carriers,
+            guard: g.guard,
+            guard_pages: g.guard_pages,
+            state: g.state,
+            guard_sample: g.guard_sample,
+            guard_watched_ms: g.guard_watched_ms,
+            ..*self
+        }
+    }
+}
+
+/// The runtime's counters on the watch's clock. The kernel-side counts run only
+/// while the probes are attached and a window's rates are per traced second; the
+/// runtime counts all the time. Its events in the untraced stretches are left out
+/// (read at each edge of a burst), so that both are counted over the same seconds.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TracedView {
+    /// The reading at the last pause (None while tracing).
+    at_pause: Option<RuntimeCounters>,
+    /// The events of every untraced stretch so far.
+    untraced: RuntimeCounters,
+}
+
+impl TracedView {
+    /// The probes were detached when `now` was read.
+    pub fn paused(&mut self, now: Option<RuntimeCounters>) {
+        self.at_pause = now;
+    }
+
+    /// The probes are attached again as of `now`.
+    pub fn resumed(&mut self, now: Option<RuntimeCounters>) {
+        if let (Some(p), Some(n)) = (self.at_pause.take(), now) {
+            self.untraced = self.untraced.events_plus(&n.events_minus(&p));
+        }
+    }
+
+    /// `now` as the watch's clock counts it: events up to the pause while paused,
+    /// less the untraced stretches'; gauges as they are now.
+    pub fn view(&self, now: RuntimeCounters) -> RuntimeCounters {
+        let events = self.at_pause.unwrap_or(now);
+        now.with_events_of(&events).events_minus(&self.untraced)
+    }
+}
+
 /// Decodes the block (version 2: its first 17 words are read); None unless the magic
 /// and version match.
 pub fn decode(w: &[u64; WORDS]) -> Option<RuntimeCounters> {
@@ -150,5 +231,30 @@ mod tests {
         );
         w[1] = VERSION + 1;
         assert_eq!(decode(&w), None, "an unknown version is not guessed at");
+    }
+
+    /// Events counted while the probes were off are left out of the traced view, and
+    /// the gauges are always the current ones.
+    #[test]
+    fn traced_view_leaves_the_untraced_stretches_out() {
+        let at = |offloads, fibers_live| RuntimeCounters {
+            offloads,
+            parks: offloads * 2,
+            fibers_live,
+            ..Default::default()
+        };
+        let mut v = TracedView::default();
+        assert_eq!(v.view(at(100, 8)).offloads, 100);
+        v.paused(Some(at(150, 8)));
+        // While paused the count stays at the pause's, the gauge moves.
+        let p = v.view(at(900, 9));
+        assert_eq!((p.offloads, p.parks, p.fibers_live), (150, 300, 9));
+        v.resumed(Some(at(1000, 9)));
+        // 850 offloads ran untraced: the clock goes on from 150.
+        assert_eq!(v.view(at(1010, 7)).offloads, 160);
+        v.paused(Some(at(1100, 7)));
+        v.resumed(Some(at(3100, 7)));
+        let r = v.view(at(3150, 7));
+        assert_eq!((r.offloads, r.parks), (300, 600));
     }
 }

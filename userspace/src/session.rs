@@ -96,6 +96,8 @@ struct Tracked {
     ctx: Context,
     maps_len: usize,
     counters_at: Option<u64>,
+    /// The runtime's counters counted over the traced seconds only.
+    rt_view: runtime_counters::TracedView,
     facts: model::inputs::TargetFacts,
     /// The hypervisor's steal on the target's cores, per window.
     steal: steal::Meter,
@@ -129,6 +131,7 @@ impl Tracked {
             missing: a.missing.clone(),
             context_switch_us: calib.switch_us,
             probe_cost: calib.probe_cost,
+            probe_cost_source: calib.probe_cost_source,
         };
         let layout = Layout::new(
             AddressSpace::from_maps(&maps),
@@ -137,11 +140,15 @@ impl Tracked {
         // Where libtoffload.so keeps its counters in the target, once it is mapped.
         let counters_at = runtime_counters::locate(pid);
         let mut first = collector.snapshot(0.0, &[pid], &layout);
+        first.wall = started.elapsed().as_secs_f64();
+        first.unix = metrics::unix_now();
         first.runtime = counters_at.and_then(|at| runtime_counters::read(pid, at));
         // The baseline: whatever ran between attach and now counts from zero, so that a
         // short-lived target (run mode) loses nothing.
         let baseline = Snapshot {
             t: 0.0,
+            wall: first.wall,
+            unix: first.unix,
             threads: first.threads.clone(),
             ..Snapshot::zero()
         };
@@ -162,6 +169,7 @@ impl Tracked {
             ctx,
             maps_len: maps.len(),
             counters_at,
+            rt_view: runtime_counters::TracedView::default(),
             on: true,
             on_since: started.elapsed(),
             traced: Duration::ZERO,
@@ -210,15 +218,22 @@ impl Tracked {
         }
     }
 
-    /// The kernel's numbers and the runtime's counters, read together.
+    /// The runtime's counters as they are now.
+    fn runtime_now(&self) -> Option<runtime_counters::RuntimeCounters> {
+        self.counters_at
+            .and_then(|at| runtime_counters::read(self.pid(), at))
+    }
+
+    /// The kernel's numbers and the runtime's counters, read together, both over
+    /// the traced seconds.
     fn snapshot(&mut self, started: Instant) -> Snapshot {
         let t = self.traced_now(started);
         let mut s = self
             .collector
             .snapshot(t.as_secs_f64(), &[self.pid()], &self.layout);
-        s.runtime = self
-            .counters_at
-            .and_then(|at| runtime_counters::read(self.pid(), at));
+        s.runtime = self.runtime_now().map(|now| self.rt_view.view(now));
+        s.wall = started.elapsed().as_secs_f64();
+        s.unix = metrics::unix_now();
         s
     }
 
@@ -269,6 +284,7 @@ impl Tracked {
         if self.on && elapsed >= self.on_since + burst {
             self.ledger.edge(self.pid(), Stretch::Traced);
             loader::set_epoch(&mut self.a.bpf, None)?;
+            self.rt_view.paused(self.runtime_now());
             loader::detach(&mut self.a.bpf, &mut self.a.links);
             self.traced += elapsed.saturating_sub(self.on_since);
             self.on = false;
@@ -315,6 +331,7 @@ impl Tracked {
         )?;
         // After the tracepoints, so an offload is never timed without them.
         loader::set_epoch(&mut self.a.bpf, Some(self.epoch))?;
+        self.rt_view.resumed(self.runtime_now());
         self.on = true;
         self.on_since = started.elapsed();
         // Attaching counts for neither part.
@@ -389,10 +406,17 @@ pub async fn run(
     let started = Instant::now();
     let mut tr = Tracked::new(a, calib, started)?;
     sink.emit(Event::Header(&tr.header))?;
-    if let (Some(why), Some(_)) = (&calib.probe_cost_error, opts.overhead_budget) {
-        sink.status(&format!(
-            "the watch's own cost is unknown ({why}): tracing every interval in full"
-        ));
+    if let Some(why) = &calib.probe_cost_error {
+        let c = probe_cost::DEFAULT_COST;
+        // One line, on stderr as well as in the sink (a dashboard's status line goes
+        // away with the dashboard).
+        let msg = format!(
+            "warning: {why}; the watch's cost per event is taken as syscall {:.0} ns, \
+             switch {:.0} ns, offload {:.0} ns",
+            c.syscall_ns, c.switch_ns, c.offload_ns
+        );
+        eprintln!("toffload-watch: {msg}");
+        sink.status(&msg);
     }
     // Tests and scripts wait for this line before loading the target.
     eprintln!("toffload-watch: attached to pid {}", tr.pid());
@@ -653,27 +677,44 @@ pub const MIN_DUTY: f64 = 0.02;
 /// What is measured once at start.
 pub struct Calibration {
     pub switch_us: Option<f64>,
+    /// Measured, or DEFAULT_COST where the measurement failed or ran out of time.
     pub probe_cost: Option<ProbeCost>,
+    pub probe_cost_source: probe_cost::CostSource,
     /// Why the cost per event could not be measured (said once the watch is on).
     pub probe_cost_error: Option<String>,
 }
 
+/// The switch cost's fallback measurement, on a thread of its own, has this long.
+const SWITCH_DEADLINE: Duration = Duration::from_secs(1);
+
 impl Calibration {
-    /// The context-switch cost and the watch's cost per event (a fraction of a second).
+    /// The context-switch cost and the watch's cost per event (a fraction of a second;
+    /// at most probe_cost::DEADLINE + SWITCH_DEADLINE on a host that starves it).
     pub fn measure() -> Calibration {
-        let (probe_cost, probe_cost_error) = match probe_cost::measure() {
-            Ok(c) => (Some(c), None),
-            Err(why) => (None, Some(why)),
+        let (probe_cost, probe_cost_source, probe_cost_error) = match probe_cost::measure() {
+            Ok(c) => (c, probe_cost::CostSource::Measured, None),
+            Err(why) => (
+                probe_cost::DEFAULT_COST,
+                probe_cost::CostSource::Default,
+                Some(why),
+            ),
         };
         // The child's untraced ping-pong is the switch cost, measured undisturbed;
-        // without it, the same on this thread.
-        let switch_us = match &probe_cost {
-            Some(c) if c.handoff_ns > 0.0 => Some(c.handoff_ns / 1e3),
-            _ => calibrate::context_switch_us(2000),
+        // without it, the same on a thread of ours, given a deadline: it pins itself
+        // to the CPU it starts on, which may be one it gets little of.
+        let switch_us = if probe_cost.handoff_ns > 0.0 {
+            Some(probe_cost.handoff_ns / 1e3)
+        } else {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(calibrate::context_switch_us(2000));
+            });
+            rx.recv_timeout(SWITCH_DEADLINE).ok().flatten()
         };
         Calibration {
             switch_us,
-            probe_cost,
+            probe_cost: Some(probe_cost),
+            probe_cost_source,
             probe_cost_error,
         }
     }

@@ -68,6 +68,45 @@ pub struct Report {
     pub duration_s: f64,
     pub conns: usize,
     pub size: usize,
+    /// Answers completed in each TIMELINE_STEP_S of the measured time, from the Unix
+    /// time timeline_start: what another tool's count over some seconds of the run
+    /// (a watcher's window) is checked against.
+    #[serde(default)]
+    pub timeline_start: f64,
+    #[serde(default)]
+    pub timeline: Vec<u64>,
+}
+
+/// The timeline's step, seconds.
+pub const TIMELINE_STEP_S: f64 = 0.1;
+
+impl Report {
+    /// Answers per second completed between the Unix times `from` and `to`, counting
+    /// the steps at either edge in proportion; None where the span leaves the
+    /// measured time.
+    pub fn rate_between(&self, from: f64, to: f64) -> Option<f64> {
+        let end = self.timeline_start + self.timeline.len() as f64 * TIMELINE_STEP_S;
+        if !(to > from && from >= self.timeline_start - 1e-3 && to <= end + 1e-3) {
+            return None;
+        }
+        let n: f64 = self
+            .timeline
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| {
+                let a = self.timeline_start + i as f64 * TIMELINE_STEP_S;
+                let overlap = (to.min(a + TIMELINE_STEP_S) - from.max(a)).max(0.0);
+                c as f64 * overlap / TIMELINE_STEP_S
+            })
+            .sum();
+        Some(n / (to - from))
+    }
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 #[derive(Debug)]
@@ -101,6 +140,9 @@ struct Run<'a> {
     measure_to: u64,
     lat: Latencies,
     completed: u64,
+    /// Completions per TIMELINE_STEP_S from measure_from, and the Unix time of t0.
+    timeline: Vec<u64>,
+    unix_t0: f64,
     wrong: u64,
     errors: BTreeMap<String, u64>,
     next_payload: usize,
@@ -143,6 +185,8 @@ pub fn run(cfg: &Config) -> Result<Report, LoadError> {
         measure_to: 0,
         lat: Latencies::new(),
         completed: 0,
+        timeline: Vec::new(),
+        unix_t0: 0.0,
         wrong: 0,
         errors: BTreeMap::new(),
         next_payload: 0,
@@ -260,6 +304,11 @@ impl Run<'_> {
                 if now >= self.measure_from && now < self.measure_to {
                     self.completed += 1;
                     self.lat.record(now.saturating_sub(due));
+                    let step = ((now - self.measure_from) as f64 / 1e9 / TIMELINE_STEP_S) as usize;
+                    if self.timeline.len() <= step {
+                        self.timeline.resize(step + 1, 0);
+                    }
+                    self.timeline[step] += 1;
                 }
                 self.start_if_idle(i);
             }
@@ -293,6 +342,7 @@ impl Run<'_> {
             )));
         }
         self.t0 = Instant::now();
+        self.unix_t0 = unix_now();
         self.measure_from = cfg.warmup.as_nanos() as u64;
         self.measure_to = self.measure_from + cfg.duration.as_nanos() as u64;
         let mut next_arrival = 0u64;
@@ -355,6 +405,11 @@ impl Run<'_> {
             }
         }
         let secs = (self.measure_to - self.measure_from) as f64 / 1e9;
+        // Steps with no answer at the end count as such.
+        let steps = (secs / TIMELINE_STEP_S).ceil() as usize;
+        if self.timeline.len() < steps {
+            self.timeline.resize(steps, 0);
+        }
         Ok(Report {
             requests_per_sec: self.completed as f64 / secs.max(1e-9),
             completed: self.completed,
@@ -369,6 +424,8 @@ impl Run<'_> {
             duration_s: secs,
             conns: cfg.conns,
             size: cfg.size,
+            timeline_start: self.unix_t0 + self.measure_from as f64 / 1e9,
+            timeline: std::mem::take(&mut self.timeline),
         })
     }
 

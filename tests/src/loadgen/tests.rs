@@ -92,3 +92,29 @@ fn a_stop_flag_ends_a_long_run_early_with_rates_over_the_time_run() {
     let rate = r.completed as f64 / r.duration_s;
     assert!((r.requests_per_sec - rate).abs() < 1e-6 * rate.max(1.0));
 }
+
+#[test]
+fn the_timeline_adds_up_to_the_count_and_gives_rates_over_any_span() {
+    let r = run(&quick(echo_server(256, false))).unwrap();
+    assert!(r.completed > 0, "{r:?}");
+    assert_eq!(r.timeline.iter().sum::<u64>(), r.completed);
+    let steps = (r.duration_s / super::TIMELINE_STEP_S).ceil() as usize;
+    assert_eq!(r.timeline.len(), steps);
+    let (a, b) = (r.timeline_start, r.timeline_start + r.duration_s);
+    let whole = r.rate_between(a, b).unwrap();
+    assert!(
+        (whole - r.requests_per_sec).abs() <= 1e-6 * whole,
+        "{whole} {r:?}"
+    );
+    // Half a step: the step's count in proportion.
+    let first = r.timeline[0] as f64 / super::TIMELINE_STEP_S;
+    let half = r.rate_between(a, a + super::TIMELINE_STEP_S / 2.0).unwrap();
+    assert!(
+        (half - first).abs() <= 1e-6 * first.max(1.0),
+        "{half} {first}"
+    );
+    // Outside the measured time there is nothing to say.
+    assert_eq!(r.rate_between(a - 1.0, b), None);
+    assert_eq!(r.rate_between(a, b + 1.0), None);
+    assert_eq!(r.rate_between(b, a), None);
+}

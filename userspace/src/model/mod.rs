@@ -553,6 +553,11 @@ pub fn assess(
             Some("statically linked: LD_PRELOAD cannot interpose anything".into()),
         ),
         (Kind::Undecided, _) => (None, None, Some("no requests seen yet".into())),
+        (Kind::UnderRuntime, _) => (
+            None,
+            None,
+            Some("already under the fiber runtime: compare with the stock windows".into()),
+        ),
     };
     Assessment {
         zero_edit,
