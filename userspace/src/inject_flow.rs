@@ -37,7 +37,8 @@ pub struct InjectionStatus {
     pub before_rps: f64,
     pub predicted_speedup: Option<f64>,
     pub predicted_rps: Option<f64>,
-    /// Median requests/s of the windows after the first one under the runtime.
+    /// Median requests/s of the windows after the first one under the runtime (each
+    /// window's untraced rate where it has one: see served_rps).
     pub after_rps: Option<f64>,
     pub measured_speedup: Option<f64>,
     /// predicted / measured - 1.
@@ -51,6 +52,13 @@ pub struct InjectionStatus {
 
 fn span(w: &Window) -> [f64; 2] {
     [w.ts - w.wall_secs, w.ts]
+}
+
+/// The window's rate without the watch where its untraced part gives one (a sampled
+/// window: most of its seconds ran untraced), else the traced rate.
+pub fn served_rps(w: &Window) -> f64 {
+    w.untraced
+        .map_or(w.requests_per_sec, |u| u.requests_per_sec)
 }
 
 pub fn median(v: &[f64]) -> Option<f64> {
@@ -90,7 +98,7 @@ impl Tracker {
         if w.requests == 0 || w.verdict.kind == Kind::Undecided {
             return;
         }
-        self.before.push(w.requests_per_sec);
+        self.before.push(served_rps(w));
         self.before_spans.push(span(w));
         // Keep the recent past: a server warming up is not what is injected.
         if self.before.len() > KEEP {
@@ -175,7 +183,7 @@ impl Tracker {
         let st = self.status.as_mut()?;
         self.seen_after += 1;
         if self.seen_after > 1 && w.requests > 0 {
-            self.after.push(w.requests_per_sec);
+            self.after.push(served_rps(w));
             self.after_spans.push(span(w));
         }
         st.after_windows = self.after.len();

@@ -142,10 +142,26 @@ pub fn header_text(h: &Header) -> String {
 
 pub fn window_text(w: &Window, title: &str) -> String {
     let mut s = String::new();
+    // Rates are per traced second; where part of the window ran untraced, the rate
+    // without the watch follows.
+    let untraced = w
+        .untraced
+        .map(|u| {
+            format!(
+                "; untraced {:.0} req/s over {:.2} s ({})",
+                u.requests_per_sec,
+                u.secs,
+                match u.source {
+                    crate::untraced::UntracedSource::RuntimeCounters => "runtime's count",
+                    crate::untraced::UntracedSource::IoCalls => "from read/write calls",
+                }
+            )
+        })
+        .unwrap_or_default();
     let _ = writeln!(
         s,
-        "[{title} {:.1}s +{:.1}s] {:.0} req/s ({} {})",
-        w.start_s, w.secs, w.requests_per_sec, w.requests, w.request_source
+        "[{title} {:.1}s +{:.2}s traced of {:.2}s] {:.0} req/s ({} {}){untraced}",
+        w.start_s, w.secs, w.wall_secs, w.requests_per_sec, w.requests, w.request_source
     );
     let o = &w.offload;
     let pct = |v: Option<f64>| {

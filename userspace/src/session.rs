@@ -85,6 +85,10 @@ impl Attached {
     }
 }
 
+/// Tests only: "1" counts the runtime's counters over wall time (a deliberately
+/// wrong rate source for the demo's cross-check).
+pub const MIXED_CLOCK_ENV: &str = "TOFFLOAD_WATCH_TEST_MIXED_CLOCK";
+
 /// One watched process: its programs, collector and the state windows are cut from.
 struct Tracked {
     a: Attached,
@@ -98,6 +102,10 @@ struct Tracked {
     counters_at: Option<u64>,
     /// The runtime's counters counted over the traced seconds only.
     rt_view: runtime_counters::TracedView,
+    /// Tests only (MIXED_CLOCK_ENV): the runtime's counters over wall time, divided
+    /// by traced seconds as the kernel's are, and no untraced rate: the wrong rate
+    /// the demo's cross-check must catch.
+    mixed_clock: bool,
     facts: model::inputs::TargetFacts,
     /// The hypervisor's steal on the target's cores, per window.
     steal: steal::Meter,
@@ -157,6 +165,7 @@ impl Tracked {
             offload_probed: !a.probes.offload.is_empty(),
         };
         let facts = model::inputs::TargetFacts::read(pid);
+        let first_offloads = first.runtime.map(|c| c.offloads);
         Ok(Tracked {
             steal: steal::Meter::new(facts.cpus.clone()),
             facts,
@@ -170,6 +179,7 @@ impl Tracked {
             maps_len: maps.len(),
             counters_at,
             rt_view: runtime_counters::TracedView::default(),
+            mixed_clock: std::env::var_os(MIXED_CLOCK_ENV).is_some_and(|v| v == "1"),
             on: true,
             on_since: started.elapsed(),
             traced: Duration::ZERO,
@@ -177,7 +187,7 @@ impl Tracked {
             life: target::Liveness::new(pid),
             ledger: {
                 let mut l = untraced::Ledger::default();
-                l.edge(pid, Stretch::Neither);
+                l.edge(pid, Stretch::Neither, first_offloads);
                 l
             },
             settling_until: None,
@@ -231,7 +241,13 @@ impl Tracked {
         let mut s = self
             .collector
             .snapshot(t.as_secs_f64(), &[self.pid()], &self.layout);
-        s.runtime = self.runtime_now().map(|now| self.rt_view.view(now));
+        s.runtime = self.runtime_now().map(|now| {
+            if self.mixed_clock {
+                now
+            } else {
+                self.rt_view.view(now)
+            }
+        });
         s.wall = started.elapsed().as_secs_f64();
         s.unix = metrics::unix_now();
         s
@@ -249,8 +265,12 @@ impl Tracked {
         let cur = self.snapshot(started);
         let mut w = metrics::window(&self.prev, &cur, &self.ctx);
         self.prev = cur;
-        self.ledger.edge(self.pid(), self.stretch());
+        self.ledger_edge(self.stretch());
         w.untraced = self.ledger.close(w.requests, w.offload.stall_mean_us);
+        if self.mixed_clock {
+            // The old rate source whole: the traced rate alone, on the mixed clock.
+            w.untraced = None;
+        }
         w.steal_share = self.steal.share();
         w.watcher = watch_cost(&w, self.header.probe_cost.as_ref(), budget, duty);
         w.model = self.assess(&w);
@@ -282,7 +302,7 @@ impl Tracked {
     fn maybe_pause(&mut self, started: Instant, burst: Duration) -> Result<(), WatchError> {
         let elapsed = started.elapsed();
         if self.on && elapsed >= self.on_since + burst {
-            self.ledger.edge(self.pid(), Stretch::Traced);
+            self.ledger_edge(Stretch::Traced);
             loader::set_epoch(&mut self.a.bpf, None)?;
             self.rt_view.paused(self.runtime_now());
             loader::detach(&mut self.a.bpf, &mut self.a.links);
@@ -292,6 +312,12 @@ impl Tracked {
                 Some(started.elapsed() + Duration::from_secs_f64(untraced::SETTLE_SECS));
         }
         Ok(())
+    }
+
+    /// Books the stretch since the ledger's last edge as `was`.
+    fn ledger_edge(&mut self, was: Stretch) {
+        let offloads = self.runtime_now().map(|c| c.offloads);
+        self.ledger.edge(self.pid(), was, offloads);
     }
 
     /// What the stretch since the ledger's last edge has been.
@@ -309,7 +335,7 @@ impl Tracked {
             .settling_until
             .is_some_and(|t| !self.on && started.elapsed() >= t)
         {
-            self.ledger.edge(self.pid(), Stretch::Neither);
+            self.ledger_edge(Stretch::Neither);
             self.settling_until = None;
         }
     }
@@ -318,7 +344,7 @@ impl Tracked {
         if self.on {
             return Ok(());
         }
-        self.ledger.edge(self.pid(), self.stretch());
+        self.ledger_edge(self.stretch());
         self.settling_until = None;
         self.epoch += 1;
         let (_, links) = loader::attach_tracepoints(&mut self.a.bpf, self.a.raw_sched)?;
@@ -335,7 +361,7 @@ impl Tracked {
         self.on = true;
         self.on_since = started.elapsed();
         // Attaching counts for neither part.
-        self.ledger.edge(self.pid(), Stretch::Neither);
+        self.ledger_edge(Stretch::Neither);
         Ok(())
     }
 

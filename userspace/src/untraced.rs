@@ -28,15 +28,19 @@ pub struct Reading {
     io_calls: u64,
     /// utime + stime, seconds.
     cpu_s: f64,
+    /// The fiber runtime's offload count, where the target runs it: an exact count
+    /// of requests that costs the target nothing.
+    offloads: Option<u64>,
 }
 
 impl Reading {
-    pub fn take(pid: u32) -> Option<Reading> {
+    pub fn take(pid: u32, offloads: Option<u64>) -> Option<Reading> {
         let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
         Some(Reading {
             at: Instant::now(),
             io_calls: io_calls(&io)?,
             cpu_s: cpu_secs(pid)?,
+            offloads,
         })
     }
 }
@@ -84,15 +88,34 @@ pub struct Part {
     pub cpu_s: f64,
     /// Stretches booked (bursts, for the traced part).
     pub stretches: u32,
+    /// The runtime's offloads over the stretches, None unless every edge had them.
+    pub offloads: Option<u64>,
 }
 
 impl Part {
     fn add(&mut self, from: &Reading, to: &Reading) {
+        let offloads = match (from.offloads, to.offloads) {
+            (Some(a), Some(b)) if self.stretches == 0 || self.offloads.is_some() => {
+                Some(self.offloads.unwrap_or(0) + b.saturating_sub(a))
+            }
+            _ => None,
+        };
         self.stretches += 1;
         self.secs += to.at.saturating_duration_since(from.at).as_secs_f64();
         self.io_calls += to.io_calls.saturating_sub(from.io_calls);
         self.cpu_s += (to.cpu_s - from.cpu_s).max(0.0);
+        self.offloads = offloads;
     }
+}
+
+/// Where an untraced rate comes from.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum UntracedSource {
+    /// The fiber runtime's own offload count (exact).
+    RuntimeCounters,
+    /// The read and write calls, at the traced part's calls per request.
+    IoCalls,
 }
 
 /// The target without the watch, over one window.
@@ -105,6 +128,7 @@ pub struct Untraced {
     pub cpu_per_request_us: f64,
     /// Read and write calls per request, as the traced part counted them.
     pub io_calls_per_request: f64,
+    pub source: UntracedSource,
 }
 
 /// From a window's traced part (with the requests the probes counted in it, and their
@@ -121,7 +145,21 @@ pub fn estimate(
     stall_mean_us: Option<f64>,
     untraced: &Part,
 ) -> Option<Untraced> {
-    if requests < MIN_REQUESTS || untraced.secs < MIN_UNTRACED_SECS || traced.secs <= 0.0 {
+    if untraced.secs < MIN_UNTRACED_SECS {
+        return None;
+    }
+    // Under the fiber runtime its counters count the requests themselves.
+    if let Some(n) = untraced.offloads.filter(|&n| n > 0) {
+        let rate = n as f64 / untraced.secs;
+        return Some(Untraced {
+            secs: untraced.secs,
+            requests_per_sec: rate,
+            cpu_per_request_us: untraced.cpu_s / n as f64 * 1e6,
+            io_calls_per_request: untraced.io_calls as f64 / n as f64,
+            source: UntracedSource::RuntimeCounters,
+        });
+    }
+    if requests < MIN_REQUESTS || traced.secs <= 0.0 {
         return None;
     }
     let in_flight = requests as f64 / traced.secs * stall_mean_us.unwrap_or(0.0).max(0.0) / 1e6;
@@ -136,6 +174,7 @@ pub fn estimate(
         requests_per_sec: rate,
         cpu_per_request_us: untraced.cpu_s / untraced.secs / rate * 1e6,
         io_calls_per_request: k,
+        source: UntracedSource::IoCalls,
     })
 }
 
@@ -160,8 +199,8 @@ pub enum Stretch {
 impl Ledger {
     /// Reads the counters and books the stretch since the last edge as `was`. A failed
     /// read (the target gone) books nothing and leaves the next stretch unanchored.
-    pub fn edge(&mut self, pid: u32, was: Stretch) {
-        let now = Reading::take(pid);
+    pub fn edge(&mut self, pid: u32, was: Stretch, offloads: Option<u64>) {
+        let now = Reading::take(pid, offloads);
         if let (Some(from), Some(to)) = (&self.last, &now) {
             match was {
                 Stretch::Traced => self.traced.add(from, to),
@@ -194,8 +233,8 @@ mod tests {
         let stat = "42 (a) b (c) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0";
         assert_eq!(cpu_ticks(stat), Some(300));
         assert_eq!(cpu_ticks("42 (x) S 1"), None);
-        assert!(Reading::take(std::process::id()).is_some());
-        assert!(Reading::take(u32::MAX).is_none());
+        assert!(Reading::take(std::process::id(), None).is_some());
+        assert!(Reading::take(u32::MAX, None).is_none());
     }
 
     #[test]
@@ -207,12 +246,14 @@ mod tests {
             io_calls: 2000,
             cpu_s: 0.05,
             stretches: 1,
+            offloads: None,
         };
         let untraced = Part {
             secs: 1.5,
             io_calls: 90_000,
             cpu_s: 0.9,
             stretches: 1,
+            offloads: None,
         };
         let u = estimate(&traced, 1000, None, &untraced).unwrap();
         assert!((u.requests_per_sec - 30_000.0).abs() < 1e-6);
@@ -237,17 +278,51 @@ mod tests {
         assert_eq!(estimate(&recv_send, 1000, None, &untraced), None);
     }
 
+    /// Under the fiber runtime the untraced rate is its own count over the untraced
+    /// seconds, whatever the calls per request (recv/send included).
+    #[test]
+    fn the_runtime_counts_the_untraced_requests_exactly() {
+        let traced = Part {
+            secs: 0.05,
+            io_calls: 0,
+            cpu_s: 0.05,
+            stretches: 1,
+            offloads: Some(2_000),
+        };
+        let untraced = Part {
+            secs: 0.9,
+            io_calls: 0,
+            cpu_s: 0.45,
+            stretches: 1,
+            offloads: Some(45_000),
+        };
+        let u = estimate(&traced, 0, None, &untraced).unwrap();
+        assert_eq!(u.source, UntracedSource::RuntimeCounters);
+        assert!((u.requests_per_sec - 50_000.0).abs() < 1e-6, "{u:?}");
+        assert!((u.cpu_per_request_us - 10.0).abs() < 1e-9, "{u:?}");
+        // Booked edge by edge, a stretch with an edge unread loses the count.
+        let pid = std::process::id();
+        let mut l = Ledger::default();
+        l.edge(pid, Stretch::Neither, Some(10));
+        l.edge(pid, Stretch::Untraced, Some(110));
+        l.edge(pid, Stretch::Untraced, Some(160));
+        assert_eq!(l.untraced.offloads, Some(150));
+        l.edge(pid, Stretch::Untraced, None);
+        l.edge(pid, Stretch::Untraced, Some(200));
+        assert_eq!(l.untraced.offloads, None);
+    }
+
     #[test]
     fn edges_book_their_stretch() {
         let pid = std::process::id();
         let mut l = Ledger::default();
-        l.edge(pid, Stretch::Neither);
+        l.edge(pid, Stretch::Neither, None);
         std::thread::sleep(std::time::Duration::from_millis(20));
-        l.edge(pid, Stretch::Traced);
+        l.edge(pid, Stretch::Traced, None);
         std::thread::sleep(std::time::Duration::from_millis(30));
-        l.edge(pid, Stretch::Neither);
+        l.edge(pid, Stretch::Neither, None);
         std::thread::sleep(std::time::Duration::from_millis(40));
-        l.edge(pid, Stretch::Untraced);
+        l.edge(pid, Stretch::Untraced, None);
         assert!(l.traced.secs >= 0.02 && l.traced.secs < 0.03 + 0.02);
         assert!(l.untraced.secs >= 0.04 && l.untraced.secs < 0.04 + 0.03);
         assert_eq!((l.traced.stretches, l.untraced.stretches), (1, 1));

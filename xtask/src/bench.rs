@@ -39,6 +39,13 @@ pub enum Which {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// The demo told 5 times: before/after rates beside the load generator's own
+    /// count, the prediction and its error (needs root) -> demo.md.
+    Demo {
+        /// Extra arguments for toffload-story (e.g. `-- --runs 3`; see its --help).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
     /// The remote backend over namespaced, shaped links (needs root) -> remote.md.
     Remote {
         #[arg(last = true)]
@@ -102,6 +109,18 @@ pub fn run(which: Which) -> Result {
                     .arg("--out")
                     .arg(&out)
                     .args(&args),
+            )
+        }
+        Which::Demo { args } => {
+            let dist = crate::build::all()?;
+            // Defaults first: a later flag in `args` overrides (clap keeps the last).
+            proc::run(
+                Command::new(dist.bin.join("toffload-story"))
+                    .args(["--runs", "5"])
+                    .arg("--out")
+                    .arg(paths::results().join("demo.md"))
+                    .args(&args)
+                    .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist")),
             )
         }
         Which::Remote { args } => crate::bench_remote::run(args),
