@@ -90,6 +90,15 @@ fn maps_have_runtime(pid: u32) -> bool {
         .is_ok_and(|m| m.contains("/libtoffload.so"))
 }
 
+/// /proc/PID/status's Cpus_allowed_list.
+fn cpus_of(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|v| v.trim().to_string())
+}
+
 /// Any conn_server still listening on `port`: an orphan.
 fn listeners_on(port: u16) -> Vec<u32> {
     let mut out = Vec::new();
@@ -120,6 +129,7 @@ fn inject_raises_throughput() {
     let mut server = conn_server(port, "spin", 1000);
     let old = server.pid();
     let old_nice = nice_of(old);
+    let old_cpus = cpus_of(old);
     pin_load();
     let stock = load::run(&load_cfg(port, 2.0)).expect("stock load");
     assert_eq!(stock.wrong, 0);
@@ -138,6 +148,12 @@ fn inject_raises_throughput() {
     // At the server's own priority, not the watcher's (raised while it starts).
     assert!(old_nice.is_some());
     assert_eq!(nice_of(new), old_nice, "nice of the relaunched pid {new}");
+    // On the server's own CPUs (core 0 here), not the watcher's (core 1).
+    assert_eq!(
+        cpus_of(new),
+        old_cpus,
+        "CPUs of the relaunched pid {new} (the stock one had {old_cpus:?})"
+    );
     let after = load::run(&load_cfg(port, 2.0)).expect("load after");
     let ratio = after.requests_per_sec / stock.requests_per_sec;
     eprintln!(

@@ -94,14 +94,27 @@ pub fn spawn(l: &Launch, stdio: &[Option<OwnedFd>; 3]) -> Result<Child, String> 
         .stderr(dup(&stdio[2]));
     let (uid, gid, nice) = (l.uid, l.gid, l.nice);
     let groups: Vec<libc::gid_t> = l.groups.clone();
+    // Built before the fork: only the syscall runs in the child.
+    // SAFETY: a zeroed cpu_set_t is a valid empty set.
+    let mut cpus: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in &l.cpus {
+        // SAFETY: c < CPU_SETSIZE (it came from CPU_ISSET over that range).
+        unsafe { libc::CPU_SET(c, &mut cpus) };
+    }
+    let pin = !l.cpus.is_empty();
     // SAFETY: only async-signal-safe syscalls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            // The server's own priority, not the watcher's.
+            // The server's own priority and CPUs, not the watcher's.
             libc::setpriority(libc::PRIO_PROCESS, 0, nice);
+            if pin
+                && libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &cpus) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
             if libc::geteuid() == 0
                 && (libc::setgroups(groups.len(), groups.as_ptr()) != 0
                     || libc::setresgid(gid, gid, gid) != 0

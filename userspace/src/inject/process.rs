@@ -18,6 +18,28 @@ pub struct Launch {
     pub groups: Vec<u32>,
     /// Its nice value (the relaunch runs at it, not at the watcher's).
     pub nice: i32,
+    /// The CPUs it may run on (a server pinned apart from its load stays there; the
+    /// relaunch would otherwise take the watcher's).
+    pub cpus: Vec<usize>,
+}
+
+/// The CPUs `pid` may run on (empty when they cannot be read).
+pub fn affinity(pid: u32) -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is valid; the kernel fills it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(
+            pid as libc::pid_t,
+            std::mem::size_of::<libc::cpu_set_t>(),
+            &mut set,
+        ) != 0
+        {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
 }
 
 impl Launch {
@@ -82,6 +104,7 @@ impl Launch {
             gid,
             groups: field("Groups:"),
             nice,
+            cpus: affinity(pid),
         })
     }
 
@@ -156,15 +179,32 @@ pub fn parse_listen_rows(text: &str) -> Vec<(u16, u64)> {
         .collect()
 }
 
-/// Alive and not a zombie.
+/// The state letter of a /proc stat text.
+fn state_of(stat: &str) -> Option<char> {
+    stat.rsplit_once(')')
+        .and_then(|(_, r)| r.trim_start().chars().next())
+}
+
+/// Alive and not a zombie: some thread of it still runs. A leader that has exited
+/// shows Z while its other threads are still tearing down, and until the last is
+/// gone its files (a listening socket) are still open: a relaunch that took the Z
+/// for gone failed to bind its port now and then.
 pub fn running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .and_then(|(_, r)| r.trim_start().chars().next())
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let live = |s: Option<char>| s.is_some_and(|c| c != 'Z' && c != 'X');
+    if live(state_of(&stat)) {
+        return true;
+    }
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|t| {
+            std::fs::read_to_string(t.path().join("stat"))
+                .is_ok_and(|s| live(state_of(&s)))
         })
-        .is_some_and(|state| state != 'Z' && state != 'X')
 }
 
 #[cfg(test)]
@@ -184,6 +224,19 @@ mod tests {
         assert_eq!(me.cwd, std::env::current_dir().unwrap());
         assert!(!me.argv.is_empty());
         assert_eq!(me.uid, unsafe { libc::geteuid() });
+        // The CPUs as /proc says them (the main thread's mask: tests run on others).
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let listed = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap()
+            .trim()
+            .to_string();
+        let ours: Vec<String> = me.cpus.iter().map(|c| c.to_string()).collect();
+        assert!(!me.cpus.is_empty());
+        if !listed.contains('-') {
+            assert_eq!(ours.join(","), listed);
+        }
         assert!(running(std::process::id()));
         assert!(!running(u32::MAX - 1));
     }
