@@ -2,6 +2,9 @@
 //! without, median of alternating runs, server and load pinned to different CPUs.
 //! Writes the table to --out (tests/results/watch.md). Needs root and the dist folder.
 
+#[path = "watch/real.rs"]
+mod real;
+
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use toffload_tests::harness::{self, Server, ServerSpec};
@@ -73,12 +76,15 @@ fn main() {
     let mut out = None;
     let mut runs = 7;
     let mut secs = 3.0;
+    // --only real: the stock servers alone; --only own: toffload's servers alone.
+    let mut only: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--out" => out = args.next(),
             "--runs" => runs = args.next().and_then(|v| v.parse().ok()).unwrap_or(runs),
             "--secs" => secs = args.next().and_then(|v| v.parse().ok()).unwrap_or(secs),
+            "--only" => only = args.next(),
             "--bench" => {}
             other => eprintln!("watch bench: ignoring {other}"),
         }
@@ -100,7 +106,9 @@ fn main() {
         ("--sample 100", Some(&["--sample", "100"])),
     ];
     let mut rows = Vec::new();
-    for case in CASES {
+    let own = only.as_deref() != Some("real");
+    let stock = only.as_deref() != Some("own");
+    for case in CASES.iter().filter(|_| own) {
         let mut rps: [Vec<f64>; 3] = Default::default();
         let mut cpu: [Vec<f64>; 3] = Default::default();
         for i in 0..runs * modes.len() {
@@ -163,6 +171,78 @@ fn main() {
             (c[2] / c[0] - 1.0) * 100.0,
         ));
     }
+    let mut real_rows = Vec::new();
+    for kind in [real::Kind::Redis, real::Kind::Nginx]
+        .into_iter()
+        .filter(|_| stock)
+    {
+        if let Some(why) = real::missing(kind) {
+            real_rows.push(format!("| {} | not run: {why} | | | | |", kind.name()));
+            continue;
+        }
+        // Unwatched and watched, interleaved run by run.
+        let mut r: [Vec<real::Run>; 2] = Default::default();
+        for i in 0..runs * 2 {
+            let m = i % 2;
+            let w = |pid: u32| watcher(pid, &[]);
+            let run = real::run(
+                kind,
+                secs,
+                server_cpu,
+                (m == 1).then_some(&w as &dyn Fn(u32) -> Child),
+            );
+            eprintln!(
+                "{}, {}: {:.0} req/s, worst quarter second {:.0} req/s, {:.2} us CPU/req",
+                kind.name(),
+                modes[m].0,
+                run.rps,
+                run.worst_quarter,
+                run.cpu_us_per_req
+            );
+            r[m].push(run);
+        }
+        let med = |v: &[real::Run], f: fn(&real::Run) -> f64| median(v.iter().map(f).collect());
+        let (u, w) = (med(&r[0], |x| x.rps), med(&r[1], |x| x.rps));
+        let (uq, wq) = (
+            med(&r[0], |x| x.worst_quarter),
+            med(&r[1], |x| x.worst_quarter),
+        );
+        let (uc, wc) = (
+            med(&r[0], |x| x.cpu_us_per_req),
+            med(&r[1], |x| x.cpu_us_per_req),
+        );
+        // Each watched run's worst quarter second against the unwatched median rate.
+        let worst = r[1]
+            .iter()
+            .map(|x| x.worst_quarter / u)
+            .fold(f64::INFINITY, f64::min);
+        real_rows.push(format!(
+            "| {} | {u:.0} | {w:.0} ({:.3}) | {:.2} / {:.2} (worst run {:.2}) | {uc:.2} | {wc:.2} ({:+.1}%) |",
+            kind.name(),
+            w / u,
+            uq / u,
+            wq / u,
+            worst,
+            (wc / uc - 1.0) * 100.0
+        ));
+    }
+    let real_table = if real_rows.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "\n## Stock Debian servers under their own load tools\n\n             Server pinned to CPU {}, load tool and watcher on the other; throughput is the \
+             server's own count (redis INFO total_commands_processed, nginx stub_status), \
+             polled every quarter second. Each run: load for 1 s, then the watcher (default \
+             budget) starts and attaches, {secs} s measured while attached, SIGINT (detach), \
+             1 s more; unwatched runs keep the same timeline. Median of {runs} interleaved \
+             runs. Worst quarter: the lowest quarter-second rate from the watcher's start to \
+             the end of the load, over the unwatched median rate (targets: throughput ratio \
+             >= 0.99, worst quarter >= 0.80).\n\n             | server | unwatched req/s | watched req/s (ratio) | worst quarter unwatched / watched | \
+             server CPU us/req unwatched | watched |\n|---|---:|---:|---:|---:|---:|\n{}\n",
+            server_cpu.map_or("any".into(), |c| c.to_string()),
+            real_rows.join("\n")
+        )
+    };
     let table = format!(
         "# toffload-watch overhead\n\n`cargo xtask bench watch` (median of {runs} interleaved runs of {secs} s \
          per mode, server on CPU {}, load generator on CPU {}, {cpus} CPUs; the watcher attached \
@@ -177,10 +257,10 @@ fn main() {
          completed; the kernel-side programs run in the server's context, so their cost is \
          in it. The watched ratio is what the 97% target is about; on this shared 2-core VM \
          the throughput of the same configuration moves by several percent between runs, so \
-         the CPU cost per request is the steadier measure of the watcher's overhead.\n",
+         the CPU cost per request is the steadier measure of the watcher's overhead.\n{real_table}",
         server_cpu.map_or("any".into(), |c| c.to_string()),
         load_cpu.map_or("any".into(), |c| c.to_string()),
-        rows.join("\n")
+        rows.join("\n"),
     );
     print!("{table}");
     if let Some(p) = out {

@@ -94,6 +94,9 @@ pub struct FiberGuard {
     pub(crate) owned: UnsafeCell<Vec<(usize, bool)>>,
     /// Enforce: the page the fiber waits for (set by the fault handler).
     pub(crate) wait_page: Cell<usize>,
+    /// Enforce: the page the fiber is parked waiting for (0: none), for the wait-for
+    /// graph; written and read under own.rs's PAGES lock.
+    pub(crate) waiting_for: AtomicUsize,
     /// uffd-async: its writes were collected as it parked at its offload; the
     /// switch-out that follows has nothing of it to collect.
     collected: Cell<bool>,

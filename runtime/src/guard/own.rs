@@ -20,9 +20,17 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 
 const DEMOTE_AFTER: u32 = 64;
-/// A wait longer than this means a cycle (two handlers owning pages the other wants):
-/// the page is released from the guard rather than hang the program.
-const GIVE_UP_NS: u64 = 1_000_000_000;
+/// A page wait ends when its owner's handler ends. A cycle among page owners (each
+/// waiting for a page the next owns) is found when the handler that would close it
+/// faults (`cycle`), and broken there, reported. A wait that lasts this long without
+/// one means the owner blocks in something the guard cannot see (a lock, a wait for
+/// the waiter itself): only then is the page given up, reported as a broken
+/// guarantee, rather than hang the program. A busy host's slow handler is not that
+/// (a 1 s limit here released pages on a loaded machine and lost updates).
+const LAST_RESORT_NS: u64 = 30_000_000_000;
+/// The longest chain of owners followed (more fibers than this waiting in one chain
+/// is treated as a cycle: the guard would rather release a page than loop).
+const MAX_CHAIN: usize = 4096;
 
 #[derive(Default, Clone, Copy)]
 struct Page {
@@ -74,6 +82,7 @@ pub unsafe fn on_fault(page: usize, ctx: *mut libc::c_void) -> bool {
         if !st.released {
             st.released = true;
             crate::stats::COUNTERS.guard_released.fetch_add(1, Relaxed);
+            crate::stats::GUARD_RELEASED_BY_THREAD.fetch_add(1, Relaxed);
         }
         prot(page, libc::PROT_READ | libc::PROT_WRITE);
         return true;
@@ -117,35 +126,87 @@ pub unsafe fn on_fault(page: usize, ctx: *mut libc::c_void) -> bool {
     true
 }
 
+/// Whether `owner`'s chain of page waits leads back to `me`: `owner` waits for a page
+/// owned by a fiber that waits for a page ... owned by `me`. Under the PAGES lock, where
+/// every owner is a live fiber (a handler's pages are released before it ends).
+fn cycle(m: &HashMap<usize, Page>, owner: usize, me: usize) -> bool {
+    let mut cur = owner;
+    for _ in 0..MAX_CHAIN {
+        if cur == me {
+            return true;
+        }
+        // SAFETY: `cur` owns a page, so it is a live fiber (see above).
+        let f = unsafe { &*(cur as *const Fiber) };
+        let want = f.guard.waiting_for.load(Relaxed);
+        match m.get(&want) {
+            Some(st) if want != 0 && st.owner != 0 && !st.released => cur = st.owner,
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// Gives `page` up (no longer guarded), logged and counted: the guarantee is broken.
+fn give_up(st: &mut Page, page: usize, why: std::fmt::Arguments) {
+    if st.released {
+        return;
+    }
+    st.released = true;
+    crate::stats::COUNTERS.guard_released.fetch_add(1, Relaxed);
+    crate::log::line(format_args!(
+        "guard: page {page:#x} no longer guarded ({why}): updates to it may be lost"
+    ));
+    prot(page, libc::PROT_READ | libc::PROT_WRITE);
+}
+
 /// Called by the trampoline, on the fiber's stack: park until the page is free.
 pub fn wait_for_page(f: &Fiber) {
     let page = f.guard.wait_page.replace(0);
     let me = f as *const Fiber as usize;
-    let deadline = crate::time::now_ns() + GIVE_UP_NS;
+    let deadline = crate::time::now_ns() + LAST_RESORT_NS;
     loop {
         let slot = Slot::fiber(f);
         {
             let mut g = PAGES.lock();
-            let Some(st) = g.as_mut().and_then(|m| m.get_mut(&page)) else {
+            let Some(m) = g.as_mut() else {
+                return;
+            };
+            let Some(&st) = m.get(&page) else {
                 return;
             };
             if st.owner == 0 || st.owner == me || st.released {
+                f.guard.waiting_for.store(0, Relaxed);
                 return;
             }
+            if cycle(m, st.owner, me) {
+                f.guard.waiting_for.store(0, Relaxed);
+                let st = m.get_mut(&page).expect("present");
+                give_up(
+                    st,
+                    page,
+                    format_args!("handlers each own a page the other waits for"),
+                );
+                return;
+            }
+            f.guard.waiting_for.store(page, Relaxed);
             WAITERS.push(page, &slot);
         }
         let timed_out = fiber::park_until(f, Some(deadline));
         WAITERS.remove(page, &slot);
         if timed_out {
             let mut g = PAGES.lock();
+            f.guard.waiting_for.store(0, Relaxed);
             if let Some(st) = g.as_mut().and_then(|m| m.get_mut(&page)) {
-                if st.owner != 0 && st.owner != me && !st.released {
-                    st.released = true;
-                    crate::stats::COUNTERS.guard_released.fetch_add(1, Relaxed);
-                    crate::log::line(format_args!(
-                        "guard: page {page:#x} waited for over 1 s (handlers owning pages each other wants?); no longer guarded"
-                    ));
-                    prot(page, libc::PROT_READ | libc::PROT_WRITE);
+                if st.owner != 0 && st.owner != me {
+                    give_up(
+                        st,
+                        page,
+                        format_args!(
+                            "a handler waited {} s for it: its owner blocks where the guard \
+                             cannot see",
+                            LAST_RESORT_NS / 1_000_000_000
+                        ),
+                    );
                 }
             }
             return;

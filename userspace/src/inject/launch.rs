@@ -110,8 +110,7 @@ pub fn spawn(l: &Launch, stdio: &[Option<OwnedFd>; 3]) -> Result<Child, String> 
             }
             // The server's own priority and CPUs, not the watcher's.
             libc::setpriority(libc::PRIO_PROCESS, 0, nice);
-            if pin
-                && libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &cpus) != 0
+            if pin && libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &cpus) != 0
             {
                 return Err(std::io::Error::last_os_error());
             }

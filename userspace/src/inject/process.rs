@@ -201,10 +201,7 @@ pub fn running(pid: u32) -> bool {
         .into_iter()
         .flatten()
         .flatten()
-        .any(|t| {
-            std::fs::read_to_string(t.path().join("stat"))
-                .is_ok_and(|s| live(state_of(&s)))
-        })
+        .any(|t| std::fs::read_to_string(t.path().join("stat")).is_ok_and(|s| live(state_of(&s))))
 }
 
 #[cfg(test)]
