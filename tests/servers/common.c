@@ -44,12 +44,14 @@ void close_fd(const char *prog, int fd)
 static void usage(FILE *f, const char *prog)
 {
     fprintf(f,
-            "usage: %s [--addr A] [--port N] [--size BYTES] [--cpu-us U]\n"
+            "usage: %s [--addr A] [--port N] [--size BYTES] [--cpu-us U] [--shared-mutex 0|1]\n"
             "  --addr A        IPv4 address to listen on (default 127.0.0.1)\n"
             "  --port N        TCP port 0..65535, 0 = ephemeral (default 0)\n"
             "  --size BYTES    request/response size 1..%zu (default 1024)\n"
             "  --cpu-us U      CPU work per request in microseconds, >= 0,\n"
             "                  fractional allowed (default 0)\n"
+            "  --shared-mutex 1  after each offload, update process-wide totals under\n"
+            "                  one pthread mutex (a lock on the request path; default 0)\n"
             "Prints \"READY port=<port>\" on stdout once listening.\n"
             "With --cpu-us, the busy loop is calibrated at start (its rate goes to\n"
             "stderr); TOFFLOAD_CPU_ITERS_PER_US=R uses rate R instead, so that several\n"
@@ -89,11 +91,13 @@ void server_setup(const char *prog, int argc, char **argv, struct server_opts *o
     static const char SIZE_FORM[] = "--size BYTES, an integer 1..67108864";
     static const char CPU_FORM[] = "--cpu-us U, a number of microseconds >= 0 and <= 10000000";
     static const char ADDR_FORM[] = "--addr A, an IPv4 address such as 127.0.0.1";
+    static const char MUTEX_FORM[] = "--shared-mutex 0 or 1";
 
     o->addr = "127.0.0.1";
     o->port = 0;
     o->size = 1024;
     o->cpu_us = 0;
+    o->shared_mutex = 0;
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -121,6 +125,8 @@ void server_setup(const char *prog, int argc, char **argv, struct server_opts *o
             form = CPU_FORM;
         else if (strcmp(flag, "--addr") == 0)
             form = ADDR_FORM;
+        else if (strcmp(flag, "--shared-mutex") == 0)
+            form = MUTEX_FORM;
         else {
             fprintf(stderr, "%s: unknown argument '%s'\n", prog, a);
             usage(stderr, prog);
@@ -149,6 +155,11 @@ void server_setup(const char *prog, int argc, char **argv, struct server_opts *o
             if (!*val || *end || errno || !isfinite(v) || v < 0 || v > 1e7)
                 bad_arg(prog, flag, val, form);
             o->cpu_us = v;
+        } else if (form == MUTEX_FORM) {
+            long long v = parse_uint(val, 0, 1);
+            if (v < 0)
+                bad_arg(prog, flag, val, form);
+            o->shared_mutex = (int)v;
         } else {
             struct in_addr ia;
             if (inet_pton(AF_INET, val, &ia) != 1)
@@ -431,6 +442,23 @@ void accept_loop_threads(const char *prog, int lfd, void (*serve)(int fd))
     }
 }
 
+/* --shared-mutex: totals every connection updates under one lock. */
+static pthread_mutex_t totals_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    unsigned long requests;
+    unsigned long bytes;
+    unsigned char last[16];
+} totals;
+
+static void update_totals(const unsigned char *buf, size_t n)
+{
+    pthread_mutex_lock(&totals_mu);
+    totals.requests++;
+    totals.bytes += n;
+    memcpy(totals.last, buf, n < sizeof totals.last ? n : sizeof totals.last);
+    pthread_mutex_unlock(&totals_mu);
+}
+
 void serve_requests(const char *prog, int fd, const struct server_opts *o,
                     int (*offload)(unsigned char *buf, int n))
 {
@@ -446,6 +474,8 @@ void serve_requests(const char *prog, int fd, const struct server_opts *o,
             warn_errno(prog, "accel_run", -rc);
             break;
         }
+        if (o->shared_mutex)
+            update_totals(buf, o->size);
         if (write_full(fd, buf, o->size) < 0)
             break;
     }

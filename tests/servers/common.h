@@ -16,6 +16,7 @@ struct server_opts {
     int port;         /* 0 = ephemeral */
     size_t size;      /* request (and response) size in bytes */
     double cpu_us;    /* CPU work per request, microseconds */
+    int shared_mutex; /* 1: each request updates shared totals under one mutex */
 };
 
 /* Parse arguments (exit 2 on a bad flag, 0 after --help), ignore SIGPIPE,

@@ -230,14 +230,16 @@ fn main() {
         String::new()
     } else {
         format!(
-            "\n## Stock Debian servers under their own load tools\n\n             Server pinned to CPU {}, load tool and watcher on the other; throughput is the \
+            "\n## Stock Debian servers under their own load tools\n\n\
+             Server pinned to CPU {}, load tool and watcher on the other; throughput is the \
              server's own count (redis INFO total_commands_processed, nginx stub_status), \
              polled every quarter second. Each run: load for 1 s, then the watcher (default \
              budget) starts and attaches, {secs} s measured while attached, SIGINT (detach), \
              1 s more; unwatched runs keep the same timeline. Median of {runs} interleaved \
              runs. Worst quarter: the lowest quarter-second rate from the watcher's start to \
              the end of the load, over the unwatched median rate (targets: throughput ratio \
-             >= 0.99, worst quarter >= 0.80).\n\n             | server | unwatched req/s | watched req/s (ratio) | worst quarter unwatched / watched | \
+             >= 0.99, worst quarter >= 0.80).\n\n\
+             | server | unwatched req/s | watched req/s (ratio) | worst quarter unwatched / watched | \
              server CPU us/req unwatched | watched |\n|---|---:|---:|---:|---:|---:|\n{}\n",
             server_cpu.map_or("any".into(), |c| c.to_string()),
             real_rows.join("\n")
@@ -264,7 +266,30 @@ fn main() {
     );
     print!("{table}");
     if let Some(p) = out {
-        std::fs::write(&p, &table).expect("write the results file");
+        // --only replaces its own part of an existing file and keeps the other.
+        let old = std::fs::read_to_string(&p).unwrap_or_default();
+        let doc = match (only.as_deref(), old.split_once(REAL_HEADING)) {
+            (Some("real"), Some((own_part, _))) => {
+                format!(
+                    "{own_part}{}",
+                    &real_table[real_table.find(REAL_HEADING).unwrap_or(0)..]
+                )
+            }
+            (Some("own"), Some((_, real_part))) => {
+                let own_part = table
+                    .split_once(REAL_HEADING)
+                    .map_or(table.as_str(), |t| t.0);
+                format!(
+                    "{}\n{REAL_HEADING}{real_part}",
+                    own_part.trim_end_matches('\n')
+                )
+            }
+            _ => table.clone(),
+        };
+        std::fs::write(&p, doc).expect("write the results file");
         eprintln!("wrote {p}");
     }
 }
+
+/// Where the stock servers' part of the results file begins.
+const REAL_HEADING: &str = "\n## Stock Debian servers";

@@ -109,8 +109,8 @@ fn child_loop() -> std::io::Result<()> {
     crate::calibrate::pin(cpu);
     // No real-time policy: a SCHED_FIFO child sat runnable forever behind a
     // real-time busy poller on its CPU (an accelerator's or a NIC's), and could not
-    // even die when killed. It inherits the watcher's raised start-up priority
-    // instead, and the parent's deadline moves it to another CPU when this one
+    // even die when killed. It inherits the watcher's start-up priority (nicer than
+    // the target's), and the parent's deadline moves it to another CPU when this one
     // gives it too little time.
     loop {
         let mut cmd = [0u8; 1];
@@ -253,13 +253,14 @@ fn file_offset(pid: u32, addr: u64) -> Option<(String, u64)> {
     })
 }
 
-// Short loops, many times: each loop fits in a scheduler slice, so that on a busy
-// machine some of them run undisturbed, and the least time per event is theirs.
+// Short loops, several times: each loop fits in a scheduler slice, so that on a busy
+// machine some of them run undisturbed, and the least time per event is theirs. Eight
+// of each, not more: the whole measurement is CPU the target does not get.
 const SYSCALLS: u32 = 2_000;
 const ROUNDS: u32 = 400;
 const CALLS: u32 = 2_000;
 /// Loops of each kind, detached and attached.
-const LOOPS: usize = 24;
+const LOOPS: usize = 8;
 /// One attempt's limit (it takes about a tenth of a second where it gets a CPU).
 const ATTEMPT: Duration = Duration::from_millis(1500);
 /// The whole measurement's limit, every attempt included.

@@ -42,6 +42,17 @@ struct Args {
     /// At most this many repeats per run; the last one is kept whatever its steal.
     #[arg(long, default_value_t = 3)]
     retries: usize,
+    /// Which points: those the model was tuned on, the held-out validation set (other
+    /// sizes, CPU, connections, carriers, a mutex), or both (summaries apart).
+    #[arg(long, value_enum, default_value_t = Set::All)]
+    set: Set,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Set {
+    Fitted,
+    HeldOut,
+    All,
 }
 
 #[derive(Clone, Copy)]
@@ -51,8 +62,16 @@ struct Point {
     cpu_us: u32,
     wait: &'static str,
     lanes: u32,
+    /// Request and answer bytes.
+    size: usize,
+    /// The runtime's carriers (TOFFLOAD_CARRIERS).
+    carriers: u32,
+    /// conn_server --shared-mutex 1: a lock on the request path.
+    mutex: bool,
+    held_out: bool,
 }
 
+/// A point the model was tuned on (1 KiB, one carrier, no lock).
 const fn p(lat: u32, conns: usize, cpu_us: u32, wait: &'static str, lanes: u32) -> Point {
     Point {
         lat,
@@ -60,13 +79,50 @@ const fn p(lat: u32, conns: usize, cpu_us: u32, wait: &'static str, lanes: u32) 
         cpu_us,
         wait,
         lanes,
+        size: 1024,
+        carriers: 1,
+        mutex: false,
+        held_out: false,
     }
+}
+
+/// A held-out point: never used while the model was built.
+const fn h(lat: u32, conns: usize, cpu_us: u32, wait: &'static str, size: usize) -> Point {
+    Point {
+        size,
+        held_out: true,
+        ..p(lat, conns, cpu_us, wait, 64)
+    }
+}
+
+const fn carriers(pt: Point, n: u32) -> Point {
+    Point { carriers: n, ..pt }
+}
+
+const fn mutex(pt: Point) -> Point {
+    Point { mutex: true, ..pt }
 }
 
 impl Point {
     /// The point as --only names it.
     fn key(&self) -> String {
-        format!("{}/{}/{}/{}", self.lat, self.conns, self.cpu_us, self.wait)
+        let mut k = format!("{}/{}/{}/{}", self.lat, self.conns, self.cpu_us, self.wait);
+        if self.held_out {
+            k += &format!("/{}", self.variant());
+        }
+        k
+    }
+
+    /// What sets a held-out point apart beyond latency, connections, CPU and wait.
+    fn variant(&self) -> String {
+        let mut v = vec![format!("{}B", self.size)];
+        if self.carriers != 1 {
+            v.push(format!("{}carriers", self.carriers));
+        }
+        if self.mutex {
+            v.push("mutex".into());
+        }
+        v.join("+")
     }
 }
 
@@ -87,6 +143,23 @@ const POINTS: &[Point] = &[
     // Behind the wall: CPU per request above the offload.
     p(100, 64, 200, "block", 64),
     p(200, 64, 400, "block", 64),
+];
+
+/// The validation set: latencies, sizes, CPU and connection counts the model was not
+/// tuned on, 512 connections, two carriers, and a mutex on the request path.
+const HELD_OUT: &[Point] = &[
+    h(300, 64, 0, "block", 16384),
+    h(700, 64, 0, "block", 4096),
+    h(150, 8, 10, "block", 1024),
+    h(500, 8, 0, "spin", 4096),
+    h(400, 512, 0, "block", 1024),
+    h(1500, 512, 0, "block", 1024),
+    h(300, 64, 30, "block", 1024),
+    h(700, 64, 0, "spin", 1024),
+    carriers(h(300, 64, 0, "block", 1024), 2),
+    carriers(h(1000, 64, 20, "block", 1024), 2),
+    mutex(h(300, 64, 5, "block", 1024)),
+    mutex(h(1000, 8, 0, "block", 1024)),
 ];
 
 /// conn_server's busy-loop rate (iterations per us), the best of three start-up
@@ -121,6 +194,10 @@ fn spec(pt: Point, runtime: bool) -> Result<ServerSpec, String> {
     let mut s = ServerSpec::new("conn_server")
         .arg("--cpu-us")
         .arg(pt.cpu_us.to_string())
+        .arg("--size")
+        .arg(pt.size.to_string())
+        .arg("--shared-mutex")
+        .arg(if pt.mutex { "1" } else { "0" })
         .env(
             "TOFFLOAD_CPU_ITERS_PER_US",
             format!("{:.6}", cpu_rate_once()?),
@@ -137,7 +214,9 @@ fn spec(pt: Point, runtime: bool) -> Result<ServerSpec, String> {
                 lib.display()
             ));
         }
-        s = s.env("LD_PRELOAD", lib.display().to_string());
+        s = s
+            .env("LD_PRELOAD", lib.display().to_string())
+            .env("TOFFLOAD_CARRIERS", pt.carriers.to_string());
     }
     Ok(s)
 }
@@ -148,9 +227,10 @@ fn cpu_rate_once() -> Result<f64, String> {
     RATE.get_or_init(cpu_rate).clone()
 }
 
-fn drive(port: u16, conns: usize, secs: f64) -> Result<load::Report, String> {
+fn drive(port: u16, conns: usize, size: usize, secs: f64) -> Result<load::Report, String> {
     let mut c = Config::new(port);
     c.conns = conns;
+    c.size = size;
     c.duration = Duration::from_secs_f64(secs);
     c.warmup = Duration::from_millis(400);
     let r = load::run(&c).map_err(|e| e.to_string())?;
@@ -182,7 +262,7 @@ fn measure(pt: Point, runtime: bool, secs: f64) -> Result<Measured, String> {
         server.threads_cpu_secs(POLLER),
         std::time::Instant::now(),
     );
-    let r = drive(server.port, pt.conns, secs)?;
+    let r = drive(server.port, pt.conns, pt.size, secs)?;
     let (cpu1, poll1) = (server.cpu_secs(), server.threads_cpu_secs(POLLER));
     let elapsed = t0.elapsed().as_secs_f64().max(1e-3);
     let poll = (poll1 - poll0).max(0.0) / elapsed;
@@ -222,10 +302,10 @@ struct Watched {
 fn watched(pt: Point, secs: f64) -> Result<Watched, String> {
     let server = Server::start(&spec(pt, false)?)?;
     let port = server.port;
-    let conns = pt.conns;
+    let (conns, size) = (pt.conns, pt.size);
     // The watcher's start (its cost calibration) and two windows, with margin.
     let total = 2.0 * secs + 3.0;
-    let bg = std::thread::spawn(move || drive(port, conns, total));
+    let bg = std::thread::spawn(move || drive(port, conns, size, total));
     std::thread::sleep(Duration::from_millis(300));
     let out = Command::new(harness::bin("toffload-watch")?)
         .args(["--json", "--interval"])
@@ -285,6 +365,14 @@ fn steal_share(a: (u64, u64), b: (u64, u64)) -> f64 {
     b.0.saturating_sub(a.0) as f64 / b.1.saturating_sub(a.1).max(1) as f64
 }
 
+fn set_name(pt: Point) -> &'static str {
+    if pt.held_out {
+        "held out"
+    } else {
+        "fitted"
+    }
+}
+
 fn us(v: Option<f64>) -> String {
     v.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into())
 }
@@ -305,7 +393,12 @@ fn run(a: &Args) -> Result<(), String> {
     if harness::cpus() >= 2 {
         harness::pin_current_thread(1).map_err(|e| format!("pinning: {e}"))?;
     }
-    let points: Vec<Point> = POINTS[..a.points.unwrap_or(POINTS.len()).min(POINTS.len())]
+    let all: Vec<Point> = match a.set {
+        Set::Fitted => POINTS.to_vec(),
+        Set::HeldOut => HELD_OUT.to_vec(),
+        Set::All => POINTS.iter().chain(HELD_OUT).copied().collect(),
+    };
+    let points: Vec<Point> = all[..a.points.unwrap_or(all.len()).min(all.len())]
         .iter()
         .copied()
         .filter(|p| a.only.is_empty() || a.only.iter().any(|o| *o == p.key()))
@@ -314,19 +407,16 @@ fn run(a: &Args) -> Result<(), String> {
         return Err(format!(
             "no point matches --only {:?}; the points are: {}",
             a.only,
-            POINTS
-                .iter()
-                .map(|p| p.key())
-                .collect::<Vec<_>>()
-                .join(", ")
+            all.iter().map(|p| p.key()).collect::<Vec<_>>().join(", ")
         ));
     }
     let mut table = String::new();
     let _ = writeln!(
         table,
-        "| latency us | conns | cpu us | wait | lanes | verdict | L us | c us | c_f us | runtime c us | Z us | traced stock req/s | model's stock req/s | stock req/s | runtime req/s | stock CPU | runtime CPU | poll CPU | measured | runs' range | predicted | binding | stop | error | steal | runs redone |\n|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|"
+        "| set | latency us | conns | cpu us | wait | lanes | variant | verdict | L us | c us | c_f us | runtime c us | Z us | traced stock req/s | model's stock req/s | stock req/s | runtime req/s | stock CPU | runtime CPU | poll CPU | measured | runs' range | predicted | binding | stop | error | steal | runs redone |\n|---|---:|---:|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|"
     );
-    let mut errors = Vec::new();
+    // Absolute errors, [fitted, held out].
+    let mut errors: [Vec<f64>; 2] = Default::default();
     let mut behind_ok = true;
     for &pt in &points {
         let mut w_runs = Vec::new();
@@ -380,12 +470,18 @@ fn run(a: &Args) -> Result<(), String> {
             // A point that cannot be measured is a row that says why, and counts as a
             // miss: the summary must not look better for it.
             let row = format!(
-                "| {} | {} | {} | {} | {} | FAILED: {e} | | | | | | | | | | | | | | | | | | | | |",
-                pt.lat, pt.conns, pt.cpu_us, pt.wait, pt.lanes
+                "| {} | {} | {} | {} | {} | {} | {} | FAILED: {e} | | | | | | | | | | | | | | | | | | | | |",
+                set_name(pt),
+                pt.lat,
+                pt.conns,
+                pt.cpu_us,
+                pt.wait,
+                pt.lanes,
+                pt.variant()
             );
             println!("{row}");
             let _ = writeln!(table, "{row}");
-            errors.push(f64::INFINITY);
+            errors[pt.held_out as usize].push(f64::INFINITY);
             continue;
         }
         let steal = steals.iter().sum::<f64>() / steals.len().max(1) as f64;
@@ -418,16 +514,18 @@ fn run(a: &Args) -> Result<(), String> {
             behind_ok = false;
         }
         if let Some(e) = err {
-            errors.push(e.abs());
+            errors[pt.held_out as usize].push(e.abs());
         }
         let row =
             format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.0} | {} | {:.0} | {:.0} | {:.0}% | {:.0}% | {:.0}% | {:.2}x | {:.2}-{:.2}x | {} | {} | {} | {} | {:.0}% | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.0} | {} | {:.0} | {:.0} | {:.0}% | {:.0}% | {:.0}% | {:.2}x | {:.2}-{:.2}x | {} | {} | {} | {} | {:.0}% | {} |",
+            set_name(pt),
             pt.lat,
             pt.conns,
             pt.cpu_us,
             pt.wait,
             pt.lanes,
+            pt.variant(),
             w.verdict,
             us(w.latency_us),
             us(w.cpu_us),
@@ -454,20 +552,37 @@ fn run(a: &Args) -> Result<(), String> {
         println!("{row}");
         let _ = writeln!(table, "{row}");
     }
-    let med = median(errors.clone());
     let rate = cpu_rate_once()?;
-    let worst = errors.iter().cloned().fold(0.0, f64::max);
-    let summary = format!(
-        "\nMedian absolute error {:.0}% (target <= 15%: {}), worst {:.0}% (target <= 35%: {}), \
-         behind-wall points predicted as no gain (< 1.10x): {}. {} points, {} run(s) each, {:.1} s \
+    let mut summary = String::new();
+    for (set, errs) in [
+        "fitted (the points the model was tuned on)",
+        "held out (validation)",
+    ]
+    .iter()
+    .zip(&errors)
+    {
+        if errs.is_empty() {
+            continue;
+        }
+        let med = median(errs.clone());
+        let worst = errs.iter().cloned().fold(0.0, f64::max);
+        let _ = write!(
+            summary,
+            "\n{set}: {} points, median absolute error {:.0}% (target <= 15%: {}), worst {:.0}% \
+             (target <= 35%: {}).",
+            errs.len(),
+            med * 100.0,
+            if med <= 0.15 { "met" } else { "NOT met" },
+            worst * 100.0,
+            if worst <= 0.35 { "met" } else { "NOT met" },
+        );
+    }
+    let _ = writeln!(
+        summary,
+        "\nBehind-wall points predicted as no gain (< 1.10x): {}. {} run(s) per point, {:.1} s \
          per run; conn_server's CPU work at {rate:.3} iterations/us for every server (best of \
-         three calibrations); load average {}.\n",
-        med * 100.0,
-        if med <= 0.15 { "met" } else { "NOT met" },
-        worst * 100.0,
-        if worst <= 0.35 { "met" } else { "NOT met" },
+         three calibrations); load average {}.",
         if behind_ok { "yes" } else { "NO" },
-        points.len(),
         a.runs,
         a.secs,
         std::fs::read_to_string("/proc/loadavg")
@@ -482,7 +597,11 @@ fn run(a: &Args) -> Result<(), String> {
         let doc = format!(
             "# The model against measurement\n\n`cargo xtask bench model` \
              (tests/src/bin/toffload-model-bench.rs): conn_server on the emulated device, server \
-             on core 0, load generator and watcher on core 1. \"traced stock\" is the rate while \
+             on core 0, load generator and watcher on core 1. \"fitted\" points are those the \
+             model was built and tuned on; \"held out\" ones (other request sizes, CPU per \
+             request, 8 and 512 connections, both waits, two carriers, a mutex around a shared \
+             update: the variant column) were never used to build it, and their errors are \
+             summarized apart. \"traced stock\" is the rate while \
              toffload-watch traced it (its probes cost the server CPU); \"model's stock\" is the \
              one the model took: measured between the watch's bursts from the server's own \
              read/write and CPU counters (untraced.rs); \"stock\" and \"runtime\" are unwatched \

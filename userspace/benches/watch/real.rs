@@ -141,8 +141,10 @@ fn start_load(kind: Kind, port: u16, secs: f64) -> Proc {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn(),
+        // Far beyond the run too (the watcher's start takes a variable time): killed at
+        // the end, so no quarter second after it counts a load that had stopped.
         Kind::Nginx => Command::new("wrk")
-            .args(["-t1", "-c32", &format!("-d{}s", secs.ceil() as u64 + 2)])
+            .args(["-t1", "-c32", &format!("-d{}s", secs.ceil() as u64 + 60)])
             .arg(format!("http://127.0.0.1:{port}/"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
