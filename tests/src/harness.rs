@@ -239,6 +239,28 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 
 /// A TCP port free on loopback now (for a server that must keep its port across a
 /// restart, which an ephemeral `--port 0` cannot).
+/// A program on PATH (or in the sbin folders a root shell has), as a stock server's
+/// binary is found.
+pub fn which(p: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/usr/bin".into(), "/sbin".into()])
+        .map(|d| d.join(p))
+        .find(|c| c.is_file())
+}
+
+/// Waits until something accepts connections on 127.0.0.1:`port`; false past `limit`.
+pub fn wait_listening(port: u16, limit: Duration) -> bool {
+    let t0 = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if t0.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
 pub fn free_port() -> Result<u16, String> {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

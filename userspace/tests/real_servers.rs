@@ -27,13 +27,7 @@ fn ready(programs: &[&str]) -> bool {
     true
 }
 
-fn which(p: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin".into(), "/usr/bin".into(), "/sbin".into()])
-        .map(|d| d.join(p))
-        .find(|c| c.is_file())
-}
+use harness::which;
 
 fn free_port() -> u16 {
     harness::free_port().expect("a free port")
@@ -63,14 +57,10 @@ fn start(cmd: &mut Command, port: u16) -> Proc {
         .spawn()
         .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
     let p = Proc(child);
-    let t0 = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "{cmd:?} never listened on {port}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(
+        harness::wait_listening(port, Duration::from_secs(20)),
+        "{cmd:?} never listened on {port}"
+    );
     p
 }
 

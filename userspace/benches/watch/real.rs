@@ -10,11 +10,12 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use toffload_tests::harness::{self, which};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -36,14 +37,6 @@ impl Kind {
             Kind::Nginx => &["nginx", "wrk"],
         }
     }
-}
-
-pub fn which(p: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin".into(), "/usr/bin".into(), "/sbin".into()])
-        .map(|d| d.join(p))
-        .find(|c| c.is_file())
 }
 
 /// Why the servers cannot run here, if they cannot.
@@ -78,17 +71,6 @@ fn pinned(cpu: Option<usize>, prog: &Path) -> Command {
     }
 }
 
-fn wait_listening(port: u16) {
-    let t0 = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "server on {port} did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn start_server(kind: Kind, port: u16, dir: &Path, cpu: Option<usize>) -> Proc {
     let child = match kind {
         Kind::Redis => pinned(cpu, &which("redis-server").expect("redis-server"))
@@ -119,7 +101,10 @@ fn start_server(kind: Kind, port: u16, dir: &Path, cpu: Option<usize>) -> Proc {
         }
     }
     .expect("start the server");
-    wait_listening(port);
+    assert!(
+        harness::wait_listening(port, Duration::from_secs(10)),
+        "server on {port} did not start"
+    );
     Proc(child)
 }
 
