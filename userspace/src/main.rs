@@ -165,15 +165,14 @@ async fn watch(
     }
 }
 
-/// The watcher's start (the cost calibration, loading the programs twice through the
-/// verifier, attaching) at a lower priority: an observer yields to what it observes.
-/// Raised instead (nice -10, as it was), the start took the CPU from the server or its
+/// The watcher's start (loading the programs through the verifier, attaching) at a
+/// lower priority: an observer yields to what it observes. Raised instead (nice -10
+/// for the calibration too, as it was), the start took the CPU from the server or its
 /// clients on either core: stock redis-server fell from ~60,000 to 3,000-10,000
-/// requests/s for half a second at every start; at +10 no 50 ms sample fell below
-/// ~40,000, and the start took ~1.4 s instead of ~0.7 s, its calibration and waits
-/// bounded by their deadlines. The priority is put back when the guard drops: the
-/// watch itself must detach on time (a late detach traces longer than the budget
-/// allows).
+/// requests/s for half a second at every start. The calibration keeps the watcher's
+/// own priority (nicer, it missed its deadline beside a busy loop). The priority is
+/// put back when the guard drops: the watch itself must detach on time (a late detach
+/// traces longer than the budget allows).
 struct StartupPriority(Option<i32>);
 
 /// How much nicer the start runs.
@@ -209,10 +208,13 @@ async fn watch_pid(pid: u32, opts: Options, tui: bool) -> Result<Final, WatchErr
     if !target::exists(pid) {
         return Err(WatchError::NoSuchPid(pid));
     }
-    let boost = StartupPriority::lower();
+    // The calibration at the watcher's own priority (nicer, it missed its deadline
+    // beside a busy loop and fell back to the default costs); loading and attaching
+    // nicer.
     let calib = session::Calibration::measure();
+    let nicer = StartupPriority::lower();
     let a = session::attach(pid)?;
-    drop(boost);
+    drop(nicer);
     watch(a, &calib, &opts, tui).await
 }
 
@@ -222,11 +224,11 @@ async fn watch_command(argv: Vec<String>, opts: Options, tui: bool) -> Result<Fi
     // Forked (and held before its exec) first, so that it does not inherit the
     // start-up's nicer priority.
     let mut held = spawn::start(&argv)?;
-    let boost = StartupPriority::lower();
     let calib = session::Calibration::measure();
+    let nicer = StartupPriority::lower();
     let mut a = session::attach(held.pid())?;
     a.probe_files(&target::planned_files(&held.exe.to_string_lossy()))?;
-    drop(boost);
+    drop(nicer);
     held.release();
     // Until the exec is done, /proc shows the watcher's own fork.
     let t0 = std::time::Instant::now();

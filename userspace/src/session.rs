@@ -434,14 +434,13 @@ pub async fn run(
     sink.emit(Event::Header(&tr.header))?;
     if let Some(why) = &calib.probe_cost_error {
         let c = probe_cost::DEFAULT_COST;
-        // One line, on stderr as well as in the sink (a dashboard's status line goes
-        // away with the dashboard).
+        // One line: the text report's status goes to stderr, the dashboard's to its
+        // status line.
         let msg = format!(
             "warning: {why}; the watch's cost per event is taken as syscall {:.0} ns, \
              switch {:.0} ns, offload {:.0} ns",
             c.syscall_ns, c.switch_ns, c.offload_ns
         );
-        eprintln!("toffload-watch: {msg}");
         sink.status(&msg);
     }
     // Tests and scripts wait for this line before loading the target.
