@@ -239,6 +239,44 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 
 /// A TCP port free on loopback now (for a server that must keep its port across a
 /// restart, which an ephemeral `--port 0` cannot).
+/// A busy loop at nice 19 on every CPU for as long as it lives. It loads the host (a
+/// test that must hold on a busy machine), and it keeps the vCPUs from halting when
+/// idle: on these VMs a halted vCPU's timer wake-up adds ~25 us to every emulated
+/// offload, so the device's configured latency is only the truth on a busy host.
+pub struct IdleSpinners {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl IdleSpinners {
+    pub fn start() -> IdleSpinners {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..cpus())
+            .map(|cpu| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let _ = pin_current_thread(cpu);
+                    // SAFETY: this thread's own nice value (per thread on Linux).
+                    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        IdleSpinners { stop, threads }
+    }
+}
+
+impl Drop for IdleSpinners {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
 /// A program on PATH (or in the sbin folders a root shell has), as a stock server's
 /// binary is found.
 pub fn which(p: &str) -> Option<PathBuf> {

@@ -249,42 +249,6 @@ fn sampled_detect_still_reports_the_hazard() {
     assert!(stat(&d.stats, "guard_conflicts") > 0, "{}", d.stats);
 }
 
-/// A busy loop at the lowest priority on each CPU for as long as it lives: the host
-/// loaded, the server still served first.
-struct CpuHogs(
-    std::sync::Arc<std::sync::atomic::AtomicBool>,
-    Vec<std::thread::JoinHandle<()>>,
-);
-
-impl CpuHogs {
-    fn start() -> CpuHogs {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let threads = (0..harness::cpus())
-            .map(|cpu| {
-                let stop = stop.clone();
-                std::thread::spawn(move || {
-                    let _ = harness::pin_current_thread(cpu);
-                    // SAFETY: this thread's own nice value.
-                    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        std::hint::spin_loop();
-                    }
-                })
-            })
-            .collect();
-        CpuHogs(stop, threads)
-    }
-}
-
-impl Drop for CpuHogs {
-    fn drop(&mut self) {
-        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
-        for t in self.1.drain(..) {
-            let _ = t.join();
-        }
-    }
-}
-
 #[test]
 fn enforce_loses_nothing_with_the_hot_counters_on_several_pages() {
     let _s = serial();
@@ -296,7 +260,7 @@ fn enforce_loses_nothing_with_the_hot_counters_on_several_pages() {
 
     // Beside a CPU hog on every core: a slow handler on a loaded host is no reason to
     // give a page up (a 1 s limit did, and lost an update in 119,309).
-    let hogs = CpuHogs::start();
+    let hogs = harness::IdleSpinners::start();
     let e = hostile(&[("TOFFLOAD_GUARD", "enforce"), pages[0]], 20, 3.0, 100_000);
     drop(hogs);
     clean("enforce, 4 pages", &e);
