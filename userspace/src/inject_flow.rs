@@ -78,16 +78,20 @@ pub fn median(v: &[f64]) -> Option<f64> {
 /// Stock windows (and their predictions) kept for the decision.
 const KEEP: usize = 5;
 
+/// One stock window, as the decision and the prediction use it.
+struct Stock {
+    rps: f64,
+    span: [f64; 2],
+    model: Option<Assessment>,
+}
+
 /// Follows a watch's windows around an injection.
 #[derive(Default)]
 pub struct Tracker {
-    before: Vec<f64>,
-    before_spans: Vec<[f64; 2]>,
+    /// The recent stock windows with requests (at most KEEP).
+    before: Vec<Stock>,
     verdict: Option<(Kind, String)>,
-    /// The model's word on each of the `before` windows.
-    assessments: Vec<Assessment>,
     after: Vec<f64>,
-    after_spans: Vec<[f64; 2]>,
     seen_after: usize,
     pub status: Option<InjectionStatus>,
 }
@@ -98,23 +102,19 @@ impl Tracker {
         if w.requests == 0 || w.verdict.kind == Kind::Undecided {
             return;
         }
-        self.before.push(served_rps(w));
-        self.before_spans.push(span(w));
+        self.before.push(Stock {
+            rps: served_rps(w),
+            span: span(w),
+            model: w.model.clone(),
+        });
         // Keep the recent past: a server warming up is not what is injected.
         if self.before.len() > KEEP {
             self.before.remove(0);
-            self.before_spans.remove(0);
         }
         self.verdict = Some((
             w.verdict.kind,
             format!("{} -- {}", w.verdict.label, w.verdict.because),
         ));
-        if let Some(a) = &w.model {
-            self.assessments.push(a.clone());
-            if self.assessments.len() > KEEP {
-                self.assessments.remove(0);
-            }
-        }
     }
 
     pub fn windows_seen(&self) -> usize {
@@ -140,21 +140,16 @@ impl Tracker {
     }
 
     pub fn before_rps(&self) -> Option<f64> {
-        median(&self.before)
+        median(&self.before.iter().map(|b| b.rps).collect::<Vec<_>>())
     }
 
     /// The prediction: the median over the recent windows of each window's own, so
     /// that one window a noisy host disturbed (steal, another job's burst) does not
     /// decide it.
     pub fn predicted(&self) -> (Option<f64>, Option<f64>) {
-        let speedups: Vec<f64> = self
-            .assessments
-            .iter()
-            .filter_map(|a| a.zero_edit_speedup)
-            .collect();
-        let rps: Vec<f64> = self
-            .assessments
-            .iter()
+        let models = || self.before.iter().filter_map(|b| b.model.as_ref());
+        let speedups: Vec<f64> = models().filter_map(|a| a.zero_edit_speedup).collect();
+        let rps: Vec<f64> = models()
             .filter_map(|a| a.zero_edit.as_ref().map(|p| p.fiber_rps))
             .collect();
         (median(&speedups), median(&rps))
@@ -173,7 +168,7 @@ impl Tracker {
             measured_speedup: None,
             prediction_error: None,
             after_windows: 0,
-            before_spans: self.before_spans.clone(),
+            before_spans: self.before.iter().map(|b| b.span).collect(),
             after_spans: Vec::new(),
         });
     }
@@ -184,10 +179,9 @@ impl Tracker {
         self.seen_after += 1;
         if self.seen_after > 1 && w.requests > 0 {
             self.after.push(served_rps(w));
-            self.after_spans.push(span(w));
+            st.after_spans.push(span(w));
         }
         st.after_windows = self.after.len();
-        st.after_spans = self.after_spans.clone();
         st.after_rps = median(&self.after);
         st.measured_speedup = st
             .after_rps

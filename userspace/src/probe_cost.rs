@@ -109,9 +109,9 @@ fn child_loop() -> std::io::Result<()> {
     crate::calibrate::pin(cpu);
     // No real-time policy: a SCHED_FIFO child sat runnable forever behind a
     // real-time busy poller on its CPU (an accelerator's or a NIC's), and could not
-    // even die when killed. It inherits the watcher's start-up priority (nicer than
-    // the target's), and the parent's deadline moves it to another CPU when this one
-    // gives it too little time.
+    // even die when killed. It inherits the calibration's raised nice value
+    // (main.rs), and the parent's deadline moves it to another CPU when this one gives
+    // it too little time.
     loop {
         let mut cmd = [0u8; 1];
         if input.read_exact(&mut cmd).is_err() {
@@ -275,12 +275,13 @@ pub enum CostSource {
     Default,
 }
 
-/// What the watch is taken to cost per event when it cannot be measured: about what
-/// it measures on a 2-vCPU Firecracker VM's 6.18 kernel, rounded up, so that a
-/// budget errs toward tracing less.
+/// What the watch is taken to cost per event when it cannot be measured: the upper
+/// end of what it measures on a 2-vCPU Firecracker VM's 6.18 kernel (syscall
+/// 130-300 ns, switch 400-1500 ns, offload 1100-2000 ns), so that a budget errs
+/// toward tracing less.
 pub const DEFAULT_COST: ProbeCost = ProbeCost {
-    syscall_ns: 150.0,
-    switch_ns: 600.0,
+    syscall_ns: 300.0,
+    switch_ns: 1500.0,
     offload_ns: 3000.0,
     handoff_ns: 0.0,
 };

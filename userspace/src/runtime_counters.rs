@@ -72,12 +72,8 @@ impl RuntimeCounters {
         self.events_with(o, u64::saturating_add)
     }
 
-    /// The gauges of `self` with the event counts of `events`.
-    pub fn with_events_of(&self, events: &RuntimeCounters) -> RuntimeCounters {
-        events.gauges_of(self)
-    }
-
-    fn gauges_of(&self, g: &RuntimeCounters) -> RuntimeCounters {
+    /// `self`'s event counts with `g`'s gauges.
+    fn with_gauges_of(&self, g: &RuntimeCounters) -> RuntimeCounters {
         RuntimeCounters {
             fibers_live: g.fibers_live,
             carriers: g.carriers,
@@ -120,7 +116,7 @@ impl TracedView {
     /// less the untraced stretches'; gauges as they are now.
     pub fn view(&self, now: RuntimeCounters) -> RuntimeCounters {
         let events = self.at_pause.unwrap_or(now);
-        now.with_events_of(&events).events_minus(&self.untraced)
+        events.with_gauges_of(&now).events_minus(&self.untraced)
     }
 }
 
