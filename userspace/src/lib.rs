@@ -6,6 +6,7 @@
 pub mod abi;
 pub mod btf;
 pub mod calibrate;
+pub mod calibration_cache;
 pub mod classifier;
 pub mod collector;
 pub mod dashboard;

@@ -66,6 +66,11 @@ struct Common {
     /// With --inject: windows with requests to watch before deciding.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
     inject_after: u32,
+    /// Measure what each traced event costs even where an earlier start in this boot
+    /// measured it (kept in /run/toffload; the measurement takes a few tens of ms of
+    /// CPU beside the target).
+    #[arg(long)]
+    recalibrate: bool,
     /// Extra environment for the relaunched process only, e.g. TOFFLOAD_GUARD=detect
     /// (repeatable).
     #[arg(long, value_name = "KEY=VALUE", value_parser = parse_env)]
@@ -167,27 +172,20 @@ async fn watch(
 
 /// The watcher's start (loading the programs through the verifier, attaching) at a
 /// lower priority: an observer yields to what it observes (raised, as the whole start
-/// was, it took the CPU from the server or its clients on either core); the short
-/// calibration raised (calibrate()). The priority is put back when the guard drops:
-/// the watch itself must detach on time (a late detach traces longer than the budget
-/// allows).
+/// was, it took the CPU from the server or its clients on either core). Only the
+/// calibration child's short loops run raised (probe_cost::CHILD_NICE). The priority
+/// is put back when the guard drops: the watch itself must detach on time (a late
+/// detach traces longer than the budget allows).
 struct StartupPriority(Option<i32>);
 
 /// How much nicer loading and attaching run.
 const STARTUP_NICER: i32 = 10;
-/// How much less nice the calibration runs (a few tens of ms of CPU).
+/// How much less nice than the watcher the calibration child's loops run (a few tens
+/// of ms of CPU).
 const CALIBRATION_RAISED: i32 = -10;
 
 impl StartupPriority {
     fn lower() -> StartupPriority {
-        StartupPriority::by(STARTUP_NICER)
-    }
-
-    fn raise() -> StartupPriority {
-        StartupPriority::by(CALIBRATION_RAISED)
-    }
-
-    fn by(delta: i32) -> StartupPriority {
         // SAFETY: getpriority/setpriority on the calling thread (errno cleared first,
         // since -1 is a valid priority).
         unsafe {
@@ -196,9 +194,17 @@ impl StartupPriority {
             if *libc::__errno_location() != 0 {
                 return StartupPriority(None);
             }
-            let ok = libc::setpriority(libc::PRIO_PROCESS, 0, (was + delta).clamp(-20, 19)) == 0;
+            let ok =
+                libc::setpriority(libc::PRIO_PROCESS, 0, (was + STARTUP_NICER).clamp(-20, 19)) == 0;
             StartupPriority(ok.then_some(was))
         }
+    }
+
+    /// The nice value the watcher had before the start lowered it.
+    fn base(&self) -> i32 {
+        // SAFETY: as above.
+        self.0
+            .unwrap_or_else(|| unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) })
     }
 }
 
@@ -211,38 +217,47 @@ impl Drop for StartupPriority {
     }
 }
 
-/// The calibration raised: its ping-pong measures the switch cost X the model takes
-/// off the stock CPU, and beside a busy load generator at the same priority it read
-/// 2-3x the switch (the demo's predictions went from 1.3-1.4x to 2.3-4.4x for a
-/// measured 1.4-1.6x). It is a few tens of ms of CPU (8 short loops of each kind);
-/// the whole start raised, the verifier's work included, cost stock redis-server half
-/// a second at 3,000-10,000 GET/s.
-fn calibrate() -> session::Calibration {
-    let _raised = StartupPriority::raise();
-    session::Calibration::measure()
+/// The calibration, its child's loops raised: its ping-pong measures the switch cost
+/// X the model takes off the stock CPU, and beside a busy load generator at the same
+/// priority it read 2-3x the switch (the demo's predictions went from 1.3-1.4x to
+/// 2.3-4.4x for a measured 1.4-1.6x). The rest of it (loading a copy of the programs
+/// through the verifier) runs at the start's lower priority: raised with it, it cost
+/// stock nginx and redis-server three quarters of their requests for a quarter second.
+fn calibrate(start: &StartupPriority, pid: Option<u32>, fresh: bool) -> session::Calibration {
+    let avoid = pid.map(target::cpus).unwrap_or_default();
+    session::Calibration::measure(
+        (start.base() + CALIBRATION_RAISED).clamp(-20, 19),
+        &avoid,
+        fresh,
+    )
 }
 
-async fn watch_pid(pid: u32, opts: Options, tui: bool) -> Result<Final, WatchError> {
+async fn watch_pid(pid: u32, opts: Options, tui: bool, fresh: bool) -> Result<Final, WatchError> {
     toffload_watch::loader::check_privileges()?;
     if !target::exists(pid) {
         return Err(WatchError::NoSuchPid(pid));
     }
-    let calib = calibrate();
     let nicer = StartupPriority::lower();
-    let a = session::attach(pid)?;
+    let calib = calibrate(&nicer, Some(pid), fresh);
+    let a = session::attach(pid, false)?;
     drop(nicer);
     watch(a, &calib, &opts, tui).await
 }
 
-async fn watch_command(argv: Vec<String>, opts: Options, tui: bool) -> Result<Final, WatchError> {
+async fn watch_command(
+    argv: Vec<String>,
+    opts: Options,
+    tui: bool,
+    fresh: bool,
+) -> Result<Final, WatchError> {
     // Check before starting anything, so that a refused watch leaves no process.
     toffload_watch::loader::check_privileges()?;
     // Forked (and held before its exec) first, so that it does not inherit the
     // start-up's nicer priority.
     let mut held = spawn::start(&argv)?;
-    let calib = calibrate();
     let nicer = StartupPriority::lower();
-    let mut a = session::attach(held.pid())?;
+    let calib = calibrate(&nicer, None, fresh);
+    let mut a = session::attach(held.pid(), true)?;
     a.probe_files(&target::planned_files(&held.exe.to_string_lossy()))?;
     drop(nicer);
     held.release();
@@ -280,10 +295,18 @@ fn main() -> ExitCode {
         }
     };
     let result = match (cli.cmd, cli.pid) {
-        (Some(Cmd::Run { common, command }), _) => {
-            rt.block_on(watch_command(command, options(&common), common.tui))
-        }
-        (None, Some(pid)) => rt.block_on(watch_pid(pid, options(&cli.common), cli.common.tui)),
+        (Some(Cmd::Run { common, command }), _) => rt.block_on(watch_command(
+            command,
+            options(&common),
+            common.tui,
+            common.recalibrate,
+        )),
+        (None, Some(pid)) => rt.block_on(watch_pid(
+            pid,
+            options(&cli.common),
+            cli.common.tui,
+            cli.common.recalibrate,
+        )),
         (None, None) => {
             eprintln!("toffload-watch: give --pid N, or `run -- CMD ARGS...` (see --help)");
             return ExitCode::from(2);

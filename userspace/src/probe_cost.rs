@@ -21,12 +21,14 @@ use std::time::{Duration, Instant};
 pub const CHILD_ENV: &str = "TOFFLOAD_WATCH_PROBE_CHILD";
 /// The CPU the parent gives the child for its loops.
 const CPU_ENV: &str = "TOFFLOAD_WATCH_PROBE_CPU";
+/// The nice value the parent gives the child's loops.
+const NICE_ENV: &str = "TOFFLOAD_WATCH_PROBE_NICE";
 /// Tests only: the CPU of the first attempt (e.g. one a real-time poller holds), to
 /// show that an attempt starved there moves on instead of hanging the start.
 pub const FIRST_CPU_ENV: &str = "TOFFLOAD_WATCH_CALIB_FIRST_CPU";
 
 /// Nanoseconds the watch adds per event of each kind.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct ProbeCost {
     pub syscall_ns: f64,
     /// A context switch with the wake-up that preceded it.
@@ -109,9 +111,17 @@ fn child_loop() -> std::io::Result<()> {
     crate::calibrate::pin(cpu);
     // No real-time policy: a SCHED_FIFO child sat runnable forever behind a
     // real-time busy poller on its CPU (an accelerator's or a NIC's), and could not
-    // even die when killed. It inherits the calibration's raised nice value
-    // (main.rs), and the parent's deadline moves it to another CPU when this one gives
-    // it too little time.
+    // even die when killed. A raised nice value instead (the parent's choice, set
+    // here, before the ping-pong thread inherits it), and the parent's deadline moves
+    // it to another CPU when this one gives it too little time.
+    if let Some(nice) = std::env::var(NICE_ENV)
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+    {
+        // SAFETY: setpriority on the calling thread; failing (no CAP_SYS_NICE) leaves
+        // the inherited value, which only makes the loops likelier to be disturbed.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+    }
     loop {
         let mut cmd = [0u8; 1];
         if input.read_exact(&mut cmd).is_err() {
@@ -161,11 +171,12 @@ struct ChildProc {
 }
 
 impl ChildProc {
-    fn start(cpu: usize) -> Result<ChildProc, String> {
+    fn start(cpu: usize, nice: i32) -> Result<ChildProc, String> {
         let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
         let mut child = Command::new(exe)
             .env(CHILD_ENV, "1")
             .env(CPU_ENV, cpu.to_string())
+            .env(NICE_ENV, nice.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -271,6 +282,9 @@ pub const DEADLINE: Duration = Duration::from_secs(4);
 #[serde(rename_all = "snake_case")]
 pub enum CostSource {
     Measured,
+    /// Measured by an earlier start in this boot, with this kernel and this build
+    /// (calibration_cache.rs).
+    Cached,
     /// The measurement failed or ran out of time: DEFAULT_COST stands in.
     Default,
 }
@@ -286,9 +300,10 @@ pub const DEFAULT_COST: ProbeCost = ProbeCost {
     handoff_ns: 0.0,
 };
 
-/// The CPUs to try, in order: `first` (tests) or the one this thread runs on now
-/// (it is getting CPU time there), then the others this thread may use.
-fn cpu_order(first: Option<usize>) -> Vec<usize> {
+/// The CPUs to try, in order: `first` (tests), then those the target does not run on
+/// (`avoid`), the one this thread runs on now first (it is getting CPU time there),
+/// then the target's: the loops take CPU from whatever else runs where they do.
+fn cpu_order(first: Option<usize>, avoid: &[usize]) -> Vec<usize> {
     // SAFETY: a zeroed cpu_set_t is valid; the kernel fills it.
     let allowed: Vec<usize> = unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -301,27 +316,47 @@ fn cpu_order(first: Option<usize>) -> Vec<usize> {
     };
     // SAFETY: no arguments.
     let here = unsafe { libc::sched_getcpu() };
-    let lead = first.or((here >= 0).then_some(here as usize));
-    lead.into_iter()
-        .chain(allowed.into_iter().filter(|&c| Some(c) != lead))
-        .collect()
+    order_cpus(first, (here >= 0).then_some(here as usize), &allowed, avoid)
+}
+
+fn order_cpus(
+    first: Option<usize>,
+    here: Option<usize>,
+    allowed: &[usize],
+    avoid: &[usize],
+) -> Vec<usize> {
+    let mut v: Vec<usize> = first.into_iter().collect();
+    let free = |c: &usize| !avoid.contains(c);
+    for c in here
+        .filter(|c| allowed.contains(c) && free(c))
+        .into_iter()
+        .chain(allowed.iter().copied().filter(free))
+        .chain(allowed.iter().copied().filter(|c| !free(c)))
+    {
+        if !v.contains(&c) {
+            v.push(c);
+        }
+    }
+    v
 }
 
 /// Measures the per-event costs (well under a second where the child gets a CPU),
 /// or says why it could not within DEADLINE: each attempt runs on one CPU, and one
 /// that is starved there (a real-time poller's CPU) is cut off and tried elsewhere.
-pub fn measure() -> Result<ProbeCost, String> {
+/// `nice`: the nice value of the child's loops (the parent's own is left as it is);
+/// `avoid`: the target's CPUs, tried last.
+pub fn measure(nice: i32, avoid: &[usize]) -> Result<ProbeCost, String> {
     let first = std::env::var(FIRST_CPU_ENV)
         .ok()
         .and_then(|v| v.parse().ok());
     let end = Instant::now() + DEADLINE;
     let mut why = Vec::new();
-    for cpu in cpu_order(first) {
+    for cpu in cpu_order(first, avoid) {
         let left = end.saturating_duration_since(Instant::now());
         if left < Duration::from_millis(200) {
             break;
         }
-        match attempt(cpu, Instant::now() + left.min(ATTEMPT)) {
+        match attempt(cpu, nice, Instant::now() + left.min(ATTEMPT)) {
             Ok(c) => return Ok(c),
             Err(e) => why.push(format!("CPU {cpu}: {e}")),
         }
@@ -336,8 +371,8 @@ pub fn measure() -> Result<ProbeCost, String> {
     ))
 }
 
-fn attempt(cpu: usize, deadline: Instant) -> Result<ProbeCost, String> {
-    let mut child = ChildProc::start(cpu)?;
+fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String> {
+    let mut child = ChildProc::start(cpu, nice)?;
     let pid = child.child.id();
     let addr = child.ask(b'a', None, deadline)?;
     let (path, offset) = file_offset(pid, addr)
@@ -398,6 +433,20 @@ fn attempt(cpu: usize, deadline: Instant) -> Result<ProbeCost, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_targets_cpus_come_last() {
+        // Here (1) is the target's: the free CPUs first, then the target's.
+        assert_eq!(
+            order_cpus(None, Some(1), &[0, 1, 2, 3], &[1, 3]),
+            [0, 2, 1, 3]
+        );
+        assert_eq!(order_cpus(None, Some(2), &[0, 1, 2, 3], &[1]), [2, 0, 3, 1]);
+        // A test's first CPU leads whatever it is.
+        assert_eq!(order_cpus(Some(1), Some(0), &[0, 1], &[1]), [1, 0]);
+        // Nothing to avoid: here first.
+        assert_eq!(order_cpus(None, Some(1), &[0, 1], &[]), [1, 0]);
+    }
 
     #[test]
     fn added_cost_is_counts_times_costs() {

@@ -130,6 +130,7 @@ pub fn header_text(h: &Header) -> String {
             c.offload_ns / 1e3,
             match h.probe_cost_source {
                 crate::probe_cost::CostSource::Measured => "measured",
+                crate::probe_cost::CostSource::Cached => "measured earlier this boot",
                 crate::probe_cost::CostSource::Default => "default: calibration cut short",
             }
         );

@@ -5,6 +5,7 @@
 //! way through, and the watch follows the new pid.
 
 use crate::calibrate;
+use crate::calibration_cache;
 use crate::collector::{Collector, Snapshot};
 use crate::error::WatchError;
 use crate::futex::Layout;
@@ -53,15 +54,20 @@ pub struct Attached {
 }
 
 /// Privileges, tracefs, load, tracepoints, and the pid into the filter. Uprobes
-/// follow (attach_uprobes) once the files to probe are known.
-pub fn attach(pid: u32) -> Result<Attached, WatchError> {
+/// follow (attach_uprobes) once the files to probe are known. `from_now`: trace from
+/// here (a command held before its exec, whose first instructions must be seen);
+/// otherwise the programs stay idle until the session starts reading (Tracked::new):
+/// the start's remaining work (symbols, uprobes, /proc) takes a few hundred ms on a
+/// busy host, and traced in full that long, stock redis-server lost a third of its
+/// requests for half a second.
+pub fn attach(pid: u32, from_now: bool) -> Result<Attached, WatchError> {
     loader::check_privileges()?;
     if !target::exists(pid) {
         return Err(WatchError::NoSuchPid(pid));
     }
     loader::ensure_tracefs()?;
     let loader::Loaded { mut bpf, raw_sched } = loader::load(pid)?;
-    loader::set_epoch(&mut bpf, Some(1))?;
+    loader::set_epoch(&mut bpf, from_now.then_some(1))?;
     let (missing, links) = loader::attach_tracepoints(&mut bpf, raw_sched)?;
     Ok(Attached {
         bpf,
@@ -166,6 +172,8 @@ impl Tracked {
         };
         let facts = model::inputs::TargetFacts::read(pid);
         let first_offloads = first.runtime.map(|c| c.offloads);
+        // Idle until here unless the command's start was traced (attach).
+        loader::set_epoch(&mut a.bpf, Some(1))?;
         Ok(Tracked {
             steal: steal::Meter::new(facts.cpus.clone()),
             facts,
@@ -451,18 +459,22 @@ pub async fn run(
     let mut next_window = opts.interval;
     let mut duty = opts.sample.clamp(MIN_DUTY, 1.0);
     // Whether this interval's early look (below) was taken.
-    let mut looked = false;
+    let mut looked = 0usize;
     let mut inj = InjectState::default();
     let ended;
     loop {
-        // Under a budget, an interval traced in full is looked at after its first
-        // EARLY_LOOK: a server whose events cost more than the budget is then traced
-        // for the budget's share of this interval already, not only from the next.
+        // Under a budget, an interval traced in full is looked at EARLY_LOOKS after
+        // tracing began in it: a server whose events cost more than the budget is then
+        // traced for the budget's share of this interval already, not only from the
+        // next.
         let window_start = next_window.saturating_sub(opts.interval);
         if let Some(budget) = opts.overhead_budget {
-            let look_at = window_start + EARLY_LOOK.min(opts.interval / 4);
-            if !looked && duty >= 1.0 && tr.on && started.elapsed() >= look_at {
-                looked = true;
+            let from = window_start.max(tr.on_since);
+            let look_at = EARLY_LOOKS
+                .get(looked)
+                .map(|&d| from + d.min(opts.interval / 4));
+            if look_at.is_some_and(|t| duty >= 1.0 && tr.on && started.elapsed() >= t) {
+                looked += 1;
                 let w = tr.peek(started);
                 if let Some(c) = watch_cost(&w, calib.probe_cost.as_ref(), Some(budget), duty) {
                     duty = c.duty;
@@ -473,7 +485,7 @@ pub async fn run(
         // event is traced (a few windows; the budget applies after).
         if opts.inject.is_some() && inj.outcome.is_none() {
             duty = 1.0;
-            looked = true;
+            looked = EARLY_LOOKS.len();
         }
         let sampled = duty < 1.0;
         if sampled {
@@ -495,7 +507,7 @@ pub async fn run(
         let mut inject_now: Option<inject::Options> = None;
         if started.elapsed() >= next_window {
             next_window += opts.interval;
-            looked = false;
+            looked = 0;
             let deciding = opts.inject.is_some() && inj.outcome.is_none();
             let mut w = tr.window(started, opts.overhead_budget, duty);
             if let Some(c) = &mut w.watcher {
@@ -541,7 +553,7 @@ pub async fn run(
                     // looked at afresh.
                     next_window = started.elapsed() + opts.interval;
                     duty = opts.sample.clamp(MIN_DUTY, 1.0);
-                    looked = false;
+                    looked = 0;
                 }
                 Step::End(why) => {
                     ended = why;
@@ -687,13 +699,17 @@ fn follow(
     started: Instant,
     calib: &Calibration,
 ) -> Result<(), WatchError> {
-    let a = attach(pid)?;
+    let a = attach(pid, false)?;
     *tr = Tracked::new(a, calib, started)?;
     Ok(())
 }
 
-/// How long an interval is traced in full before the budget's early look.
-const EARLY_LOOK: Duration = Duration::from_millis(200);
+/// When an interval traced in full is looked at under a budget: first early, so that
+/// a server whose events cost far more than the budget is traced in full for a few
+/// tens of ms only (traced in full for 200 ms, stock nginx and redis-server lost a
+/// quarter of a quarter second's requests at attach), then again on more events, for
+/// a server that was idle at the first look.
+const EARLY_LOOKS: [Duration; 2] = [Duration::from_millis(25), Duration::from_millis(200)];
 
 /// The least share of an interval traced under a budget: below it a burst sees too
 /// few requests to say anything.
@@ -715,15 +731,32 @@ const SWITCH_DEADLINE: Duration = Duration::from_secs(1);
 impl Calibration {
     /// The context-switch cost and the watch's cost per event (a fraction of a second;
     /// at most probe_cost::DEADLINE + SWITCH_DEADLINE on a host that starves it).
-    pub fn measure() -> Calibration {
-        let (probe_cost, probe_cost_source, probe_cost_error) = match probe_cost::measure() {
-            Ok(c) => (c, probe_cost::CostSource::Measured, None),
-            Err(why) => (
-                probe_cost::DEFAULT_COST,
-                probe_cost::CostSource::Default,
-                Some(why),
-            ),
-        };
+    /// `child_nice`: the nice value the calibration child's loops run at; `avoid`:
+    /// CPUs the target runs on, tried last; `fresh`: measure even where this boot
+    /// has a measurement kept (calibration_cache.rs).
+    pub fn measure(child_nice: i32, avoid: &[usize], fresh: bool) -> Calibration {
+        let key = calibration_cache::Key::current();
+        if let Some(e) = key
+            .as_ref()
+            .filter(|_| !fresh)
+            .and_then(calibration_cache::load)
+        {
+            return Calibration {
+                switch_us: e.switch_us,
+                probe_cost: Some(e.probe_cost),
+                probe_cost_source: probe_cost::CostSource::Cached,
+                probe_cost_error: None,
+            };
+        }
+        let (probe_cost, probe_cost_source, probe_cost_error) =
+            match probe_cost::measure(child_nice, avoid) {
+                Ok(c) => (c, probe_cost::CostSource::Measured, None),
+                Err(why) => (
+                    probe_cost::DEFAULT_COST,
+                    probe_cost::CostSource::Default,
+                    Some(why),
+                ),
+            };
         // The child's untraced ping-pong is the switch cost, measured undisturbed;
         // without it, the same on a thread of ours, given a deadline: it pins itself
         // to the CPU it starts on, which may be one it gets little of.
@@ -736,6 +769,10 @@ impl Calibration {
             });
             rx.recv_timeout(SWITCH_DEADLINE).ok().flatten()
         };
+        // Only a full measurement is kept: a default stands in for one start.
+        if let (Some(k), probe_cost::CostSource::Measured) = (&key, probe_cost_source) {
+            calibration_cache::store(k, probe_cost, switch_us);
+        }
         Calibration {
             switch_us,
             probe_cost: Some(probe_cost),

@@ -77,6 +77,50 @@ pub fn thread_count(pid: u32) -> Option<usize> {
         .map(|d| d.count())
 }
 
+/// The CPUs the target works on: those its threads may run on where that is not every
+/// CPU (a pinned server), else those its threads last ran on.
+pub fn cpus(pid: u32) -> Vec<usize> {
+    let mut allowed = Vec::new();
+    let mut last = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    for t in tasks.flatten() {
+        let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        // SAFETY: a zeroed cpu_set_t is valid; the kernel fills it.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
+                allowed
+                    .extend((0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)));
+            }
+        }
+        // Field 39 of stat, counted after the parenthesised comm.
+        if let Some(cpu) = std::fs::read_to_string(t.path().join("stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .and_then(|(_, r)| r.split_whitespace().nth(36)?.parse().ok())
+            })
+        {
+            last.push(cpu);
+        }
+    }
+    allowed.sort_unstable();
+    allowed.dedup();
+    last.sort_unstable();
+    last.dedup();
+    // SAFETY: sysconf has no memory effects.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
+    if !allowed.is_empty() && allowed.len() < online {
+        allowed
+    } else {
+        last
+    }
+}
+
 pub fn exe(pid: u32) -> Option<PathBuf> {
     std::fs::read_link(format!("/proc/{pid}/exe")).ok()
 }
@@ -450,6 +494,26 @@ mod tests {
             unsafe { std::slice::from_raw_parts(libc::getpid as *const () as *const u8, 16) };
         assert_eq!(on_disk, in_memory);
         assert_eq!(symbol_file_offset(&libc, "no_such_symbol_here"), None);
+    }
+
+    #[test]
+    fn a_pinned_process_is_on_its_cpus() {
+        // A child pinned to CPU 0 reads as CPU 0, whatever the machine has.
+        let mut c = std::process::Command::new("taskset")
+            .args(["-c", "0", "sleep", "5"])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let got = cpus(c.id());
+        let _ = c.kill();
+        let _ = c.wait();
+        // SAFETY: as above.
+        if unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) } > 1 {
+            assert_eq!(got, [0]);
+        } else {
+            assert!(got.len() <= 1, "{got:?}");
+        }
+        assert!(cpus(u32::MAX - 1).is_empty());
     }
 
     #[test]

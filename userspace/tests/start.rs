@@ -118,7 +118,9 @@ fn start_beside_a_realtime_poller_attaches_every_time() {
     let mut cut_short = 0;
     for i in 0..4 {
         let mut cmd = watch_cmd();
-        cmd.args(["--json", "--interval", "500ms", "--duration", "1s", "--pid"])
+        // Measured every time: a calibration kept from an earlier start would skip it.
+        cmd.args(["--json", "--recalibrate", "--interval", "500ms", "--duration", "1s"])
+            .arg("--pid")
             .arg(pid.to_string());
         // Every other start puts its first calibration attempt on the poller's CPU.
         if i % 2 == 0 {

@@ -798,6 +798,49 @@ fn verdict_static_binary_not_dynamic() {
     assert_eq!(v["kind"], "not_dynamic", "{v}");
 }
 
+/// The calibration is measured once per boot (and build): a later start reuses it,
+/// --recalibrate measures afresh, and a tampered file is not trusted.
+#[test]
+fn a_later_start_reuses_this_boots_calibration() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("toffload-calib-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut target = Command::new("sleep").arg("60").spawn().expect("sleep");
+    let header = |extra: &[&str]| {
+        let mut cmd = watch_cmd();
+        cmd.env("TOFFLOAD_WATCH_CACHE_DIR", &dir)
+            .args(["--json", "--interval", "300ms", "--duration", "300ms"])
+            .args(extra)
+            .args(["--pid", &target.id().to_string()]);
+        let (code, lines, err) = Watcher::start(cmd).finish();
+        assert_eq!(code, 0, "{err:?}");
+        get(&lines, "header").clone()
+    };
+    let first = header(&[]);
+    assert_eq!(first["probe_cost_source"], "measured", "{first}");
+    assert!(dir.join("calibration.json").is_file());
+    let second = header(&[]);
+    assert_eq!(second["probe_cost_source"], "cached", "{second}");
+    assert_eq!(second["probe_cost"], first["probe_cost"]);
+    assert_eq!(second["context_switch_us"], first["context_switch_us"]);
+    let third = header(&["--recalibrate"]);
+    assert_eq!(third["probe_cost_source"], "measured", "{third}");
+    // A file anyone may write is someone else's choice of cost: measured again.
+    std::fs::set_permissions(
+        dir.join("calibration.json"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
+    let fourth = header(&[]);
+    assert_eq!(fourth["probe_cost_source"], "measured", "{fourth}");
+    let _ = target.kill();
+    let _ = target.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Ctrl-C (SIGINT) and SIGTERM end the watch with a final report and exit 0.
 #[test]
 fn signals_end_with_a_final_report() {

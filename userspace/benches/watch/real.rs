@@ -236,6 +236,7 @@ pub fn run(
     let load = start_load(kind, port, secs + 3.0);
     std::thread::sleep(Duration::from_secs(1));
     let from = t0.elapsed().as_secs_f64();
+    let watched = watch.is_some();
     let w = watch.map(|f| f(pid));
     let attached = t0.elapsed().as_secs_f64();
     let c0 = toffload_watch::untraced::cpu_secs(pid).unwrap_or(0.0);
@@ -255,6 +256,26 @@ pub fn run(
     drop(srv);
     let _ = std::fs::remove_dir_all(&dir);
     let rps = rate_between(&s, attached, until);
+    if std::env::var_os("TOFFLOAD_BENCH_TIMELINE").is_some() {
+        // Quarter-second rates relative to the watcher's start, to see where a dip is.
+        let q: Vec<String> = s
+            .windows(2)
+            .filter(|w| w[0].0 >= from - 0.5)
+            .map(|w| {
+                format!(
+                    "{:+.2}:{:.0}k",
+                    w[0].0 - from,
+                    (w[1].1 - w[0].1) as f64 / (w[1].0 - w[0].0) / 1e3
+                )
+            })
+            .collect();
+        eprintln!(
+            "timeline {} {}: {}",
+            kind.name(),
+            if watched { "watched" } else { "unwatched" },
+            q.join(" ")
+        );
+    }
     Run {
         rps,
         worst_quarter: worst_quarter(&s, from, end),
