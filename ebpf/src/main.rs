@@ -1,5 +1,6 @@
 //! toffload-watch's kernel side: tracepoints, uprobes and per-CPU maps, filtered in the
-//! kernel to the tgid userspace sets in WATCHED_TGID. Everything is a counter or a
+//! kernel to the tgid userspace sets in WATCHED_TGID and the further ones in WATCHED
+//! (a process tree, a cgroup; forks of watched processes join it). Everything is a counter or a
 //! histogram bucket, so the hot paths are a few map lookups and adds; userspace reads
 //! the maps once per window and works out the differences.
 //!
@@ -116,6 +117,11 @@ pub struct ThreadInfo {
     pub sys_vol0: u64,
     /// Switch-out-to-wake-up time in the current syscall, outside offload calls.
     pub sys_blocked: u64,
+    /// Read-family syscalls (read, readv, recvfrom, recvmsg, recvmmsg) and
+    /// multiplexing waits (epoll, poll, select): per thread, so that a service's
+    /// processes and threads can be told apart by who serves and how.
+    pub reads: u64,
+    pub mux_waits: u64,
 }
 
 impl ThreadInfo {
@@ -143,6 +149,8 @@ impl ThreadInfo {
             sys_on0: 0,
             sys_vol0: 0,
             sys_blocked: 0,
+            reads: 0,
+            mux_waits: 0,
         }
     }
 }
@@ -167,6 +175,13 @@ fn tracing_on() -> bool {
 }
 #[map]
 static THREADS: HashMap<u32, ThreadInfo> = HashMap::with_max_entries(16384, 0);
+/// Watched tgids besides WATCHED_TGID (value unused): seeded by userspace with the
+/// process tree or cgroup, joined by every task a watched process forks, left at
+/// exit. A thread's tid joins too (the fork hook cannot tell a thread from a process
+/// on the classic tracepoint); no process has that number as its tgid while the
+/// thread lives, and its exit removes it.
+#[map]
+static WATCHED: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(N_COUNTERS, 0);
 /// [nr * 2] = calls, [nr * 2 + 1] = total ns.
@@ -317,7 +332,10 @@ fn field<T: Copy>(ctx: &TracePointContext, offset: usize) -> T {
 fn watched(tgid: u32) -> bool {
     // SAFETY: a plain read of a global; volatile so the compiler keeps the load that
     // aya patches with the real value at load time.
-    tgid != 0 && tgid == unsafe { core::ptr::read_volatile(&WATCHED_TGID) }
+    tgid != 0
+        && (tgid == unsafe { core::ptr::read_volatile(&WATCHED_TGID) }
+            // SAFETY: a lookup; the value is not read.
+            || unsafe { WATCHED.get(&tgid) }.is_some())
 }
 
 #[inline(always)]
@@ -359,6 +377,12 @@ fn thread(tid: u32) -> Option<*mut ThreadInfo> {
 #[inline(always)]
 fn current_thread(tid: u32, tgid: u32, now: u64) -> Option<*mut ThreadInfo> {
     if let Some(p) = thread(tid) {
+        // A forked process was registered under its parent's tgid (on_fork).
+        // SAFETY: a live map value, this thread's own.
+        let t = unsafe { &mut *p };
+        if t.tgid != tgid {
+            t.tgid = tgid;
+        }
         return Some(p);
     }
     if THREADS
@@ -398,6 +422,13 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     t.sys_on0 = on_cpu_clock(t, now);
     t.sys_vol0 = t.vol;
     t.sys_blocked = 0;
+    match nr {
+        // read, readv, recvfrom, recvmsg, recvmmsg
+        0 | 19 | 45 | 47 | 299 => t.reads += 1,
+        // poll, select, epoll_wait, pselect6, ppoll, epoll_pwait, epoll_pwait2
+        7 | 23 | 232 | 270 | 271 | 281 | 441 => t.mux_waits += 1,
+        _ => {}
+    }
     if nr == NR_FUTEX {
         add(C_FUTEX_TOTAL, 1);
         t.futex_calls += 1;
@@ -638,10 +669,19 @@ fn on_fork(child: u32) -> u32 {
     if !watched(tgid) || child == 0 {
         return 0;
     }
+    // A forked process is watched from its first instruction, like its parent. This
+    // hook and the exit's stay attached between bursts (loader::KEPT), so that the
+    // set is complete whenever tracing resumes; the counts are the bursts' only.
+    if WATCHED.insert(&child, &1u8, 0).is_err() {
+        add(C_THREADS_MISSED, 1);
+    }
+    if !tracing_on() {
+        return 0;
+    }
     add(C_THREADS_CREATED, 1);
     let now = unsafe { bpf_ktime_get_ns() };
     // Registered now so that its first run is seen; a forked process (not a thread)
-    // gets its own tgid on its first syscall, which is then not watched.
+    // is registered under its parent's tgid and corrected at its first event.
     if THREADS
         .insert(child, ThreadInfo::new(tgid, now, false, epoch()), 0)
         .is_err()
@@ -653,6 +693,10 @@ fn on_fork(child: u32) -> u32 {
 
 #[inline(always)]
 fn on_exit(pid: u32) -> u32 {
+    let _ = WATCHED.remove(&pid);
+    if !tracing_on() {
+        return 0;
+    }
     if let Some(t) = THREADS.get_ptr_mut(pid) {
         // SAFETY: a live map value. Userspace reads the final numbers, then deletes.
         let t = unsafe { &mut *t };

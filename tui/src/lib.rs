@@ -47,7 +47,8 @@ use ratatui::{Frame, Terminal};
 pub use history::{History, DEFAULT_CAPACITY};
 pub use input::{handle_key, Command, Overlay, UiState};
 pub use model::{
-    GuardView, InjectionView, PredictionView, State, SyscallView, Target, VerdictView, WindowView,
+    GuardView, InjectionView, PredictionView, ProcessView, State, SyscallView, Target, VerdictView,
+    WindowView,
 };
 
 /// The titles the panels carry, for tests that look for them on screen.

@@ -30,6 +30,20 @@ pub struct SyscallView {
     pub mean_us: f64,
 }
 
+/// One process of a watched service (several processes: a master and workers).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProcessView {
+    pub pid: u32,
+    pub comm: String,
+    /// "main" or "child".
+    pub role: String,
+    /// How it serves: "idle", "event loop", "thread pool", ...
+    pub model: String,
+    pub reads_per_sec: f64,
+    pub threads: usize,
+    pub connections: usize,
+}
+
 /// One measurement window (typically one second). `None` means "not measured in this
 /// window" and is drawn as a gap or a dash, never as zero.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -54,6 +68,8 @@ pub struct WindowView {
     pub cpu_per_request_us: Option<f64>,
     pub context_switch_us: Option<f64>,
     pub syscalls: Vec<SyscallView>,
+    /// The service's processes; shown when there are several.
+    pub processes: Vec<ProcessView>,
 }
 
 /// The model's prediction for overlapping the wait.

@@ -7,7 +7,8 @@ use crate::input::{Overlay, UiState};
 use crate::layout;
 use crate::model::State;
 use crate::overlay;
-use crate::panels::{charts, footer, injection, prediction, syscalls, target, verdict};
+use crate::panels::{charts, footer, injection, prediction, processes, syscalls, target, verdict};
+use ratatui::layout::{Constraint, Layout};
 
 pub fn render(f: &mut Frame, s: &State, h: &History, ui: &UiState) {
     let a = layout::areas(f.area(), s);
@@ -15,7 +16,17 @@ pub fn render(f: &mut Frame, s: &State, h: &History, ui: &UiState) {
     verdict::render(f, a.verdict, s.verdict.as_ref());
     charts::render(f, &a.charts, h);
     prediction::render(f, a.prediction, s.prediction.as_ref());
-    syscalls::render(f, a.syscalls, h.latest().map(|w| w.syscalls.as_slice()));
+    // A service of several processes shares the syscalls' place with its processes.
+    match h.latest().filter(|w| w.processes.len() > 1) {
+        Some(w) => {
+            let [top, bottom] =
+                Layout::vertical([Constraint::Percentage(50), Constraint::Percentage(50)])
+                    .areas(a.syscalls);
+            processes::render(f, top, &w.processes);
+            syscalls::render(f, bottom, Some(w.syscalls.as_slice()));
+        }
+        None => syscalls::render(f, a.syscalls, h.latest().map(|w| w.syscalls.as_slice())),
+    }
     injection::render(f, a.injection, s.injection.as_ref(), s.guard.as_ref());
     footer::render(f, a.footer, &s.status);
     match ui.overlay {

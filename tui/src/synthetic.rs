@@ -54,6 +54,7 @@ pub fn window(i: u64) -> WindowView {
             call("epoll_wait", 0.05, 180.0),
             call("clock_gettime", 0.01, 0.1),
         ],
+        processes: Vec::new(),
     }
 }
 

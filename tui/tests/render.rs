@@ -44,6 +44,43 @@ fn assert_titles(text: &str, size: &str) {
     assert!(text.contains(FOOTER_KEYS), "{size}: no footer in\n{text}");
 }
 
+/// A service of several processes: its processes panel shows beside the syscalls.
+#[test]
+fn a_service_shows_its_processes() {
+    let mut screen = Screen::new();
+    let mut w = synthetic::window(0);
+    w.processes = vec![
+        toffload_tui::ProcessView {
+            pid: 100,
+            comm: "nginx".into(),
+            role: "main".into(),
+            model: "idle".into(),
+            ..Default::default()
+        },
+        toffload_tui::ProcessView {
+            pid: 101,
+            comm: "nginx".into(),
+            role: "child".into(),
+            model: "event loop".into(),
+            reads_per_sec: 12_000.0,
+            threads: 1,
+            connections: 16,
+        },
+    ];
+    screen.push_window(w);
+    let text = draw(&screen, &synthetic::state(100), 200, 50);
+    assert!(text.contains("Processes"), "{text}");
+    assert!(
+        text.contains("nginx*"),
+        "the main process is marked: {text}"
+    );
+    assert!(text.contains("event loop"), "{text}");
+    assert!(text.contains("Syscalls"), "{text}");
+    // One process: no processes panel.
+    let one = screen_with(3);
+    assert!(!draw(&one, &synthetic::state(100), 200, 50).contains("Processes"));
+}
+
 #[test]
 fn every_title_at_80x24_and_200x50() {
     let screen = screen_with(30);

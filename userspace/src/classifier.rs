@@ -16,6 +16,11 @@ pub const RAW_FUTEX_SHARE_WALL: f64 = 0.2;
 /// Threads created per accepted connection at or above which the server is
 /// thread-per-connection (a pool reusing threads stays well below).
 pub const THREADS_PER_ACCEPT: f64 = 0.5;
+/// Threads of one process that serve by blocking in reads, at or above which a server
+/// that does not create them per connection is a pool (apache's event MPM hands each
+/// worker a connection at a time); below, they are an event loop's helpers (a
+/// device's thread reading its eventfd).
+pub const POOL_BLOCKING_THREADS: usize = 3;
 
 /// What the classifier looks at.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -37,6 +42,8 @@ pub struct Evidence {
     pub threads: usize,
     /// The fiber runtime's own counters, when it is loaded and active in the target.
     pub fiber_runtime: Option<FiberRuntime>,
+    /// How the service's processes serve (processes.rs).
+    pub shape: crate::processes::Shape,
 }
 
 /// What the fiber runtime reports of itself over the window (its counters, on the
@@ -72,6 +79,13 @@ pub enum Kind {
     Undecided,
     /// Already running under toffload's fiber runtime (injected).
     UnderRuntime,
+    /// A process per connection (PostgreSQL, apache prefork): the OS overlaps the
+    /// connections already; there are no threads to turn into fibers.
+    ProcessPerConnection,
+    /// A fixed pool of threads serving the connections, each multiplexing many
+    /// (memcached -t N) or handed one at a time (apache's event MPM): the pool
+    /// overlaps already; the path is the reroute.
+    ThreadPool,
 }
 
 impl Kind {
@@ -85,6 +99,12 @@ impl Kind {
             Kind::NotDynamic => "not dynamically linked (LD_PRELOAD cannot interpose)",
             Kind::Undecided => "undecided (no requests seen yet)",
             Kind::UnderRuntime => "under the fiber runtime (connection threads run as fibers)",
+            Kind::ProcessPerConnection => {
+                "process per connection (the OS overlaps connections; zero-edit fibers do not apply)"
+            }
+            Kind::ThreadPool => {
+                "thread pool (a fixed set of threads serves the connections; no overlap to add; minimal-edit reroute)"
+            }
         }
     }
 }
@@ -183,6 +203,28 @@ pub fn classify(e: &Evidence) -> Verdict {
     if e.requests == 0 {
         return verdict(Kind::Undecided, "no requests in the window".into());
     }
+    // Before the thread rule: each forked backend counts as a task created per
+    // accepted connection, which would read as thread per connection.
+    let sh = &e.shape;
+    if sh.serving_processes >= 2
+        && sh.max_serving_threads == 1
+        && sh.single_connection_processes * 2 > sh.serving_processes
+    {
+        return verdict(
+            Kind::ProcessPerConnection,
+            format!(
+                "{} processes serve, {} of them one connection each with one thread; \
+                 {} tasks created per accepted connection",
+                sh.serving_processes,
+                sh.single_connection_processes,
+                if e.accepts > 0 {
+                    format!("{:.2}", per(e.threads_created, e.accepts))
+                } else {
+                    "-".into()
+                }
+            ),
+        );
+    }
     let tpa = per(e.threads_created, e.accepts);
     let per_conn_threads = if e.accepts > 0 {
         tpa >= THREADS_PER_ACCEPT
@@ -210,6 +252,25 @@ pub fn classify(e: &Evidence) -> Verdict {
                 e.threads
             )
         };
+        if sh.max_multiplexing_threads >= 2 {
+            return verdict(
+                Kind::ThreadPool,
+                format!(
+                    "{} threads of one process serve, each multiplexing; {why}",
+                    sh.max_multiplexing_threads
+                ),
+            );
+        }
+        if sh.max_blocking_threads >= POOL_BLOCKING_THREADS {
+            return verdict(
+                Kind::ThreadPool,
+                format!(
+                    "{} threads of one process serve, blocking in reads, and are not \
+                     created per connection (>= {POOL_BLOCKING_THREADS}: a pool); {why}",
+                    sh.max_blocking_threads
+                ),
+            );
+        }
         return verdict(Kind::EventLoop, why);
     }
     let conn = if e.accepts > 0 {
@@ -263,7 +324,72 @@ mod tests {
             mux_waits: 0,
             threads: 66,
             fiber_runtime: None,
+            shape: crate::processes::Shape {
+                serving_processes: 1,
+                max_serving_threads: 64,
+                max_multiplexing_threads: 0,
+                max_blocking_threads: 64,
+                single_connection_processes: 0,
+                multiplexing_processes: 0,
+            },
         }
+    }
+
+    #[test]
+    fn backends_are_a_process_per_connection() {
+        // PostgreSQL: a backend forked per connection, each in epoll on its socket.
+        let mut e = conn_server();
+        e.offload_calls = 0;
+        e.stall_p50_us = None;
+        e.mux_waits = 9_000;
+        e.threads = 10;
+        e.shape = crate::processes::Shape {
+            serving_processes: 8,
+            max_serving_threads: 1,
+            max_multiplexing_threads: 1,
+            max_blocking_threads: 0,
+            single_connection_processes: 8,
+            multiplexing_processes: 8,
+        };
+        let v = classify(&e);
+        assert_eq!(v.kind, Kind::ProcessPerConnection, "{v:?}");
+        // nginx's workers also serve one thread each, but many connections each.
+        e.shape.single_connection_processes = 0;
+        e.accepts = 0;
+        assert_eq!(classify(&e).kind, Kind::EventLoop);
+    }
+
+    #[test]
+    fn multiplexing_threads_are_a_pool() {
+        let mut e = conn_server();
+        e.accepts = 0;
+        e.threads_created = 0;
+        e.mux_waits = 2_000;
+        e.shape = crate::processes::Shape {
+            serving_processes: 1,
+            max_serving_threads: 4,
+            max_multiplexing_threads: 4,
+            max_blocking_threads: 0,
+            single_connection_processes: 0,
+            multiplexing_processes: 1,
+        };
+        let v = classify(&e);
+        assert_eq!(v.kind, Kind::ThreadPool, "{v:?}");
+        assert!(v.because.contains("4 threads"), "{}", v.because);
+        e.shape.max_multiplexing_threads = 1;
+        assert_eq!(classify(&e).kind, Kind::EventLoop);
+        // apache's event MPM: a listener multiplexing, 16 workers blocking in reads,
+        // none created per accepted connection.
+        e.accepts = 20_000;
+        e.shape.max_multiplexing_threads = 0;
+        e.shape.max_blocking_threads = 16;
+        let v = classify(&e);
+        assert_eq!(v.kind, Kind::ThreadPool, "{v:?}");
+        assert!(v.because.contains("16 threads"), "{}", v.because);
+        // An event loop beside its device's thread is still an event loop.
+        e.shape.max_multiplexing_threads = 1;
+        e.shape.max_blocking_threads = 1;
+        assert_eq!(classify(&e).kind, Kind::EventLoop);
     }
 
     #[test]
@@ -288,6 +414,8 @@ mod tests {
         e.threads_created = 0;
         e.mux_waits = 900;
         e.threads = 2;
+        e.shape.max_blocking_threads = 1;
+        e.shape.max_multiplexing_threads = 1;
         let v = classify(&e);
         assert_eq!(v.kind, Kind::EventLoop, "{v:?}");
         e.accepts = 0;
@@ -355,6 +483,8 @@ mod tests {
         e.threads_created = 0;
         e.mux_waits = 900;
         e.threads = 4;
+        e.shape.max_blocking_threads = 1;
+        e.shape.max_multiplexing_threads = 1;
         assert_eq!(classify(&e).kind, Kind::EventLoop);
         e.fiber_runtime = Some(FiberRuntime {
             fibers_live: 64,

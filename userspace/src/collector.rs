@@ -40,6 +40,8 @@ pub struct Snapshot {
     /// The fiber runtime's counters, read from the target's memory at the same time
     /// (None when it does not run libtoffload.so).
     pub runtime: Option<crate::runtime_counters::RuntimeCounters>,
+    /// The watched processes as /proc shows them (the session reads it).
+    pub procs: BTreeMap<u32, crate::processes::ProcInfo>,
 }
 
 impl Snapshot {
@@ -132,7 +134,9 @@ impl Collector {
             .collect()
     }
 
-    /// Reads everything. `pids` are the watched tgids; `layout` judges futex sites.
+    /// Reads everything. `pids` are the watched processes (for their live thread
+    /// count: every thread in the kernel's table belongs to one of them, or to one
+    /// forked since); `layout` judges futex sites.
     pub fn snapshot(&mut self, t: f64, pids: &[u32], layout: &Layout) -> Snapshot {
         let counters = Self::array(&self.counters, abi::N_COUNTERS);
         let syscalls = Self::array(&self.syscalls, abi::NR_MAX * 2);
@@ -164,9 +168,7 @@ impl Collector {
         // numbers stay here).
         let mut exited = Vec::new();
         for (tid, info) in self.threads.iter().flatten() {
-            if pids.contains(&info.tgid) {
-                self.seen_threads.insert(tid, info);
-            }
+            self.seen_threads.insert(tid, info);
             if info.flags & abi::F_EXITED != 0 {
                 exited.push(tid);
             }
@@ -227,6 +229,7 @@ impl Collector {
             futex_stacks,
             // The kernel's side only; the session adds the runtime's counters.
             runtime: None,
+            procs: BTreeMap::new(),
         }
     }
 }

@@ -152,6 +152,23 @@ pub fn view(w: &Window, switch_us: Option<f64>) -> tui::WindowView {
                 mean_us: r.mean_us,
             })
             .collect(),
+        processes: w
+            .processes
+            .iter()
+            .map(|p| tui::ProcessView {
+                pid: p.pid,
+                comm: p.comm.clone(),
+                role: match p.role {
+                    crate::processes::Role::Main => "main",
+                    crate::processes::Role::Child => "child",
+                }
+                .into(),
+                model: p.model.label().into(),
+                reads_per_sec: p.reads_per_sec,
+                threads: p.threads,
+                connections: p.connections,
+            })
+            .collect(),
     }
 }
 

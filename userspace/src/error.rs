@@ -6,6 +6,7 @@ use std::fmt;
 /// printed), 1 any other failure, 2 bad command line (clap), and these.
 pub const EXIT_NOT_ROOT: u8 = 3;
 pub const EXIT_BPF_UNAVAILABLE: u8 = 4;
+/// The pid, cgroup or unit to watch does not exist (or holds no process).
 pub const EXIT_NO_SUCH_PID: u8 = 5;
 pub const EXIT_NO_OBJECT: u8 = 6;
 pub const EXIT_SPAWN: u8 = 7;
@@ -33,6 +34,8 @@ pub enum WatchError {
     /// The kernel refused to load or attach the programs.
     BpfUnavailable(String),
     NoSuchPid(u32),
+    /// A cgroup or unit that is not there, or names nothing to watch.
+    BadTarget(String),
     /// This binary was built without the eBPF object.
     NoObject,
     /// `run -- CMD` could not start CMD.
@@ -45,7 +48,7 @@ impl WatchError {
         match self {
             WatchError::NotRoot(_) => EXIT_NOT_ROOT,
             WatchError::BpfUnavailable(_) => EXIT_BPF_UNAVAILABLE,
-            WatchError::NoSuchPid(_) => EXIT_NO_SUCH_PID,
+            WatchError::NoSuchPid(_) | WatchError::BadTarget(_) => EXIT_NO_SUCH_PID,
             WatchError::NoObject => EXIT_NO_OBJECT,
             WatchError::Spawn(_) => EXIT_SPAWN,
             WatchError::Other(_) => 1,
@@ -62,6 +65,7 @@ impl fmt::Display for WatchError {
             ),
             WatchError::BpfUnavailable(why) => write!(f, "BPF unavailable: {why}"),
             WatchError::NoSuchPid(pid) => write!(f, "no such pid: {pid}"),
+            WatchError::BadTarget(why) => write!(f, "no such target: {why}"),
             WatchError::NoObject => write!(
                 f,
                 "this toffload-watch was built without its eBPF object. Build it with \

@@ -146,6 +146,21 @@ pub fn load(pid: u32) -> Result<Loaded, WatchError> {
     load_from(OBJECT, pid)
 }
 
+/// Adds processes to the kernel's filter (a service's other processes); those they
+/// fork join by themselves.
+pub fn watch_also(bpf: &mut Ebpf, pids: &[u32]) -> Result<(), WatchError> {
+    let mut m: aya::maps::HashMap<_, u32, u8> = aya::maps::HashMap::try_from(
+        bpf.map_mut("WATCHED")
+            .ok_or_else(|| WatchError::BpfUnavailable("the object lacks map WATCHED".into()))?,
+    )
+    .map_err(|e| WatchError::BpfUnavailable(format!("map WATCHED: {e}")))?;
+    for &p in pids {
+        m.insert(p, 1, 0)
+            .map_err(|e| WatchError::BpfUnavailable(format!("watching pid {p}: {e}")))?;
+    }
+    Ok(())
+}
+
 /// Loads an object (empty: this binary was built without one) with its in-kernel
 /// filter set to `pid`.
 pub fn load_from(object: &[u8], pid: u32) -> Result<Loaded, WatchError> {
@@ -214,6 +229,32 @@ pub enum Link {
     Raw(&'static str, RawTracePointLinkId),
     Tp(&'static str, TracePointLinkId),
     Up(&'static str, UProbeLinkId),
+}
+
+/// The programs that stay attached between bursts: fork and exit keep the kernel's
+/// set of watched processes complete (a worker forked while untraced is watched when
+/// tracing resumes); they fire once per task, so they cost nothing measurable.
+const KEPT: &[&str] = &[
+    "sched_process_fork",
+    "sched_process_exit",
+    "raw_sched_process_fork",
+    "raw_sched_process_exit",
+];
+
+impl Link {
+    fn program(&self) -> &'static str {
+        match self {
+            Link::Raw(p, _) | Link::Tp(p, _) | Link::Up(p, _) => p,
+        }
+    }
+}
+
+/// Detaches all but the KEPT programs: the end of a burst.
+pub fn detach_burst(bpf: &mut Ebpf, links: &mut Vec<Link>) {
+    let (kept, mut rest): (Vec<Link>, Vec<Link>) =
+        links.drain(..).partition(|l| KEPT.contains(&l.program()));
+    detach(bpf, &mut rest);
+    *links = kept;
 }
 
 /// Detaches everything in `links` (a detached program costs the target nothing).
@@ -285,10 +326,11 @@ pub fn set_epoch(bpf: &mut Ebpf, epoch: Option<u64>) -> Result<(), WatchError> {
 }
 
 /// Attaches every tracepoint it can: the metrics lost to those that failed, and the
-/// links.
+/// links. `again`: a burst after the first, the KEPT programs still attached.
 pub fn attach_tracepoints(
     bpf: &mut Ebpf,
     raw_sched: bool,
+    again: bool,
 ) -> Result<(Vec<String>, Vec<Link>), WatchError> {
     let hidden = std::env::var(HIDE_TRACEPOINT_ENV).unwrap_or_default();
     let mut missing = Vec::new();
@@ -309,7 +351,8 @@ pub fn attach_tracepoints(
             Err(e) => missing.push(format!("{metric} (raw tracepoint {name}: {e})")),
         }
     }
-    for (prog, tp, metric) in RAW_SCHED.iter().filter(|_| raw_sched) {
+    let skip = |prog: &str| again && KEPT.contains(&prog);
+    for (prog, tp, metric) in RAW_SCHED.iter().filter(|r| raw_sched && !skip(r.0)) {
         let name = if hidden == format!("sched:{tp}") {
             format!("{tp}_hidden_for_test")
         } else {
@@ -324,7 +367,7 @@ pub fn attach_tracepoints(
             Err(e) => missing.push(format!("{metric} (raw tracepoint {name}: {e})")),
         }
     }
-    for (prog, cat, tp, metric) in TRACEPOINTS.iter().filter(|_| !raw_sched) {
+    for (prog, cat, tp, metric) in TRACEPOINTS.iter().filter(|r| !raw_sched && !skip(r.0)) {
         let name = if hidden == format!("{cat}:{tp}") {
             format!("{tp}_hidden_for_test")
         } else {
@@ -366,10 +409,12 @@ pub struct Probes {
 }
 
 /// Probes the offload entry points in `files` (the target's
-/// mapped executables and libraries), skipping files probed before.
+/// mapped executables and libraries), skipping files probed before. The probes are
+/// not filtered on a pid: a watched service's processes, those it forks later
+/// included, share the files, and the programs' own tgid filter (WATCHED) decides.
+/// Another process calling the same function meanwhile traps and returns at once.
 pub fn attach_uprobes(
     bpf: &mut Ebpf,
-    pid: u32,
     files: &[String],
     probes: &mut Probes,
     links: &mut Vec<Link>,
@@ -390,7 +435,7 @@ pub fn attach_uprobes(
             // event loop then never counts another offload).
             for prog in ["offload_exit", "offload_enter"] {
                 let p: &mut UProbe = program(bpf, prog)?;
-                match p.attach(None, offset, path, Some(pid as i32)) {
+                match p.attach(None, offset, path, None) {
                     Ok(id) => links.push(Link::Up(prog, id)),
                     Err(e) => {
                         probes
@@ -415,7 +460,6 @@ pub fn attach_uprobes(
 /// Attaches the probed entry points again (sampled watching).
 pub fn reattach_uprobes(
     bpf: &mut Ebpf,
-    pid: u32,
     probes: &Probes,
     links: &mut Vec<Link>,
 ) -> Result<(), WatchError> {
@@ -423,7 +467,7 @@ pub fn reattach_uprobes(
         for prog in ["offload_exit", "offload_enter"] {
             let p: &mut UProbe = program(bpf, prog)?;
             let id = p
-                .attach(None, *offset, path, Some(pid as i32))
+                .attach(None, *offset, path, None)
                 .map_err(|e| WatchError::Other(format!("re-attaching {prog} on {sym}: {e}")))?;
             links.push(Link::Up(prog, id));
         }

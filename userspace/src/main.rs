@@ -8,7 +8,7 @@ use toffload_watch::inject_flow::InjectRequest;
 use toffload_watch::report::Final;
 use toffload_watch::session::{self, Options};
 use toffload_watch::sink::Report;
-use toffload_watch::{dashboard, inject, spawn, target};
+use toffload_watch::{dashboard, inject, service, spawn, target};
 
 #[derive(Parser)]
 #[command(
@@ -17,9 +17,18 @@ use toffload_watch::{dashboard, inject, spawn, target};
     args_conflicts_with_subcommands = true
 )]
 struct Cli {
-    /// The process to watch.
+    /// A process to watch, with every process below it (a pre-forking server's
+    /// master: its workers, and those it forks later). Repeatable.
     #[arg(long)]
-    pid: Option<u32>,
+    pid: Vec<u32>,
+    /// Watch every process of a cgroup (v2), e.g. system.slice/nginx.service or a
+    /// full path under /sys/fs/cgroup.
+    #[arg(long, value_name = "PATH")]
+    cgroup: Option<std::path::PathBuf>,
+    /// Watch a systemd unit's processes, found by name in the cgroup tree (nginx is
+    /// nginx.service; systemd itself is not asked).
+    #[arg(long, value_name = "NAME", conflicts_with = "cgroup")]
+    unit: Option<String>,
     #[command(flatten)]
     common: Common,
     #[command(subcommand)]
@@ -232,14 +241,19 @@ fn calibrate(start: &StartupPriority, pid: Option<u32>, fresh: bool) -> session:
     )
 }
 
-async fn watch_pid(pid: u32, opts: Options, tui: bool, fresh: bool) -> Result<Final, WatchError> {
+async fn watch_service(
+    spec: service::Spec,
+    opts: Options,
+    tui: bool,
+    fresh: bool,
+) -> Result<Final, WatchError> {
     toffload_watch::loader::check_privileges()?;
-    if !target::exists(pid) {
-        return Err(WatchError::NoSuchPid(pid));
-    }
+    let set = service::resolve(&spec)?;
     let nicer = StartupPriority::lower();
-    let calib = calibrate(&nicer, Some(pid), fresh);
-    let a = session::attach(pid, false)?;
+    let calib = calibrate(&nicer, Some(set.root), fresh);
+    // Resolved again after the calibration: a worker may have been forked meanwhile.
+    let set = service::resolve(&spec)?;
+    let a = session::attach(set.root, &set.all, false)?;
     drop(nicer);
     watch(a, &calib, &opts, tui).await
 }
@@ -257,7 +271,7 @@ async fn watch_command(
     let mut held = spawn::start(&argv)?;
     let nicer = StartupPriority::lower();
     let calib = calibrate(&nicer, None, fresh);
-    let mut a = session::attach(held.pid(), true)?;
+    let mut a = session::attach(held.pid(), &[], true)?;
     a.probe_files(&target::planned_files(&held.exe.to_string_lossy()))?;
     drop(nicer);
     held.release();
@@ -294,21 +308,30 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = match (cli.cmd, cli.pid) {
+    let spec = service::Spec {
+        pids: cli.pid,
+        cgroup: cli.cgroup,
+        unit: cli.unit,
+    };
+    let named = !spec.pids.is_empty() || spec.cgroup.is_some() || spec.unit.is_some();
+    let result = match (cli.cmd, named) {
         (Some(Cmd::Run { common, command }), _) => rt.block_on(watch_command(
             command,
             options(&common),
             common.tui,
             common.recalibrate,
         )),
-        (None, Some(pid)) => rt.block_on(watch_pid(
-            pid,
+        (None, true) => rt.block_on(watch_service(
+            spec,
             options(&cli.common),
             cli.common.tui,
             cli.common.recalibrate,
         )),
-        (None, None) => {
-            eprintln!("toffload-watch: give --pid N, or `run -- CMD ARGS...` (see --help)");
+        (None, false) => {
+            eprintln!(
+                "toffload-watch: give --pid N, --cgroup PATH, --unit NAME, or `run -- CMD ARGS...` \
+                 (see --help)"
+            );
             return ExitCode::from(2);
         }
     };

@@ -5,6 +5,7 @@ use crate::abi;
 use crate::classifier::{self, Evidence, Verdict};
 use crate::collector::Snapshot;
 use crate::futex::Origins;
+use crate::processes;
 use crate::syscalls;
 use crate::target::Runtime;
 use serde::Serialize;
@@ -15,6 +16,8 @@ pub struct Context {
     pub runtime: Runtime,
     /// An offload entry point is probed: requests are offload calls.
     pub offload_probed: bool,
+    /// The process the watch is about first (processes.rs Role::Main).
+    pub root: u32,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -172,6 +175,8 @@ pub struct Window {
     pub io_uring_enters: u64,
     pub io_uring_setups: u64,
     pub mux_waits: u64,
+    /// The service's processes, one row each (processes.rs).
+    pub processes: Vec<processes::ProcessRow>,
     /// Threads the kernel's thread table had no room for (their scheduler numbers
     /// are missing; non-zero only past 16384 live threads).
     pub threads_missed: u64,
@@ -383,7 +388,9 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
     } else {
         per_req(on_ns.saturating_sub(spin_ns) as f64 / 1e3)
     };
+    let processes = processes::rows(&prev.threads, &cur.threads, &cur.procs, ctx.root, secs);
     let evidence = Evidence {
+        shape: processes::shape(&processes),
         runtime: Some(ctx.runtime.kind),
         dynamic: ctx.runtime.dynamic,
         requests,
@@ -450,6 +457,7 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         io_uring_enters,
         io_uring_setups: calls(cur, prev, &["io_uring_setup"]),
         mux_waits,
+        processes,
         threads_missed: d(abi::C_THREADS_MISSED),
         verdict: classifier::classify(&evidence),
         runtime_counters: cur.runtime,
@@ -473,6 +481,7 @@ mod tests {
                 evidence: String::new(),
             },
             offload_probed: true,
+            root: 1,
         }
     }
 

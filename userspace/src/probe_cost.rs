@@ -388,8 +388,8 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
     for traced in [false, true] {
         if traced {
             loader::set_epoch(&mut bpf, Some(1)).map_err(|e| e.to_string())?;
-            let (_, l) =
-                loader::attach_tracepoints(&mut bpf, raw_sched).map_err(|e| e.to_string())?;
+            let (_, l) = loader::attach_tracepoints(&mut bpf, raw_sched, false)
+                .map_err(|e| e.to_string())?;
             links = l;
             for prog in ["offload_exit", "offload_enter"] {
                 let p: &mut UProbe = bpf

@@ -11,6 +11,9 @@ use std::fmt::Write as _;
 #[derive(Clone, Debug, Serialize)]
 pub struct Header {
     pub pid: u32,
+    /// The service's other processes at attach (its tree, its cgroup); those forked
+    /// later join the windows' process rows.
+    pub also: Vec<u32>,
     pub comm: String,
     pub exe: String,
     pub runtime: Runtime,
@@ -99,6 +102,18 @@ fn opt(v: Option<f64>, unit: &str) -> String {
 pub fn header_text(h: &Header) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "toffload-watch: pid {} ({}) {}", h.pid, h.comm, h.exe);
+    if !h.also.is_empty() {
+        let _ = writeln!(
+            s,
+            "  with {} more process(es) of the service: {}",
+            h.also.len(),
+            h.also
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+    }
     let _ = writeln!(
         s,
         "  runtime: {} ({})",
@@ -242,6 +257,32 @@ pub fn window_text(w: &Window, title: &str) -> String {
         w.io_uring_enters,
         w.mux_waits
     );
+    // A service of several processes: who serves and how (one line each, busiest
+    // first after the main one; a few dozen at most).
+    if w.processes.len() > 1 {
+        let _ = writeln!(s, "  processes {}:", w.processes.len());
+        for p in w.processes.iter().take(12) {
+            let _ = writeln!(
+                s,
+                "    {:>7} {:<15} {:<5} {:<22} {:>9.0} reads/s, {} threads ({} serving), {} connections, {:.0}% CPU",
+                p.pid,
+                p.comm,
+                match p.role {
+                    crate::processes::Role::Main => "main",
+                    crate::processes::Role::Child => "child",
+                },
+                p.model.label(),
+                p.reads_per_sec,
+                p.threads,
+                p.serving_threads,
+                p.connections,
+                p.cpu_share * 100.0
+            );
+        }
+        if w.processes.len() > 12 {
+            let _ = writeln!(s, "    ... {} more", w.processes.len() - 12);
+        }
+    }
     let top: Vec<String> = w
         .syscalls_top
         .iter()

@@ -46,6 +46,8 @@ pub struct Options {
 pub struct Attached {
     pub bpf: Ebpf,
     pub pid: u32,
+    /// The service's other processes at attach.
+    pub also: Vec<u32>,
     pub probes: Probes,
     pub missing: Vec<String>,
     pub links: Vec<loader::Link>,
@@ -60,18 +62,22 @@ pub struct Attached {
 /// the start's remaining work (symbols, uprobes, /proc) takes a few hundred ms on a
 /// busy host, and traced in full that long, stock redis-server lost a third of its
 /// requests for half a second.
-pub fn attach(pid: u32, from_now: bool) -> Result<Attached, WatchError> {
+/// `also`: the service's other processes (service.rs), watched beside `pid`.
+pub fn attach(pid: u32, also: &[u32], from_now: bool) -> Result<Attached, WatchError> {
     loader::check_privileges()?;
     if !target::exists(pid) {
         return Err(WatchError::NoSuchPid(pid));
     }
     loader::ensure_tracefs()?;
     let loader::Loaded { mut bpf, raw_sched } = loader::load(pid)?;
+    let also: Vec<u32> = also.iter().copied().filter(|&p| p != pid).collect();
+    loader::watch_also(&mut bpf, &also)?;
     loader::set_epoch(&mut bpf, from_now.then_some(1))?;
-    let (missing, links) = loader::attach_tracepoints(&mut bpf, raw_sched)?;
+    let (missing, links) = loader::attach_tracepoints(&mut bpf, raw_sched, false)?;
     Ok(Attached {
         bpf,
         pid,
+        also,
         probes: Probes::default(),
         missing,
         links,
@@ -81,13 +87,7 @@ pub fn attach(pid: u32, from_now: bool) -> Result<Attached, WatchError> {
 
 impl Attached {
     pub fn probe_files(&mut self, files: &[String]) -> Result<(), WatchError> {
-        loader::attach_uprobes(
-            &mut self.bpf,
-            self.pid,
-            files,
-            &mut self.probes,
-            &mut self.links,
-        )
+        loader::attach_uprobes(&mut self.bpf, files, &mut self.probes, &mut self.links)
     }
 }
 
@@ -126,16 +126,30 @@ struct Tracked {
     ledger: untraced::Ledger,
     /// Until when the links released by the last detach are settling (untraced.rs).
     settling_until: Option<Duration>,
+    /// The watched processes: the root first, then those of the service still alive
+    /// (those forked since join when their threads show in the kernel's table).
+    procs: Vec<u32>,
+    /// Each process's most connections seen (processes::read), and when they were
+    /// last read.
+    known: std::collections::BTreeMap<u32, crate::processes::Known>,
+    connections_read: Duration,
 }
 
 impl Tracked {
     fn new(mut a: Attached, calib: &Calibration, started: Instant) -> Result<Tracked, WatchError> {
         let pid = a.pid;
+        let procs: Vec<u32> = std::iter::once(pid).chain(a.also.iter().copied()).collect();
         let maps = target::maps(pid);
         a.probe_files(&loader::mapped_files(&maps))?;
+        // The other processes' files too (a worker that loaded an offload library
+        // the master never did).
+        for p in a.also.clone() {
+            a.probe_files(&loader::mapped_files(&target::maps(p)))?;
+        }
         let mut collector = Collector::new(&mut a.bpf)?;
         let header = Header {
             pid,
+            also: a.also.clone(),
             comm: target::comm(pid),
             exe: target::exe(pid)
                 .map(|p| p.to_string_lossy().into_owned())
@@ -153,7 +167,9 @@ impl Tracked {
         );
         // Where libtoffload.so keeps its counters in the target, once it is mapped.
         let counters_at = runtime_counters::locate(pid);
-        let mut first = collector.snapshot(0.0, &[pid], &layout);
+        let mut first = collector.snapshot(0.0, &procs, &layout);
+        let mut known = std::collections::BTreeMap::new();
+        first.procs = crate::processes::read(&procs, &mut known);
         first.wall = started.elapsed().as_secs_f64();
         first.unix = metrics::unix_now();
         first.runtime = counters_at.and_then(|at| runtime_counters::read(pid, at));
@@ -169,6 +185,7 @@ impl Tracked {
         let ctx = Context {
             runtime: header.runtime.clone(),
             offload_probed: !a.probes.offload.is_empty(),
+            root: pid,
         };
         let facts = model::inputs::TargetFacts::read(pid);
         let first_offloads = first.runtime.map(|c| c.offloads);
@@ -195,15 +212,51 @@ impl Tracked {
             life: target::Liveness::new(pid),
             ledger: {
                 let mut l = untraced::Ledger::default();
-                l.edge(pid, Stretch::Neither, first_offloads);
+                l.edge(&procs, Stretch::Neither, first_offloads);
                 l
             },
             settling_until: None,
+            procs,
+            known,
+            connections_read: started.elapsed(),
         })
     }
 
     fn pid(&self) -> u32 {
         self.a.pid
+    }
+
+    /// Reads the processes' connections every CONNECTIONS_EVERY between windows: a
+    /// window's end alone may fall between a prefork child's connections, or after a
+    /// load ended.
+    fn sample_connections(&mut self, started: Instant) {
+        if started.elapsed() >= self.connections_read + CONNECTIONS_EVERY {
+            self.connections_read = started.elapsed();
+            // Children forked since the last look join the list now (the kernel
+            // watches them already; the windows would add them at their end).
+            for c in crate::service::children(&self.procs) {
+                if !self.procs.contains(&c) {
+                    self.procs.push(c);
+                }
+            }
+            crate::processes::read(&self.procs, &mut self.known);
+        }
+    }
+
+    /// The service's processes now: those still alive, and the processes whose
+    /// threads the kernel's table holds (forked since, and watched from their first
+    /// instruction). The root stays first, alive or not.
+    fn update_procs(&mut self, s: &Snapshot) {
+        let root = self.pid();
+        let mut procs = vec![root];
+        let known = self.procs.iter().copied();
+        let seen = s.threads.values().map(|t| t.tgid);
+        for p in known.chain(seen) {
+            if !procs.contains(&p) && target::exists(p) {
+                procs.push(p);
+            }
+        }
+        self.procs = procs;
     }
 
     fn traced_now(&self, started: Instant) -> Duration {
@@ -248,7 +301,9 @@ impl Tracked {
         let t = self.traced_now(started);
         let mut s = self
             .collector
-            .snapshot(t.as_secs_f64(), &[self.pid()], &self.layout);
+            .snapshot(t.as_secs_f64(), &self.procs, &self.layout);
+        self.update_procs(&s);
+        s.procs = crate::processes::read(&self.procs, &mut self.known);
         s.runtime = self.runtime_now().map(|now| {
             if self.mixed_clock {
                 now
@@ -313,7 +368,7 @@ impl Tracked {
             self.ledger_edge(Stretch::Traced);
             loader::set_epoch(&mut self.a.bpf, None)?;
             self.rt_view.paused(self.runtime_now());
-            loader::detach(&mut self.a.bpf, &mut self.a.links);
+            loader::detach_burst(&mut self.a.bpf, &mut self.a.links);
             self.traced += elapsed.saturating_sub(self.on_since);
             self.on = false;
             self.settling_until =
@@ -325,7 +380,7 @@ impl Tracked {
     /// Books the stretch since the ledger's last edge as `was`.
     fn ledger_edge(&mut self, was: Stretch) {
         let offloads = self.runtime_now().map(|c| c.offloads);
-        self.ledger.edge(self.pid(), was, offloads);
+        self.ledger.edge(&self.procs, was, offloads);
     }
 
     /// What the stretch since the ledger's last edge has been.
@@ -355,14 +410,9 @@ impl Tracked {
         self.ledger_edge(self.stretch());
         self.settling_until = None;
         self.epoch += 1;
-        let (_, links) = loader::attach_tracepoints(&mut self.a.bpf, self.a.raw_sched)?;
+        let (_, links) = loader::attach_tracepoints(&mut self.a.bpf, self.a.raw_sched, true)?;
         self.a.links.extend(links);
-        loader::reattach_uprobes(
-            &mut self.a.bpf,
-            self.a.pid,
-            &self.a.probes,
-            &mut self.a.links,
-        )?;
+        loader::reattach_uprobes(&mut self.a.bpf, &self.a.probes, &mut self.a.links)?;
         // After the tracepoints, so an offload is never timed without them.
         loader::set_epoch(&mut self.a.bpf, Some(self.epoch))?;
         self.rt_view.resumed(self.runtime_now());
@@ -504,6 +554,7 @@ pub async fn run(
             break;
         }
         tr.refresh_maps();
+        tr.sample_connections(started);
         let mut inject_now: Option<inject::Options> = None;
         if started.elapsed() >= next_window {
             next_window += opts.interval;
@@ -699,7 +750,7 @@ fn follow(
     started: Instant,
     calib: &Calibration,
 ) -> Result<(), WatchError> {
-    let a = attach(pid, false)?;
+    let a = attach(pid, &[], false)?;
     *tr = Tracked::new(a, calib, started)?;
     Ok(())
 }
@@ -710,6 +761,9 @@ fn follow(
 /// quarter of a quarter second's requests at attach), then again on more events, for
 /// a server that was idle at the first look.
 const EARLY_LOOKS: [Duration; 2] = [Duration::from_millis(25), Duration::from_millis(200)];
+
+/// How often the processes' connections are read between windows.
+const CONNECTIONS_EVERY: Duration = Duration::from_millis(250);
 
 /// The least share of an interval traced under a budget: below it a burst sees too
 /// few requests to say anything.

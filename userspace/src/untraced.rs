@@ -20,28 +20,46 @@ const MIN_CALLS_PER_REQUEST: f64 = 0.5;
 /// Untraced time shorter than this is too short to read a rate from.
 const MIN_UNTRACED_SECS: f64 = 0.1;
 
-/// One reading of the target's kernel counters.
-#[derive(Clone, Copy, Debug)]
+/// One reading of the target's kernel counters, per process of a service.
+#[derive(Clone, Debug)]
 pub struct Reading {
     at: Instant,
-    /// read + write calls (syscr + syscw).
-    io_calls: u64,
-    /// utime + stime, seconds.
-    cpu_s: f64,
+    /// (pid, read + write calls (syscr + syscw), utime + stime seconds).
+    procs: Vec<(u32, u64, f64)>,
     /// The fiber runtime's offload count, where the target runs it: an exact count
     /// of requests that costs the target nothing.
     offloads: Option<u64>,
 }
 
 impl Reading {
-    pub fn take(pid: u32, offloads: Option<u64>) -> Option<Reading> {
-        let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
-        Some(Reading {
+    /// The processes' counters now; None when none of them can be read (all gone).
+    pub fn take(pids: &[u32], offloads: Option<u64>) -> Option<Reading> {
+        let procs: Vec<(u32, u64, f64)> = pids
+            .iter()
+            .filter_map(|&pid| {
+                let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+                Some((pid, io_calls(&io)?, cpu_secs(pid)?))
+            })
+            .collect();
+        (!procs.is_empty()).then(|| Reading {
             at: Instant::now(),
-            io_calls: io_calls(&io)?,
-            cpu_s: cpu_secs(pid)?,
+            procs,
             offloads,
         })
+    }
+
+    /// The counters' growth from `from`, over the processes read both times (one
+    /// that appeared or ended between them has no delta to give).
+    fn since(&self, from: &Reading) -> (u64, f64) {
+        let mut io = 0;
+        let mut cpu = 0.0;
+        for &(pid, i, c) in &self.procs {
+            if let Some(&(_, i0, c0)) = from.procs.iter().find(|p| p.0 == pid) {
+                io += i.saturating_sub(i0);
+                cpu += (c - c0).max(0.0);
+            }
+        }
+        (io, cpu)
     }
 }
 
@@ -100,10 +118,11 @@ impl Part {
             }
             _ => None,
         };
+        let (io, cpu) = to.since(from);
         self.stretches += 1;
         self.secs += to.at.saturating_duration_since(from.at).as_secs_f64();
-        self.io_calls += to.io_calls.saturating_sub(from.io_calls);
-        self.cpu_s += (to.cpu_s - from.cpu_s).max(0.0);
+        self.io_calls += io;
+        self.cpu_s += cpu;
         self.offloads = offloads;
     }
 }
@@ -199,8 +218,8 @@ pub enum Stretch {
 impl Ledger {
     /// Reads the counters and books the stretch since the last edge as `was`. A failed
     /// read (the target gone) books nothing and leaves the next stretch unanchored.
-    pub fn edge(&mut self, pid: u32, was: Stretch, offloads: Option<u64>) {
-        let now = Reading::take(pid, offloads);
+    pub fn edge(&mut self, pids: &[u32], was: Stretch, offloads: Option<u64>) {
+        let now = Reading::take(pids, offloads);
         if let (Some(from), Some(to)) = (&self.last, &now) {
             match was {
                 Stretch::Traced => self.traced.add(from, to),
@@ -233,8 +252,8 @@ mod tests {
         let stat = "42 (a) b (c) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0";
         assert_eq!(cpu_ticks(stat), Some(300));
         assert_eq!(cpu_ticks("42 (x) S 1"), None);
-        assert!(Reading::take(std::process::id(), None).is_some());
-        assert!(Reading::take(u32::MAX, None).is_none());
+        assert!(Reading::take(&[std::process::id()], None).is_some());
+        assert!(Reading::take(&[u32::MAX], None).is_none());
     }
 
     #[test]
@@ -303,12 +322,12 @@ mod tests {
         // Booked edge by edge, a stretch with an edge unread loses the count.
         let pid = std::process::id();
         let mut l = Ledger::default();
-        l.edge(pid, Stretch::Neither, Some(10));
-        l.edge(pid, Stretch::Untraced, Some(110));
-        l.edge(pid, Stretch::Untraced, Some(160));
+        l.edge(&[pid], Stretch::Neither, Some(10));
+        l.edge(&[pid], Stretch::Untraced, Some(110));
+        l.edge(&[pid], Stretch::Untraced, Some(160));
         assert_eq!(l.untraced.offloads, Some(150));
-        l.edge(pid, Stretch::Untraced, None);
-        l.edge(pid, Stretch::Untraced, Some(200));
+        l.edge(&[pid], Stretch::Untraced, None);
+        l.edge(&[pid], Stretch::Untraced, Some(200));
         assert_eq!(l.untraced.offloads, None);
     }
 
@@ -316,13 +335,13 @@ mod tests {
     fn edges_book_their_stretch() {
         let pid = std::process::id();
         let mut l = Ledger::default();
-        l.edge(pid, Stretch::Neither, None);
+        l.edge(&[pid], Stretch::Neither, None);
         std::thread::sleep(std::time::Duration::from_millis(20));
-        l.edge(pid, Stretch::Traced, None);
+        l.edge(&[pid], Stretch::Traced, None);
         std::thread::sleep(std::time::Duration::from_millis(30));
-        l.edge(pid, Stretch::Neither, None);
+        l.edge(&[pid], Stretch::Neither, None);
         std::thread::sleep(std::time::Duration::from_millis(40));
-        l.edge(pid, Stretch::Untraced, None);
+        l.edge(&[pid], Stretch::Untraced, None);
         assert!(l.traced.secs >= 0.02 && l.traced.secs < 0.03 + 0.02);
         assert!(l.untraced.secs >= 0.04 && l.untraced.secs < 0.04 + 0.03);
         assert_eq!((l.traced.stretches, l.untraced.stretches), (1, 1));

@@ -1,7 +1,8 @@
 //! Verdicts on real servers from Debian's packages under their own load tools (as
 //! root; `.ci/run` installs the packages, so under CI none of these may skip):
-//! redis-server, nginx, memcached: event loop; a small Java server on the JDK: beside
-//! wall; stunnel4 (a thread per connection): fiberizable.
+//! redis-server, nginx: event loop; memcached -t 4 and apache2's event MPM: thread
+//! pool; apache2's prefork MPM and PostgreSQL: process per connection; a small Java
+//! server on the JDK: beside wall; stunnel4 (a thread per connection): fiberizable.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -172,9 +173,13 @@ fn redis_is_an_event_loop() {
 }
 
 fn nginx_conf(dir: &Path, port: u16) -> PathBuf {
+    nginx_conf_with(dir, port, "master_process off;\nworker_processes 1;")
+}
+
+fn nginx_conf_with(dir: &Path, port: u16, processes: &str) -> PathBuf {
     let d = dir.display();
     let conf = format!(
-        "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\n\
+        "daemon off;\n{processes}\npid {d}/nginx.pid;\n\
          error_log {d}/error.log;\nevents {{ worker_connections 1024; }}\n\
          http {{\n access_log off;\n client_body_temp_path {d}/body;\n proxy_temp_path {d}/proxy;\n\
          fastcgi_temp_path {d}/fcgi;\n uwsgi_temp_path {d}/uwsgi;\n scgi_temp_path {d}/scgi;\n\
@@ -215,8 +220,318 @@ fn nginx_is_an_event_loop() {
     assert_eq!(kind, "event_loop", "{because}");
 }
 
+/// The pid an operator has is the master's: the watch follows it to the workers.
+/// The requests it counts (socket reads, the workers') match wrk's own count, the
+/// verdict is the workers' event loop, and the rows show the master idle.
 #[test]
-fn memcached_is_an_event_loop() {
+fn nginx_by_its_master_pid_watches_the_workers() {
+    let _s = serial();
+    if !ready(&["nginx", "wrk"]) {
+        return;
+    }
+    let port = free_port();
+    let dir = tmpdir("nginx-master");
+    let conf = nginx_conf_with(&dir, port, "master_process on;\nworker_processes 2;");
+    let srv = start(
+        Command::new(which("nginx").unwrap())
+            .arg("-p")
+            .arg(&dir)
+            .arg("-c")
+            .arg(&conf)
+            .stderr(Stdio::null()),
+        port,
+    );
+    let master = srv.0.id();
+    let mut cmd = watch_cmd();
+    // Every event traced: the count is compared with wrk's.
+    cmd.args(["--json", "--sample", "100", "--interval", "10s"])
+        .args(["--duration", "4s", "--pid"])
+        .arg(master.to_string());
+    let w = Watcher::start(cmd);
+    let out = Command::new("wrk")
+        .args(["-t1", "-c20", "-d2s"])
+        .arg(format!("http://127.0.0.1:{port}/"))
+        .output()
+        .expect("wrk");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let served: f64 = text
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .split_once(" requests in ")
+                .map(|(n, _)| n.trim().to_string())
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("wrk's count in {text}"));
+    let (code, lines, err) = w.finish();
+    assert_eq!(code, 0, "{err:?}");
+    let fin = get(&lines, "final");
+    let total = &fin["total"];
+    let requests = total["requests"].as_f64().unwrap();
+    println!(
+        "nginx master {master}: {requests} requests watched, wrk {served}; verdict {} -- {}\n{}",
+        total["verdict"]["kind"], total["verdict"]["because"], total["processes"]
+    );
+    assert!(
+        (requests / served - 1.0).abs() <= 0.15,
+        "{requests} requests watched, wrk counted {served}"
+    );
+    assert_eq!(total["verdict"]["kind"], "event_loop");
+    let procs = total["processes"].as_array().expect("process rows");
+    let main = procs
+        .iter()
+        .find(|p| p["pid"] == master)
+        .expect("the master's row");
+    assert_eq!(
+        (main["role"].as_str(), main["model"].as_str()),
+        (Some("main"), Some("idle"))
+    );
+    let workers: Vec<&serde_json::Value> = procs
+        .iter()
+        .filter(|p| p["role"] == "child" && p["model"] == "event_loop")
+        .collect();
+    assert_eq!(workers.len(), 2, "two workers serving: {procs:?}");
+    assert!(workers.iter().all(|p| p["comm"] == "nginx"));
+}
+
+/// Watches `pid` (default budget) while `load` runs; the final report's total.
+fn watch_total(pid: u32, secs: f64, load: impl FnOnce()) -> serde_json::Value {
+    let mut cmd = watch_cmd();
+    cmd.args(["--json", "--interval", "10s", "--duration"])
+        .arg(format!("{secs}s"))
+        .arg("--pid")
+        .arg(pid.to_string());
+    let w = Watcher::start(cmd);
+    load();
+    let (code, lines, err) = w.finish();
+    assert_eq!(code, 0, "{err:?}");
+    let total = get(&lines, "final")["total"].clone();
+    println!(
+        "verdict {} -- {}\nprocesses {}",
+        total["verdict"]["kind"], total["verdict"]["because"], total["processes"]
+    );
+    total
+}
+
+/// An apache2 parent, stopped with SIGTERM on drop (which ends its children; a
+/// SIGKILL would leave them behind).
+struct Apache(Proc);
+
+impl Drop for Apache {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.0 .0.id() as i32, libc::SIGTERM) };
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(10) {
+            if matches!(self.0 .0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// apache2 with its own configuration (no Debian site), `mpm` = prefork or event.
+fn apache(mpm: &str, port: u16) -> (Apache, PathBuf) {
+    let dir = tmpdir(&format!("apache-{mpm}"));
+    let www = dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("index.html"), "hello\n").unwrap();
+    // Its children run as nobody: they must reach the document root.
+    let _ = Command::new("chmod")
+        .arg("-R")
+        .arg("a+rX")
+        .arg(&dir)
+        .status();
+    let modules = Path::new("/usr/lib/apache2/modules");
+    let procs = match mpm {
+        "prefork" => "StartServers 4\nMinSpareServers 4\nMaxSpareServers 16\nMaxRequestWorkers 32",
+        _ => "StartServers 1\nServerLimit 1\nThreadsPerChild 16\nMaxRequestWorkers 16",
+    };
+    let d = dir.display();
+    let conf = format!(
+        "ServerRoot \"{d}\"\nDefaultRuntimeDir {d}\n\
+         LoadModule mpm_{mpm}_module {m}/mod_mpm_{mpm}.so\n\
+         LoadModule authz_core_module {m}/mod_authz_core.so\n\
+         Listen 127.0.0.1:{port}\nPidFile {d}/httpd.pid\nErrorLog {d}/error.log\n\
+         DocumentRoot {d}/www\nServerName localhost\nUser nobody\nGroup nogroup\n\
+         Mutex file:{d}\n{procs}\n<Directory {d}/www>\n Require all granted\n</Directory>\n",
+        m = modules.display()
+    );
+    let path = dir.join("httpd.conf");
+    std::fs::write(&path, conf).unwrap();
+    // A process group of its own: at shutdown the parent signals its whole group.
+    use std::os::unix::process::CommandExt;
+    let srv = start(
+        Command::new(which("apache2").unwrap())
+            .arg("-f")
+            .arg(&path)
+            .arg("-DFOREGROUND")
+            .process_group(0)
+            .stderr(Stdio::null()),
+        port,
+    );
+    (Apache(srv), dir)
+}
+
+fn ab(port: u16) {
+    run_tool(
+        Command::new("ab")
+            .args(["-q", "-c", "8", "-n", "20000"])
+            .arg(format!("http://127.0.0.1:{port}/"))
+            .stdout(Stdio::null()),
+    );
+}
+
+/// apache2's prefork MPM serves each connection in a child process of its own;
+/// the event MPM hands connections to a fixed pool of worker threads. Both watched
+/// by the parent's pid, under ab.
+#[test]
+fn apache_prefork_is_a_process_per_connection_and_event_a_pool() {
+    let _s = serial();
+    if !ready(&["apache2", "ab"]) {
+        return;
+    }
+    for (mpm, want) in [
+        ("prefork", "process_per_connection"),
+        ("event", "thread_pool"),
+    ] {
+        let port = free_port();
+        let (srv, _dir) = apache(mpm, port);
+        let parent = srv.0 .0.id();
+        let total = watch_total(parent, 4.0, || ab(port));
+        assert_eq!(
+            total["verdict"]["kind"], want,
+            "{mpm}: {}",
+            total["verdict"]
+        );
+        let procs = total["processes"].as_array().expect("rows");
+        let main = procs
+            .iter()
+            .find(|p| p["pid"] == parent)
+            .expect("parent row");
+        assert_eq!(main["model"], "idle", "{mpm}: the parent does not serve");
+        let serving: Vec<_> = procs.iter().filter(|p| p["model"] != "idle").collect();
+        if mpm == "prefork" {
+            assert!(serving.len() >= 2, "prefork: {procs:?}");
+            assert!(serving.iter().all(|p| p["model"] == "single_connection"));
+        } else {
+            assert_eq!(serving.len(), 1, "event: one child serves: {procs:?}");
+            assert!(serving[0]["serving_threads"].as_u64().unwrap() >= 3);
+        }
+    }
+}
+
+/// PostgreSQL 15 under pgbench, watched by the postmaster's pid: a backend process
+/// per client connection.
+#[test]
+fn postgresql_is_a_process_per_connection() {
+    let _s = serial();
+    let bin = Path::new("/usr/lib/postgresql/15/bin");
+    if !ready(&["pgbench"]) {
+        return;
+    }
+    if !bin.join("postgres").is_file() {
+        harness::skip("PostgreSQL 15 is not installed (.ci/run installs postgresql)");
+        return;
+    }
+    let port = free_port();
+    let dir = tmpdir("postgres");
+    let data = dir.join("data");
+    // initdb and postgres refuse root: the package's postgres user runs them.
+    let _ = Command::new("chown")
+        .arg("-R")
+        .arg("postgres")
+        .arg(&dir)
+        .status();
+    let as_postgres = |cmd: String| {
+        Command::new("su")
+            .args(["postgres", "-s", "/bin/sh", "-c", &cmd])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("su postgres")
+    };
+    let st = as_postgres(format!(
+        "{}/initdb -D {} -A trust -U postgres",
+        bin.display(),
+        data.display()
+    ))
+    .wait()
+    .expect("initdb");
+    assert!(st.success(), "initdb failed");
+    let srv = start(
+        Command::new("su").args([
+            "postgres",
+            "-s",
+            "/bin/sh",
+            "-c",
+            &format!(
+                "exec {}/postgres -D {} -k {} -p {port} -c listen_addresses=127.0.0.1 -c fsync=off",
+                bin.display(),
+                data.display(),
+                dir.display()
+            ),
+        ]),
+        port,
+    );
+    // The pid we hold is su's; the postmaster's is in its pid file. Stopped on drop
+    // (SIGQUIT: immediate shutdown), whatever the test does.
+    let postmaster: u32 = std::fs::read_to_string(data.join("postmaster.pid"))
+        .ok()
+        .and_then(|s| s.lines().next()?.trim().parse().ok())
+        .expect("postmaster.pid");
+    struct Stop(u32);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            // SAFETY: signalling the test's own server.
+            unsafe { libc::kill(self.0 as i32, libc::SIGQUIT) };
+            for _ in 0..100 {
+                if !std::path::Path::new(&format!("/proc/{}", self.0)).exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    let _stop = Stop(postmaster);
+    let pg = |args: &[&str]| {
+        run_tool(
+            Command::new("pgbench")
+                .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres"])
+                .args(args)
+                .arg("postgres")
+                .stdout(Stdio::null()),
+        )
+    };
+    pg(&["-i", "-s", "1", "-q"]);
+    let total = watch_total(postmaster, 5.0, || {
+        pg(&["-c", "8", "-j", "2", "-T", "3", "-S"])
+    });
+    drop(srv);
+    assert_eq!(
+        total["verdict"]["kind"], "process_per_connection",
+        "{}",
+        total["verdict"]
+    );
+    let procs = total["processes"].as_array().expect("rows");
+    let backends = procs
+        .iter()
+        .filter(|p| {
+            p["model"] == "single_connection" && p["reads_per_sec"].as_f64().unwrap() > 100.0
+        })
+        .count();
+    assert!(backends >= 8, "8 clients, a backend each: {procs:?}");
+    let main = procs
+        .iter()
+        .find(|p| p["pid"] == postmaster)
+        .expect("the postmaster's row");
+    assert_eq!(main["model"], "idle");
+}
+
+#[test]
+fn memcached_is_a_thread_pool() {
     let _s = serial();
     if !ready(&["memcached"]) {
         return;
@@ -241,7 +556,8 @@ fn memcached_is_an_event_loop() {
         let n = tcp_load(port, 16, 2.0, b"get toffload\r\n", b"END\r\n");
         assert!(n > 100, "{n} gets");
     });
-    assert_eq!(kind, "event_loop", "{because}");
+    // Four worker threads (-t 4), each multiplexing its share of the connections.
+    assert_eq!(kind, "thread_pool", "{because}");
 }
 
 const JAVA_SERVER: &str = r#"

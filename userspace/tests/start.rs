@@ -119,9 +119,16 @@ fn start_beside_a_realtime_poller_attaches_every_time() {
     for i in 0..4 {
         let mut cmd = watch_cmd();
         // Measured every time: a calibration kept from an earlier start would skip it.
-        cmd.args(["--json", "--recalibrate", "--interval", "500ms", "--duration", "1s"])
-            .arg("--pid")
-            .arg(pid.to_string());
+        cmd.args([
+            "--json",
+            "--recalibrate",
+            "--interval",
+            "500ms",
+            "--duration",
+            "1s",
+        ])
+        .arg("--pid")
+        .arg(pid.to_string());
         // Every other start puts its first calibration attempt on the poller's CPU.
         if i % 2 == 0 {
             cmd.env("TOFFLOAD_WATCH_CALIB_FIRST_CPU", "0");

@@ -798,6 +798,161 @@ fn verdict_static_binary_not_dynamic() {
     assert_eq!(v["kind"], "not_dynamic", "{v}");
 }
 
+/// A process the target forks after attach is watched from then on: it shows in the
+/// windows' process rows (its reads counted) within one window of the fork.
+#[test]
+fn a_process_forked_after_attach_is_picked_up() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    // The shell forks dd (1-byte reads from /dev/zero, for 2 s) when told to.
+    let mut target = Command::new("sh")
+        .args([
+            "-c",
+            "read go; timeout 2 dd if=/dev/zero of=/dev/null bs=1 2>/dev/null & wait",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("sh");
+    let mut c = watch_cmd();
+    c.args([
+        "--json",
+        "--sample",
+        "100",
+        "--interval",
+        "500ms",
+        "--duration",
+        "3s",
+        "--pid",
+    ])
+    .arg(target.id().to_string());
+    let w = Watcher::start(c);
+    std::thread::sleep(Duration::from_millis(300));
+    let forked_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    use std::io::Write;
+    target
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"go\n")
+        .expect("tell sh to fork");
+    let (code, lines, err) = w.finish();
+    let _ = target.kill();
+    let _ = target.wait();
+    assert_eq!(code, 0, "{err:?}");
+    let windows: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|(k, _)| k == "window")
+        .map(|(_, v)| v)
+        .collect();
+    let dd_in = |w: &serde_json::Value| {
+        w["processes"].as_array().is_some_and(|ps| {
+            ps.iter().any(|p| {
+                p["comm"] == "dd"
+                    && p["role"] == "child"
+                    && p["reads_per_sec"].as_f64().unwrap_or(0.0) > 1000.0
+            })
+        })
+    };
+    // The first window that ends a full interval after the fork must have it.
+    let due = windows
+        .iter()
+        .position(|w| w["ts"].as_f64().unwrap_or(0.0) >= forked_at + 0.5)
+        .unwrap_or_else(|| panic!("no window ends after the fork: {windows:?}"));
+    for (i, w) in windows.iter().enumerate() {
+        println!(
+            "window {i}: ts {:.2} (fork {forked_at:.2}) processes {}",
+            w["ts"], w["processes"]
+        );
+    }
+    assert!(
+        windows[..=due].iter().any(|w| dd_in(w)),
+        "dd (forked at {forked_at:.2}) not in the windows up to {due}"
+    );
+    // Before the fork there was no dd to see.
+    assert!(!dd_in(windows[0]) || windows[0]["ts"].as_f64().unwrap() > forked_at);
+}
+
+/// A cgroup made for the test (in the unified tree: the whole tree on a v2 host,
+/// unified/ on a hybrid one), holding one sleeping child; removed on drop.
+struct TestCgroup {
+    dir: std::path::PathBuf,
+    child: std::process::Child,
+}
+
+impl TestCgroup {
+    fn new(name: &str) -> TestCgroup {
+        let root = std::path::Path::new("/sys/fs/cgroup");
+        let base = if root.join("cgroup.procs").is_file() {
+            root.to_path_buf()
+        } else {
+            root.join("unified")
+        };
+        let dir = base.join(name);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        let child = Command::new("sleep").arg("30").spawn().expect("sleep");
+        std::fs::write(dir.join("cgroup.procs"), child.id().to_string())
+            .unwrap_or_else(|e| panic!("moving a child into {}: {e}", dir.display()));
+        TestCgroup { dir, child }
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // Empty once the child is reaped.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// --cgroup and --unit name what to watch by where it runs; a name that is not there
+/// is exit 5 with what was looked for.
+#[test]
+fn cgroups_and_units_name_the_processes() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let me = std::process::id();
+    let cg = TestCgroup::new(&format!("toffload-test-{me}"));
+    let unit = TestCgroup::new(&format!("toffload-unit-{me}.service"));
+    for (flag, value, pid) in [
+        ("--cgroup", format!("toffload-test-{me}"), cg.child.id()),
+        ("--cgroup", cg.dir.display().to_string(), cg.child.id()),
+        ("--unit", format!("toffload-unit-{me}"), unit.child.id()),
+    ] {
+        let mut c = watch_cmd();
+        c.args([
+            "--json",
+            "--interval",
+            "300ms",
+            "--duration",
+            "300ms",
+            flag,
+            &value,
+        ]);
+        let (code, lines, err) = Watcher::start(c).finish();
+        assert_eq!(code, 0, "{flag} {value}: {err:?}");
+        assert_eq!(get(&lines, "header")["pid"], pid, "{flag} {value}");
+    }
+    let (code, err) = run_plain(&["--unit", "toffload-no-such-unit", "--duration", "1s"]);
+    assert_eq!(code, 5, "{err}");
+    assert!(err.contains("toffload-no-such-unit.service"), "{err}");
+    let (code, err) = run_plain(&["--cgroup", "toffload-no-such-cgroup", "--duration", "1s"]);
+    assert_eq!(code, 5, "{err}");
+    assert!(err.contains("is not a cgroup"), "{err}");
+}
+
 /// The calibration is measured once per boot (and build): a later start reuses it,
 /// --recalibrate measures afresh, and a tampered file is not trusted.
 #[test]

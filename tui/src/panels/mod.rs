@@ -6,6 +6,7 @@ pub mod charts;
 pub mod footer;
 pub mod injection;
 pub mod prediction;
+pub mod processes;
 pub mod syscalls;
 pub mod target;
 pub mod verdict;

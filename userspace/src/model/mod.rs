@@ -529,6 +529,26 @@ pub fn assess(
                     .into(),
             ),
         ),
+        (Kind::ThreadPool, _) => (
+            None,
+            Some(1.0),
+            Some(
+                "thread pool: each thread multiplexes many connections and no thread \
+                  belongs to one; the runtime would not engage (1.00x): the minimal-edit \
+                  reroute is the path"
+                    .into(),
+            ),
+        ),
+        (Kind::ProcessPerConnection, _) => (
+            None,
+            None,
+            Some(
+                "process per connection: the OS already overlaps the connections, one \
+                  process each, and a fiber runtime has no threads to interleave; the \
+                  reroute in each backend (submit, then wait on the completion) is the path"
+                    .into(),
+            ),
+        ),
         (Kind::BelowLibcWall, _) => (
             None,
             None,
