@@ -18,6 +18,7 @@ pub mod inject_flow;
 pub mod loader;
 pub mod metrics;
 pub mod model;
+pub mod offload_spec;
 pub mod probe_cost;
 pub mod processes;
 pub mod report;

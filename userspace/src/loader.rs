@@ -406,6 +406,8 @@ pub struct Probes {
     /// (file, symbol, file offset) of each probed entry point.
     #[serde(skip)]
     pub targets: Vec<(String, String, u64)>,
+    /// The user's offload symbols (--offload), looked for besides the known ones.
+    pub named: Vec<crate::offload_spec::OffloadSpec>,
 }
 
 /// Probes the offload entry points in `files` (the target's
@@ -428,7 +430,13 @@ pub fn attach_uprobes(
             continue;
         }
         probes.scanned.push(path.clone());
-        for (sym, offset) in target::offload_symbols_in(path) {
+        let extra: Vec<&str> = probes
+            .named
+            .iter()
+            .filter(|n| n.applies_to(path))
+            .map(|n| n.symbol.as_str())
+            .collect();
+        for (sym, offset) in target::offload_symbols_in(path, &extra) {
             let mut ok = true;
             // The return probe first: an entry seen before its return probe exists
             // would leave the thread's nesting depth above zero for good (a busy

@@ -75,6 +75,13 @@ struct Common {
     /// With --inject: windows with requests to watch before deciding.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
     inject_after: u32,
+    /// Probe this function as the offload besides the known ones (accel_run, the CUDA
+    /// synchronize calls): SYMBOL[@LIBRARY][=SUBMIT:DONE:RELEASE]. With its
+    /// non-blocking triple, --inject hands the row to the runtime
+    /// (TOFFLOAD_OFFLOAD), which hides the wait; without, the wait is measured and
+    /// --inject refuses. Repeatable.
+    #[arg(long, value_name = "SPEC")]
+    offload: Vec<toffload_watch::offload_spec::OffloadSpec>,
     /// Measure what each traced event costs even where an earlier start in this boot
     /// measured it (kept in /run/toffload; the measurement takes a few tens of ms of
     /// CPU beside the target).
@@ -137,10 +144,19 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn options(c: &Common) -> Options {
+    let mut env = c.inject_env.clone();
+    let rows: Vec<String> = c.offload.iter().filter_map(|o| o.runtime_row()).collect();
+    if !rows.is_empty() {
+        let rows = rows.join(",");
+        match env.iter_mut().find(|(k, _)| k == "TOFFLOAD_OFFLOAD") {
+            Some((_, v)) => *v = format!("{v},{rows}"),
+            None => env.push(("TOFFLOAD_OFFLOAD".into(), rows)),
+        }
+    }
     let io = inject::Options {
         dry_run: c.dry_run,
         force: c.force,
-        env: c.inject_env.clone(),
+        env,
     };
     Options {
         interval: c.interval,
@@ -153,6 +169,7 @@ fn options(c: &Common) -> Options {
             after_windows: c.inject_after as usize,
         }),
         interactive_inject: io,
+        offloads: c.offload.clone(),
     }
 }
 
@@ -253,7 +270,7 @@ async fn watch_service(
     let calib = calibrate(&nicer, Some(set.root), fresh);
     // Resolved again after the calibration: a worker may have been forked meanwhile.
     let set = service::resolve(&spec)?;
-    let a = session::attach(set.root, &set.all, false)?;
+    let a = session::attach(set.root, &set.all, &opts.offloads, false)?;
     drop(nicer);
     watch(a, &calib, &opts, tui).await
 }
@@ -271,7 +288,7 @@ async fn watch_command(
     let mut held = spawn::start(&argv)?;
     let nicer = StartupPriority::lower();
     let calib = calibrate(&nicer, None, fresh);
-    let mut a = session::attach(held.pid(), &[], true)?;
+    let mut a = session::attach(held.pid(), &[], &opts.offloads, true)?;
     a.probe_files(&target::planned_files(&held.exe.to_string_lossy()))?;
     drop(nicer);
     held.release();

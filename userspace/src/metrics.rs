@@ -18,6 +18,8 @@ pub struct Context {
     pub offload_probed: bool,
     /// The process the watch is about first (processes.rs Role::Main).
     pub root: u32,
+    /// The user's offload symbols probed without a non-blocking triple.
+    pub unroutable: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -459,7 +461,17 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         mux_waits,
         processes,
         threads_missed: d(abi::C_THREADS_MISSED),
-        verdict: classifier::classify(&evidence),
+        verdict: {
+            let mut v = classifier::classify(&evidence);
+            if !ctx.unroutable.is_empty() && v.kind == classifier::Kind::Fiberizable {
+                v.because.push_str(&format!(
+                    "; but the offload {} is measured, not reroutable (no SUBMIT:DONE:RELEASE \
+                     given): injected, it would still block",
+                    ctx.unroutable.join(", ")
+                ));
+            }
+            v
+        },
         runtime_counters: cur.runtime,
         model: None,
         injection: None,
@@ -482,6 +494,7 @@ mod tests {
             },
             offload_probed: true,
             root: 1,
+            unroutable: Vec::new(),
         }
     }
 

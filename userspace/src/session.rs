@@ -40,6 +40,8 @@ pub struct Options {
     pub inject: Option<InjectRequest>,
     /// Options for an injection the dashboard asks for (key i).
     pub interactive_inject: inject::Options,
+    /// The user's offload symbols (--offload).
+    pub offloads: Vec<crate::offload_spec::OffloadSpec>,
 }
 
 /// Loaded, attached and filtering on `pid`; not yet reading.
@@ -63,7 +65,13 @@ pub struct Attached {
 /// busy host, and traced in full that long, stock redis-server lost a third of its
 /// requests for half a second.
 /// `also`: the service's other processes (service.rs), watched beside `pid`.
-pub fn attach(pid: u32, also: &[u32], from_now: bool) -> Result<Attached, WatchError> {
+/// `named`: the user's offload symbols, probed besides the known ones.
+pub fn attach(
+    pid: u32,
+    also: &[u32],
+    named: &[crate::offload_spec::OffloadSpec],
+    from_now: bool,
+) -> Result<Attached, WatchError> {
     loader::check_privileges()?;
     if !target::exists(pid) {
         return Err(WatchError::NoSuchPid(pid));
@@ -78,7 +86,10 @@ pub fn attach(pid: u32, also: &[u32], from_now: bool) -> Result<Attached, WatchE
         bpf,
         pid,
         also,
-        probes: Probes::default(),
+        probes: Probes {
+            named: named.to_vec(),
+            ..Probes::default()
+        },
         missing,
         links,
         raw_sched,
@@ -89,6 +100,28 @@ impl Attached {
     pub fn probe_files(&mut self, files: &[String]) -> Result<(), WatchError> {
         loader::attach_uprobes(&mut self.bpf, files, &mut self.probes, &mut self.links)
     }
+}
+
+/// Why zero-edit overlap cannot hide these offloads (None: there are none).
+fn unroutable_stop(names: &[String]) -> Option<String> {
+    (!names.is_empty()).then(|| {
+        format!(
+            "the offload {} is measured but cannot be rerouted: the runtime needs its \
+             non-blocking triple (--offload {}=SUBMIT:DONE:RELEASE)",
+            names.join(", "),
+            names[0]
+        )
+    })
+}
+
+/// The user's offload symbols that are probed but have no non-blocking triple: their
+/// wait is measured, and the runtime cannot reroute it.
+fn unroutable(p: &Probes) -> Vec<String> {
+    p.named
+        .iter()
+        .filter(|n| n.triple.is_none() && p.targets.iter().any(|t| t.1 == n.symbol))
+        .map(|n| n.symbol.clone())
+        .collect()
 }
 
 /// Tests only: "1" counts the runtime's counters over wall time (a deliberately
@@ -146,6 +179,18 @@ impl Tracked {
         for p in a.also.clone() {
             a.probe_files(&loader::mapped_files(&target::maps(p)))?;
         }
+        for n in &a.probes.named {
+            if !a.probes.targets.iter().any(|t| t.1 == n.symbol) {
+                a.probes.failed.push(format!(
+                    "--offload {}: not found in the files the target maps{}",
+                    n.symbol,
+                    n.library
+                        .as_deref()
+                        .map(|l| format!(" (looked in {l} only)"))
+                        .unwrap_or_default()
+                ));
+            }
+        }
         let mut collector = Collector::new(&mut a.bpf)?;
         let header = Header {
             pid,
@@ -186,6 +231,7 @@ impl Tracked {
             runtime: header.runtime.clone(),
             offload_probed: !a.probes.offload.is_empty(),
             root: pid,
+            unroutable: unroutable(&a.probes),
         };
         let facts = model::inputs::TargetFacts::read(pid);
         let first_offloads = first.runtime.map(|c| c.offloads);
@@ -281,6 +327,7 @@ impl Tracked {
                 eprintln!("toffload-watch: {e}");
             }
             self.ctx.offload_probed = !self.a.probes.offload.is_empty();
+            self.ctx.unroutable = unroutable(&self.a.probes);
             self.counters_at = runtime_counters::locate(self.pid());
             self.layout = Layout::new(
                 AddressSpace::from_maps(&maps),
@@ -351,12 +398,16 @@ impl Tracked {
             self.header.probe_cost.as_ref(),
             &self.facts,
         );
-        Some(model::assess(
+        let mut a = model::assess(
             w.verdict.kind,
             inputs.as_ref(),
             &self.header.comm,
             Some(self.header.runtime.kind),
-        ))
+        );
+        if let Some(why) = unroutable_stop(&self.ctx.unroutable) {
+            a.stop.get_or_insert(why);
+        }
+        Some(a)
     }
 
     /// Sampling: detach for the rest of the interval once a burst has been traced
@@ -665,6 +716,10 @@ fn do_inject(
     let decided = inj
         .tracker
         .decide(io.force)
+        .and_then(|()| match unroutable_stop(&tr.ctx.unroutable) {
+            Some(why) if !io.force => Err(why),
+            _ => Ok(()),
+        })
         .map_err(|why| format!("not injecting: {why} (--force overrides)"))
         .and_then(|()| inject::plan(tr.pid(), io).map_err(|why| format!("cannot inject: {why}")));
     let plan = match decided {
@@ -750,7 +805,7 @@ fn follow(
     started: Instant,
     calib: &Calibration,
 ) -> Result<(), WatchError> {
-    let a = attach(pid, &[], false)?;
+    let a = attach(pid, &[], &tr.a.probes.named, false)?;
     *tr = Tracked::new(a, calib, started)?;
     Ok(())
 }

@@ -245,11 +245,12 @@ pub fn symbol(path: &str, name: &str) -> Option<(u64, u64)> {
         .map(|s| (s.address(), s.size()))
 }
 
-/// The offload entry points an ELF file defines, with the file offset a uprobe is
+/// The offload entry points an ELF file defines (the known ones and `extra`, the
+/// user's --offload symbols that apply to this file), with the file offset a uprobe is
 /// placed at. Resolved once per file: the sampled watch re-attaches every interval,
 /// and resolving by name there re-read the whole file each time (30% of the
 /// watcher's CPU on a library with debug info).
-pub fn offload_symbols_in(path: &str) -> Vec<(String, u64)> {
+pub fn offload_symbols_in(path: &str, extra: &[&str]) -> Vec<(String, u64)> {
     let Ok(data) = std::fs::read(path) else {
         return Vec::new();
     };
@@ -262,7 +263,9 @@ pub fn offload_symbols_in(path: &str) -> Vec<(String, u64)> {
             continue;
         }
         if let Ok(n) = s.name() {
-            if OFFLOAD_SYMBOLS.contains(&n) && !found.iter().any(|f| f.0 == n) {
+            if (OFFLOAD_SYMBOLS.contains(&n) || extra.contains(&n))
+                && !found.iter().any(|f| f.0 == n)
+            {
                 if let Some(off) = file_offset_of(&obj, &s) {
                     found.push((n.to_string(), off));
                 }

@@ -307,3 +307,113 @@ fn nice_of(pid: u32) -> Option<i32> {
         .parse()
         .ok()
 }
+
+/// hsm_server: each request's offload is a vendor library's blocking call
+/// (libxhsm.so's hsm_sign, waiting below libc), which the watcher knows only by
+/// --offload. Without its non-blocking triple the wait is measured and --inject
+/// refuses; forced, the runtime cannot hide it (the hazard: fibers block their
+/// carrier, and the server falls far below stock); with the triple the row goes to
+/// the runtime and the injected server is faster, every answer right.
+#[test]
+fn a_named_offload_is_measured_then_rerouted() {
+    let _g = serial();
+    if !ready() {
+        return;
+    }
+    harness::become_subreaper();
+    let port = harness::free_port().expect("a free port");
+    let start = || {
+        Server::start(
+            &ServerSpec::new("hsm_server")
+                .arg("--port")
+                .arg(port.to_string())
+                .env("TOFFLOAD_EMU_LAT_US", "1000")
+                .cpu((harness::cpus() >= 2).then_some(0)),
+        )
+        .expect("hsm_server starts")
+    };
+    const BARE: &str = "hsm_sign@libxhsm.so";
+    const ROW: &str = "hsm_sign@libxhsm.so=hsm_submit:hsm_poll:hsm_free";
+    pin_load();
+
+    // 1. Measured, not reroutable: refused, with the stall seen.
+    let server = start();
+    let bg = background_load(port, 5.0);
+    let (code, lines, err) = inject_watch(server.pid(), &["--offload", BARE], 4).finish();
+    let _ = bg.join();
+    assert_eq!(code, 8, "refused; stderr {err:?}");
+    let ev = inject_event(&lines);
+    assert_eq!(ev["action"], "refused", "{ev}");
+    assert!(
+        ev["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("cannot be rerouted"),
+        "{ev}"
+    );
+    let header = get(&lines, "header");
+    assert!(
+        header["probes"]["offload"]
+            .to_string()
+            .contains("hsm_sign in "),
+        "{header}"
+    );
+    let w = lines
+        .iter()
+        .filter(|(k, _)| k == "window")
+        .map(|(_, v)| v)
+        .next_back()
+        .expect("a window");
+    // The whole stall: the vendor's loop sleeps in short slices, and the wake-up
+    // delays of all of them are the CPU's, so the stall less them reads short.
+    let p50 = w["offload"]["stall_p50_us"].as_f64().unwrap_or(0.0);
+    println!("hsm_sign measured: stall p50 {p50:.0} us, {}", w["verdict"]);
+    assert_eq!(w["request_source"], "offload calls", "{w}");
+    assert!(
+        p50 >= 900.0,
+        "stall p50 {p50} us under the device's 1000 us"
+    );
+    drop(server);
+
+    // 2. The hazard, then the fix: forced without the triple, and with it.
+    let mut ratios = Vec::new();
+    for (spec, force) in [(BARE, true), (ROW, false)] {
+        let server = start();
+        let old = server.pid();
+        let stock = load::run(&load_cfg(port, 2.0)).expect("stock load");
+        let during = background_load(port, 9.0);
+        let mut extra = vec!["--offload", spec];
+        if force {
+            extra.push("--force");
+        }
+        let (code, lines, err) = inject_watch(old, &extra, 8).finish();
+        let during = during.join().expect("load thread");
+        assert_eq!(code, 0, "{spec}: stderr {err:?}");
+        let ev = inject_event(&lines);
+        assert_eq!(ev["action"], "injected", "{spec}: {ev}");
+        let new = ev["new_pid"].as_u64().expect("new pid") as u32;
+        let after = load::run(&load_cfg(port, 2.0)).expect("load after");
+        let ratio = after.requests_per_sec / stock.requests_per_sec;
+        println!(
+            "{spec} (force {force}): stock {:.0} req/s, injected {:.0} req/s: {ratio:.2}x",
+            stock.requests_per_sec, after.requests_per_sec
+        );
+        assert_eq!(
+            stock.wrong + during.wrong + after.wrong,
+            0,
+            "{spec}: wrong answers"
+        );
+        ratios.push(ratio);
+        assert!(
+            harness::end_adopted(new, Duration::from_secs(10)),
+            "the injected server {new} did not end"
+        );
+        drop(server);
+    }
+    assert!(
+        ratios[0] < 0.5,
+        "without the row the wait blocks the carriers: {:.2}x of stock",
+        ratios[0]
+    );
+    assert!(ratios[1] > 1.2, "with the row: {:.2}x of stock", ratios[1]);
+}

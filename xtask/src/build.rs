@@ -99,6 +99,10 @@ pub fn all() -> Result<Dist> {
     for p in programs()? {
         compile_program(&p, &bin, &lib, &include)?;
     }
+    // Test libraries first (a vendor's offload library for hsm_server), into lib/.
+    for l in c_sources("tests/watch_programs/lib")? {
+        compile_test_lib(&l, &lib, &include)?;
+    }
     for p in c_sources("tests/watch_programs")? {
         compile_c(
             &paths::root().join("tests/watch_programs"),
@@ -174,6 +178,28 @@ fn compile_program(name: &str, bin: &Path, lib: &Path, include: &Path) -> Result
     )
 }
 
+/// tests/watch_programs/lib/NAME.c -> lib/libNAME.so, on the emulated device.
+fn compile_test_lib(name: &str, lib: &Path, include: &Path) -> Result {
+    let src = paths::root().join("tests/watch_programs/lib");
+    let so = format!("lib{name}.so");
+    let tmp = lib.join(format!(".{so}.tmp"));
+    proc::run(
+        Command::new("cc")
+            .args([
+                "-shared", "-fPIC", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-I",
+            ])
+            .arg(include)
+            .arg(src.join(format!("{name}.c")))
+            .arg("-L")
+            .arg(lib)
+            .arg("-ltoffload_accel")
+            .arg("-Wl,-rpath,$ORIGIN")
+            .arg("-o")
+            .arg(&tmp),
+    )?;
+    fs::rename(&tmp, lib.join(&so)).map_err(|e| format!("installing {so}: {e}"))
+}
+
 fn compile_c(src: &Path, name: &str, bin: &Path, lib: &Path, include: &Path) -> Result {
     let common = paths::root().join("tests/servers");
     let tmp = bin.join(format!(".{name}.tmp"));
@@ -188,8 +214,11 @@ fn compile_c(src: &Path, name: &str, bin: &Path, lib: &Path, include: &Path) -> 
             .arg("-L")
             .arg(lib)
             .arg("-ltoffload_accel")
-            // Some test programs use libcrypto (OpenSSL error queue) or dlsym.
+            // Some test programs use libcrypto (OpenSSL error queue) or dlsym, one
+            // the test vendor library (compile_test_lib).
             .args(["-Wl,--as-needed", "-lcrypto", "-ldl"])
+            // --as-needed keeps it only where it is called (hsm_server).
+            .args(src.ends_with("watch_programs").then_some("-lxhsm"))
             // The servers find the library next to them: dist/bin/../lib.
             .arg("-Wl,-rpath,$ORIGIN/../lib")
             .arg("-o")
