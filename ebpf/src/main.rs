@@ -122,6 +122,8 @@ pub struct ThreadInfo {
     /// processes and threads can be told apart by who serves and how.
     pub reads: u64,
     pub mux_waits: u64,
+    /// The offload calls' stalls summed (a process's mean stall, processes.rs).
+    pub stall_ns: u64,
 }
 
 impl ThreadInfo {
@@ -151,6 +153,7 @@ impl ThreadInfo {
             sys_blocked: 0,
             reads: 0,
             mux_waits: 0,
+            stall_ns: 0,
         }
     }
 }
@@ -876,6 +879,7 @@ pub fn offload_exit(_ctx: RetProbeContext) -> u32 {
     let off = t.off_ns.saturating_sub(t.offload_off0);
     let off = if off > stall { stall } else { off };
     t.offload_calls += 1;
+    t.stall_ns += stall;
     add(C_OFFLOAD_CALLS, 1);
     add(C_OFFLOAD_NS, stall);
     add(C_OFFLOAD_OFF_NS, off);

@@ -71,9 +71,10 @@ pub struct ThreadInfo {
     pub sys_blocked: u64,
     pub reads: u64,
     pub mux_waits: u64,
+    pub stall_ns: u64,
 }
 
-// SAFETY: repr(C), only integers, no padding (4 + 4 + 22 * 8 bytes).
+// SAFETY: repr(C), only integers, no padding (4 + 4 + 23 * 8 bytes).
 unsafe impl aya::Pod for ThreadInfo {}
 
 /// ebpf/src/main.rs `Site`: a futex syscall's user address and the word at the
@@ -124,7 +125,7 @@ mod tests {
 
     #[test]
     fn thread_info_has_the_kernel_size() {
-        assert_eq!(std::mem::size_of::<ThreadInfo>(), 8 + 22 * 8);
+        assert_eq!(std::mem::size_of::<ThreadInfo>(), 8 + 23 * 8);
     }
 
     #[test]

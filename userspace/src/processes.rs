@@ -79,8 +79,9 @@ pub struct ProcessRow {
     pub connections: usize,
     /// Share of one CPU its threads used.
     pub cpu_share: f64,
-    /// Offload calls per second.
+    /// Offload calls per second, and their mean stall (us).
     pub offloads_per_sec: f64,
+    pub stall_mean_us: Option<f64>,
 }
 
 /// Reads per second (over the window's traced time) below which a thread does not
@@ -217,6 +218,7 @@ pub fn rows(
         mux: u64,
         on_ns: u64,
         offloads: u64,
+        stall_ns: u64,
     }
     let secs = secs.max(1e-9);
     let mut by: BTreeMap<u32, Acc> = BTreeMap::new();
@@ -230,6 +232,7 @@ pub fn rows(
         a.mux += mux;
         a.on_ns += d(|t| t.on_ns);
         a.offloads += d(|t| t.offload_calls);
+        a.stall_ns += d(|t| t.stall_ns);
         if reads as f64 / secs >= SERVING_READS_PER_SEC {
             a.serving += 1;
             // Any multiplexing wait: a busy loop reads many requests per wait (an
@@ -275,6 +278,8 @@ pub fn rows(
                 connections: i.connections,
                 cpu_share: a.on_ns as f64 / 1e9 / secs,
                 offloads_per_sec: a.offloads as f64 / secs,
+                stall_mean_us: (a.offloads > 0)
+                    .then(|| a.stall_ns as f64 / a.offloads as f64 / 1e3),
             }
         })
         .collect();
@@ -454,6 +459,20 @@ mod tests {
             "{r:?}"
         );
         assert_eq!(shape(&r).single_connection_processes, 2);
+    }
+
+    #[test]
+    fn a_process_stall_is_its_threads_mean() {
+        let mut a = t(70, 100, 0, 10);
+        a.offload_calls = 10;
+        a.stall_ns = 10 * 500_000;
+        let mut b = t(70, 100, 0, 10);
+        b.offload_calls = 30;
+        b.stall_ns = 30 * 1_500_000;
+        let cur: BTreeMap<u32, ThreadInfo> = [(70, a), (71, b)].into_iter().collect();
+        let r = rows(&BTreeMap::new(), &cur, &info(&[]), 70, 2.0);
+        assert_eq!(r[0].offloads_per_sec, 20.0);
+        assert!((r[0].stall_mean_us.unwrap() - 1250.0).abs() < 1e-6);
     }
 
     #[test]

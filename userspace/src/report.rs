@@ -264,7 +264,7 @@ pub fn window_text(w: &Window, title: &str) -> String {
         for p in w.processes.iter().take(12) {
             let _ = writeln!(
                 s,
-                "    {:>7} {:<15} {:<5} {:<22} {:>9.0} reads/s, {} threads ({} serving), {} connections, {:.0}% CPU",
+                "    {:>7} {:<15} {:<5} {:<22} {:>9.0} reads/s, {} threads ({} serving), {} connections, {:.0}% CPU{}",
                 p.pid,
                 p.comm,
                 match p.role {
@@ -276,7 +276,10 @@ pub fn window_text(w: &Window, title: &str) -> String {
                 p.threads,
                 p.serving_threads,
                 p.connections,
-                p.cpu_share * 100.0
+                p.cpu_share * 100.0,
+                p.stall_mean_us
+                    .map(|s| format!(", {:.0} offloads/s, stall mean {s:.0} us", p.offloads_per_sec))
+                    .unwrap_or_default()
             );
         }
         if w.processes.len() > 12 {
