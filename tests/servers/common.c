@@ -481,3 +481,23 @@ void serve_requests(const char *prog, int fd, const struct server_opts *o,
     }
     free(buf);
 }
+
+/* thread_per_connection_main's server, set once before the first thread starts. */
+static const char *tpc_prog;
+static struct server_opts tpc_opts;
+static int (*tpc_offload)(unsigned char *buf, int n);
+
+static void tpc_serve(int fd)
+{
+    serve_requests(tpc_prog, fd, &tpc_opts, tpc_offload);
+}
+
+void thread_per_connection_main(const char *prog, int argc, char **argv,
+                                int (*offload)(unsigned char *buf, int n))
+{
+    tpc_prog = prog;
+    tpc_offload = offload;
+    server_setup(prog, argc, argv, &tpc_opts);
+    int lfd = listen_and_announce(prog, &tpc_opts);
+    accept_loop_threads(prog, lfd, tpc_serve); /* never returns */
+}

@@ -63,4 +63,9 @@ void serve_requests(const char *prog, int fd, const struct server_opts *o,
 
 void accept_loop_threads(const char *prog, int lfd, void (*serve)(int fd));
 
+/* A whole thread-per-connection server: setup, listen, then a thread per accepted
+ * connection serving requests through `offload`. Never returns. */
+void thread_per_connection_main(const char *prog, int argc, char **argv,
+                                int (*offload)(unsigned char *buf, int n));
+
 #endif

@@ -12,17 +12,8 @@
 
 static const char PROG[] = "conn_server";
 
-/* Set once in main before the first thread is created; read-only after. */
-static struct server_opts opts;
-
-static void serve(int fd)
-{
-    serve_requests(PROG, fd, &opts, accel_run);
-}
 
 int main(int argc, char **argv)
 {
-    server_setup(PROG, argc, argv, &opts);
-    int lfd = listen_and_announce(PROG, &opts);
-    accept_loop_threads(PROG, lfd, serve); /* never returns */
+    thread_per_connection_main(PROG, argc, argv, accel_run); /* never returns */
 }

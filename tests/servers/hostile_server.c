@@ -102,6 +102,15 @@ static void *signal_thread(void *p)
         if (e != EINTR)
             must(e, "sigwait");
 
+    /* Quiescence first: a request the load generator left in flight at its end
+     * (its reply no longer awaited) may sit between its total and its counter
+     * when they are read, which reads as one update lost though none was. The
+     * device answers within milliseconds; the pages are not touched meanwhile (a
+     * real thread's first touch makes the guard give them up, and the requests
+     * still in flight would then race for real). */
+    struct timespec settle = {0, 200 * 1000 * 1000};
+    nanosleep(&settle, NULL);
+
     long s;
     int have_lock = 0;
     if (locked) {

@@ -8,7 +8,6 @@
 #include "common.h"
 
 static const char PROG[] = "hsm_server";
-static struct server_opts opts;
 
 int hsm_sign(unsigned char *buf, long n);
 
@@ -17,14 +16,7 @@ static int offload(unsigned char *buf, int n)
     return hsm_sign(buf, n);
 }
 
-static void serve(int fd)
-{
-    serve_requests(PROG, fd, &opts, offload);
-}
-
 int main(int argc, char **argv)
 {
-    server_setup(PROG, argc, argv, &opts);
-    int lfd = listen_and_announce(PROG, &opts);
-    accept_loop_threads(PROG, lfd, serve); /* never returns */
+    thread_per_connection_main(PROG, argc, argv, offload); /* never returns */
 }

@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 static const char PROG[] = "rawfutex_server";
-static struct server_opts opts;
 
 /* 0 free, 1 locked, 2 locked with waiters (Drepper's futex mutex). */
 static _Atomic uint32_t lock_word;
@@ -59,14 +58,7 @@ static int offload(unsigned char *buf, int n)
     return accel_run(buf, n);
 }
 
-static void serve(int fd)
-{
-    serve_requests(PROG, fd, &opts, offload);
-}
-
 int main(int argc, char **argv)
 {
-    server_setup(PROG, argc, argv, &opts);
-    int lfd = listen_and_announce(PROG, &opts);
-    accept_loop_threads(PROG, lfd, serve); /* never returns */
+    thread_per_connection_main(PROG, argc, argv, offload); /* never returns */
 }

@@ -330,7 +330,6 @@ mod tests {
                 max_multiplexing_threads: 0,
                 max_blocking_threads: 64,
                 single_connection_processes: 0,
-                multiplexing_processes: 0,
             },
         }
     }
@@ -349,7 +348,6 @@ mod tests {
             max_multiplexing_threads: 1,
             max_blocking_threads: 0,
             single_connection_processes: 8,
-            multiplexing_processes: 8,
         };
         let v = classify(&e);
         assert_eq!(v.kind, Kind::ProcessPerConnection, "{v:?}");
@@ -371,7 +369,6 @@ mod tests {
             max_multiplexing_threads: 4,
             max_blocking_threads: 0,
             single_connection_processes: 0,
-            multiplexing_processes: 1,
         };
         let v = classify(&e);
         assert_eq!(v.kind, Kind::ThreadPool, "{v:?}");

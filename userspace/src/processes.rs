@@ -304,8 +304,6 @@ pub struct Shape {
     pub max_blocking_threads: usize,
     /// Serving processes that hold at most one connection each, one thread serving.
     pub single_connection_processes: usize,
-    /// Serving processes whose threads multiplex (event loops and pools).
-    pub multiplexing_processes: usize,
 }
 
 pub fn shape(rows: &[ProcessRow]) -> Shape {
@@ -326,10 +324,6 @@ pub fn shape(rows: &[ProcessRow]) -> Shape {
         single_connection_processes: serving
             .iter()
             .filter(|r| r.model == Model::SingleConnection)
-            .count(),
-        multiplexing_processes: serving
-            .iter()
-            .filter(|r| matches!(r.model, Model::EventLoop | Model::ThreadPool))
             .count(),
     }
 }
@@ -388,7 +382,6 @@ mod tests {
         assert!(r.iter().skip(1).all(|x| x.model == Model::EventLoop));
         let s = shape(&r);
         assert_eq!(s.serving_processes, 2);
-        assert_eq!(s.multiplexing_processes, 2);
         assert_eq!(s.single_connection_processes, 0);
     }
 

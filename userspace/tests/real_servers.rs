@@ -65,9 +65,9 @@ fn start(cmd: &mut Command, port: u16) -> Proc {
     p
 }
 
-/// Watches `pid` for `secs` while `load` runs (started once the watcher is attached);
-/// returns the final verdict (kind, because).
-fn verdict(pid: u32, secs: f64, load: impl FnOnce()) -> (String, String) {
+/// Watches `pid` (default budget) for `secs` while `load` runs (started once the
+/// watcher is attached); the final report's total.
+fn watch_total(pid: u32, secs: f64, load: impl FnOnce()) -> serde_json::Value {
     let mut cmd = watch_cmd();
     cmd.args(["--json", "--interval", "10s", "--duration"])
         .arg(format!("{secs}s"))
@@ -75,18 +75,24 @@ fn verdict(pid: u32, secs: f64, load: impl FnOnce()) -> (String, String) {
         .arg(pid.to_string());
     let w = Watcher::start(cmd);
     load();
-    let (code, lines, _) = w.finish();
-    assert_eq!(code, 0, "toffload-watch exit code");
-    let fin = get(&lines, "final");
-    let v = &fin["total"]["verdict"];
+    let (code, lines, err) = w.finish();
+    assert_eq!(code, 0, "toffload-watch exit code: {err:?}");
+    let total = get(&lines, "final")["total"].clone();
     println!(
-        "verdict {} -- {} (requests {}, threads {}, futex {})",
-        v["kind"],
-        v["because"],
-        fin["total"]["requests"],
-        fin["total"]["threads"],
-        fin["total"]["futex"]
+        "verdict {} -- {} (requests {}, threads {}, futex {})\nprocesses {}",
+        total["verdict"]["kind"],
+        total["verdict"]["because"],
+        total["requests"],
+        total["threads"],
+        total["futex"],
+        total["processes"]
     );
+    total
+}
+
+/// The final verdict (kind, because) of watch_total.
+fn verdict(pid: u32, secs: f64, load: impl FnOnce()) -> (String, String) {
+    let v = &watch_total(pid, secs, load)["verdict"];
     (
         v["kind"].as_str().unwrap_or_default().into(),
         v["because"].as_str().unwrap_or_default().into(),
@@ -292,25 +298,6 @@ fn nginx_by_its_master_pid_watches_the_workers() {
         .collect();
     assert_eq!(workers.len(), 2, "two workers serving: {procs:?}");
     assert!(workers.iter().all(|p| p["comm"] == "nginx"));
-}
-
-/// Watches `pid` (default budget) while `load` runs; the final report's total.
-fn watch_total(pid: u32, secs: f64, load: impl FnOnce()) -> serde_json::Value {
-    let mut cmd = watch_cmd();
-    cmd.args(["--json", "--interval", "10s", "--duration"])
-        .arg(format!("{secs}s"))
-        .arg("--pid")
-        .arg(pid.to_string());
-    let w = Watcher::start(cmd);
-    load();
-    let (code, lines, err) = w.finish();
-    assert_eq!(code, 0, "{err:?}");
-    let total = get(&lines, "final")["total"].clone();
-    println!(
-        "verdict {} -- {}\nprocesses {}",
-        total["verdict"]["kind"], total["verdict"]["because"], total["processes"]
-    );
-    total
 }
 
 /// An apache2 parent, stopped with SIGTERM on drop (which ends its children; a
