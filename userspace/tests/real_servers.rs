@@ -178,11 +178,23 @@ fn redis_is_an_event_loop() {
     assert_eq!(kind, "event_loop", "{because}");
 }
 
-fn nginx_conf(dir: &Path, port: u16) -> PathBuf {
-    nginx_conf_with(dir, port, "master_process off;\nworker_processes 1;")
+/// nginx on `port` with its own configuration in a fresh directory; `processes`
+/// is its master_process/worker_processes lines.
+fn nginx(name: &str, port: u16, processes: &str) -> Proc {
+    let dir = tmpdir(name);
+    let conf = nginx_conf(&dir, port, processes);
+    start(
+        Command::new(which("nginx").unwrap())
+            .arg("-p")
+            .arg(&dir)
+            .arg("-c")
+            .arg(&conf)
+            .stderr(Stdio::null()),
+        port,
+    )
 }
 
-fn nginx_conf_with(dir: &Path, port: u16, processes: &str) -> PathBuf {
+fn nginx_conf(dir: &Path, port: u16, processes: &str) -> PathBuf {
     let d = dir.display();
     let conf = format!(
         "daemon off;\n{processes}\npid {d}/nginx.pid;\n\
@@ -203,18 +215,8 @@ fn nginx_is_an_event_loop() {
         return;
     }
     let port = free_port();
-    let dir = tmpdir("nginx");
-    let conf = nginx_conf(&dir, port);
     // One process (master_process off), so its pid is the one serving.
-    let srv = start(
-        Command::new(which("nginx").unwrap())
-            .arg("-p")
-            .arg(&dir)
-            .arg("-c")
-            .arg(&conf)
-            .stderr(Stdio::null()),
-        port,
-    );
+    let srv = nginx("nginx", port, "master_process off;\nworker_processes 1;");
     let (kind, because) = verdict(srv.0.id(), 4.0, || {
         run_tool(
             Command::new("wrk")
@@ -236,16 +238,10 @@ fn nginx_by_its_master_pid_watches_the_workers() {
         return;
     }
     let port = free_port();
-    let dir = tmpdir("nginx-master");
-    let conf = nginx_conf_with(&dir, port, "master_process on;\nworker_processes 2;");
-    let srv = start(
-        Command::new(which("nginx").unwrap())
-            .arg("-p")
-            .arg(&dir)
-            .arg("-c")
-            .arg(&conf)
-            .stderr(Stdio::null()),
+    let srv = nginx(
+        "nginx-master",
         port,
+        "master_process on;\nworker_processes 2;",
     );
     let master = srv.0.id();
     let mut cmd = watch_cmd();
