@@ -8,6 +8,10 @@ use crate::error::WatchError;
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
+/// The most processes a watch starts with: the kernel's WATCHED table holds 16384,
+/// and those forked later need room too.
+pub const MAX_PROCESSES: usize = 8192;
+
 /// Where the cgroup v2 tree is mounted.
 pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
@@ -259,7 +263,21 @@ pub fn resolve(spec: &Spec) -> Result<Set, WatchError> {
     let root = root.ok_or_else(|| {
         WatchError::BadTarget("nothing to watch: give --pid, --cgroup or --unit".into())
     })?;
-    Ok(Set { root, all })
+    within(Set { root, all }, MAX_PROCESSES)
+}
+
+/// The set, or why it is too big for the kernel's table.
+fn within(set: Set, limit: usize) -> Result<Set, WatchError> {
+    if set.all.len() > limit {
+        return Err(WatchError::BadTarget(format!(
+            "{} processes to watch (pid {} and everything below it, or the cgroup), more \
+             than the {limit} the kernel's table is sized for: name the service's own \
+             master pid or its cgroup",
+            set.all.len(),
+            set.root
+        )));
+    }
+    Ok(set)
 }
 
 #[cfg(test)]
@@ -351,6 +369,17 @@ mod tests {
         let _ = c.kill();
         let _ = c.wait();
         assert!(kids.contains(&c.id()), "{kids:?}");
+    }
+
+    #[test]
+    fn a_tree_too_big_for_the_table_is_refused() {
+        let set = |n: u32| Set {
+            root: 1,
+            all: (1..=n).collect(),
+        };
+        assert!(within(set(3), 3).is_ok());
+        let e = within(set(4), 3).unwrap_err().to_string();
+        assert!(e.contains("4 processes") && e.contains("pid 1"), "{e}");
     }
 
     #[test]
