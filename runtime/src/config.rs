@@ -65,6 +65,9 @@ pub struct OffloadRow {
     pub submit: String,
     pub done: String,
     pub release: String,
+    /// A built-in CUDA row: present only where the program has the CUDA library, so a
+    /// missing symbol is expected, not an error.
+    pub optional: bool,
 }
 
 /// Mitigations that TOFFLOAD_TEST_DISABLE can turn off to show the hazard each one
@@ -86,6 +89,8 @@ pub struct Config {
     pub carriers: usize,
     pub stack_kb: usize,
     pub offload: Vec<OffloadRow>,
+    /// TOFFLOAD_CUDA_ROWS: whether the built-in CUDA rows are added to `offload`.
+    pub cuda_rows: bool,
     pub log: u8,
     pub stats: Option<String>,
     pub disabled: Disabled,
@@ -109,6 +114,7 @@ impl Default for Config {
             carriers: 1,
             stack_kb: 256,
             offload: vec![OffloadRow::builtin()],
+            cuda_rows: true,
             log: crate::log::OFF,
             stats: None,
             disabled: Disabled::default(),
@@ -128,7 +134,23 @@ impl OffloadRow {
             submit: "accel_submit".into(),
             done: "accel_done".into(),
             release: "accel_release".into(),
+            optional: false,
         }
+    }
+
+    /// The built-in CUDA rows (cuda_rows.rs), after the user's rows; a user's row for
+    /// the same function replaces the built-in one.
+    fn cuda(user: &[OffloadRow]) -> impl Iterator<Item = OffloadRow> + '_ {
+        crate::cuda_rows::ROWS
+            .iter()
+            .filter(|c| !user.iter().any(|u| u.blocking == c.blocking))
+            .map(|c| OffloadRow {
+                blocking: c.blocking.into(),
+                submit: crate::cuda_rows::SUBMIT.into(),
+                done: c.done.into(),
+                release: crate::cuda_rows::RELEASE.into(),
+                optional: true,
+            })
     }
 }
 
@@ -151,6 +173,8 @@ impl fmt::Display for KnobError {
 
 /// Most rows a process can add (the table holds the built-in row as well).
 pub const MAX_EXTRA_ROWS: usize = 15;
+/// The rows besides accel_run: the user's and the built-in CUDA ones.
+pub const MAX_TABLE_ROWS: usize = MAX_EXTRA_ROWS + crate::cuda_rows::ROWS.len();
 
 const FIBERIZE_FORM: &str = "`after-accept`, `all` or `off`";
 const CARRIERS_FORM: &str = "an integer from 1 to 64";
@@ -187,11 +211,13 @@ fn parse_rows(s: &str) -> Option<Vec<OffloadRow>> {
             submit: f[1].into(),
             done: f[2].into(),
             release: f[3].into(),
+            optional: false,
         });
     }
     (rows.len() <= MAX_EXTRA_ROWS).then_some(rows)
 }
 
+const ON_OFF_FORM: &str = "`on` or `off`";
 const IDLE_POLL_FORM: &str = "`auto`, `on` or `off`";
 const GUARD_FORM: &str = "`off`, `detect` or `enforce`";
 const MECH_FORM: &str = "`auto`, `uffd-async`, `uffd` or `mprotect`";
@@ -323,6 +349,17 @@ impl Config {
             c.disabled = parse_disabled(v.trim())
                 .ok_or_else(|| bad("TOFFLOAD_TEST_DISABLE", v.clone(), DISABLE_FORM))?;
         }
+        if let Some(v) = val("TOFFLOAD_CUDA_ROWS") {
+            c.cuda_rows = match v.trim() {
+                "on" => true,
+                "off" => false,
+                _ => return Err(bad("TOFFLOAD_CUDA_ROWS", v, ON_OFF_FORM)),
+            };
+        }
+        if c.cuda_rows {
+            let cuda: Vec<OffloadRow> = OffloadRow::cuda(&c.offload[1..]).collect();
+            c.offload.extend(cuda);
+        }
         Ok(c)
     }
 
@@ -349,8 +386,15 @@ mod tests {
         let c = cfg(&[]).unwrap();
         assert_eq!(c.fiberize, Fiberize::AfterAccept);
         assert_eq!((c.carriers, c.stack_kb), (1, 256));
-        assert_eq!(c.offload, vec![OffloadRow::builtin()]);
+        assert_eq!(c.offload[0], OffloadRow::builtin());
+        let cuda: Vec<&str> = c.offload[1..].iter().map(|r| r.blocking.as_str()).collect();
+        assert_eq!(cuda.len(), crate::cuda_rows::ROWS.len());
+        assert!(cuda.contains(&"cudaStreamSynchronize"), "{cuda:?}");
+        assert!(c.offload[1..].iter().all(|r| r.optional));
         assert_eq!(c.disabled, Disabled::default());
+        let off = cfg(&[("TOFFLOAD_CUDA_ROWS", "off")]).unwrap();
+        assert_eq!(off.offload, vec![OffloadRow::builtin()]);
+        assert!(cfg(&[("TOFFLOAD_CUDA_ROWS", "yes")]).is_err());
     }
 
     #[test]
@@ -367,8 +411,19 @@ mod tests {
         .unwrap();
         assert_eq!(c.fiberize, Fiberize::All);
         assert_eq!((c.carriers, c.stack_kb), (2, 64));
-        assert_eq!(c.offload.len(), 2);
+        assert_eq!(c.offload.len(), 2 + crate::cuda_rows::ROWS.len());
         assert_eq!(c.offload[1].done, "hsm_poll");
+        assert!(!c.offload[1].optional);
+        // A user's row for a CUDA wait replaces the built-in one.
+        let own = "cuStreamSynchronize:my_submit:my_done:my_free";
+        let c = cfg(&[("TOFFLOAD_OFFLOAD", own)]).unwrap();
+        let named: Vec<_> = c
+            .offload
+            .iter()
+            .filter(|r| r.blocking == "cuStreamSynchronize")
+            .collect();
+        assert_eq!(named.len(), 1);
+        assert_eq!(named[0].done, "my_done");
         assert_eq!(c.log, crate::log::INFO);
         assert!(c.disabled.errno && c.disabled.sync && !c.disabled.keys);
     }

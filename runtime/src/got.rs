@@ -1,4 +1,4 @@
-//! Extra offload rows (TOFFLOAD_OFFLOAD) are rerouted through the GOT: an arbitrary
+//! Extra offload rows (TOFFLOAD_OFFLOAD and the built-in CUDA rows) are rerouted through the GOT: an arbitrary
 //! blocking symbol cannot be interposed by defining it (our .so cannot know its name at
 //! link time), so at load we rewrite every loaded object's GOT slots that bind that
 //! name to a trampoline of ours for the row. The trampolines forward six integer
@@ -36,8 +36,13 @@ trampolines!(
     t12 = 12,
     t13 = 13,
     t14 = 14,
-    t15 = 15
+    t15 = 15,
+    t16 = 16,
+    t17 = 17,
+    t18 = 18,
+    t19 = 19
 );
+const _: () = assert!(TRAMPOLINES.len() == crate::config::MAX_TABLE_ROWS);
 
 struct Patch<'a> {
     names: &'a [(String, usize)],
@@ -68,13 +73,18 @@ pub fn patch_extra_rows() -> usize {
     if rows.len() <= 1 {
         return 0;
     }
+    // Resolve the rows before any slot points at a trampoline; a built-in row whose
+    // function no loaded object defines is left out.
+    let resolved = offload::rows();
     let names: Vec<(String, usize)> = rows[1..]
         .iter()
         .enumerate()
+        .filter(|(i, r)| !r.optional || resolved[i + 1].blocking != 0)
         .map(|(i, r)| (r.blocking.clone(), TRAMPOLINES[i] as usize))
         .collect();
-    // Resolve the rows before any slot points at a trampoline.
-    let _ = offload::rows();
+    if names.is_empty() {
+        return 0;
+    }
     let mut own: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: dladdr on one of our own functions.
     unsafe { libc::dladdr(patch_extra_rows as *const c_void, &mut own) };

@@ -15,6 +15,7 @@
 pub mod alloc;
 pub mod carrier;
 pub mod config;
+pub mod cuda_rows;
 pub mod fiber;
 pub mod fmt_buf;
 pub mod fork;

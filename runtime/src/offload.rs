@@ -18,11 +18,16 @@ use std::sync::OnceLock;
 
 pub type Args = [usize; 6];
 type SubmitFn = unsafe extern "C" fn(usize, usize, usize, usize, usize, usize) -> c_long;
+/// 1 done, 0 pending, -errno failed; 2 done, and the call's result is the blocking
+/// function's own, which returns at once now (cuda_rows.c: the stream's status).
 type DoneFn = unsafe extern "C" fn(c_long) -> c_int;
+/// done(): complete, the result to be taken from the blocking function (the CUDA
+/// rows: a synchronize returns the stream's own status, which is not an errno).
+const DONE_ASK_BLOCKING: c_int = 2;
 type ReleaseFn = unsafe extern "C" fn(c_long) -> c_int;
 type BlockingFn = unsafe extern "C" fn(usize, usize, usize, usize, usize, usize) -> c_long;
 
-pub const MAX_ROWS: usize = 1 + crate::config::MAX_EXTRA_ROWS;
+pub const MAX_ROWS: usize = 1 + crate::config::MAX_TABLE_ROWS;
 
 pub struct Row {
     pub name: String,
@@ -81,7 +86,9 @@ pub fn rows() -> &'static [Row] {
                 lat_ns: AtomicU64::new(0),
                 completion_fd: AtomicI32::new(-2),
             };
-            if i > 0 && (row.blocking == 0 || row.submit == 0 || row.done == 0 || row.release == 0)
+            if i > 0
+                && !r.optional
+                && (row.blocking == 0 || row.submit == 0 || row.done == 0 || row.release == 0)
             {
                 crate::log_at!(
                     crate::log::ERROR,
@@ -223,6 +230,12 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
         }
     }
     r.observe(time::now_ns().saturating_sub(t0));
+    if result.get() == DONE_ASK_BLOCKING {
+        // The operation is complete: the real call returns its exact result at once.
+        let rv = call_blocking(row, a);
+        release(h);
+        return rv;
+    }
     let rel = release(h);
     if result.get() < 0 {
         result.get() as c_long
@@ -249,7 +262,15 @@ pub fn scan(c: &Carrier, completion_seen: bool) {
             return true;
         }
         // SAFETY: `result` lives on the parked fiber's stack until it is woken.
-        unsafe { (*w.result).set(if r > 0 { 1 } else { r }) };
+        unsafe {
+            (*w.result).set(if r == DONE_ASK_BLOCKING {
+                r
+            } else if r > 0 {
+                1
+            } else {
+                r
+            })
+        };
         fiber::wake(unsafe { &*w.fiber });
         false
     });

@@ -1011,6 +1011,73 @@ fn conn_server_zero_wrong_answers_under_runtime() {
     }
 }
 
+/// gpu_server (a thread per connection; each request a stream, an asynchronous
+/// kernel and a synchronize, through libfakecuda.so, whose synchronize waits below
+/// libc as a driver's does) with each of the four waits the runtime has built-in
+/// rows for. Hazard: with the rows off, the synchronize blocks the carrier and the
+/// server falls far below stock. With them, every kind beats stock with every answer
+/// right, and a device error reaches the application as it does stock.
+#[test]
+fn cuda_synchronize_calls_overlap_on_fibers() {
+    let _s = serial();
+    if !ready(&["gpu_server"]) {
+        return;
+    }
+    let dir = TempDir::new("gpu");
+    let run = |sync: &str, preload: bool, extra: &[(&str, &str)]| {
+        let mut spec = ServerSpec::new("gpu_server")
+            .env("GPU_SERVER_SYNC", sync)
+            .env("TOFFLOAD_EMU_LAT_US", "1000");
+        for (k, v) in extra {
+            spec = spec.env(k, *v);
+        }
+        if preload {
+            spec = preload::server_under_runtime(spec);
+        }
+        let mut s = start(spec);
+        let mut cfg = load_cfg(s.port, 64, 1.0);
+        if extra.iter().any(|(k, _)| *k == "FAKECUDA_FAIL") {
+            // The connections fail at once: count them from the start.
+            cfg.warmup = Duration::ZERO;
+        }
+        let r = load::run(&cfg).expect("load run");
+        s.expect_alive(sync);
+        r
+    };
+    let off = run("stream", true, &[("TOFFLOAD_CUDA_ROWS", "off")]);
+    assert_clean("stream, runtime, CUDA rows off", &off);
+    for sync in ["stream", "event", "cu-stream", "cu-event"] {
+        let stock = run(sync, false, &[]);
+        assert_clean(&format!("{sync}, stock"), &stock);
+        if sync == "stream" {
+            assert!(
+                off.requests_per_sec < 0.5 * stock.requests_per_sec,
+                "the hazard: without the rows the synchronize blocks the carrier"
+            );
+        }
+        let stats = dir.join(&format!("stats-{sync}.json"));
+        let path = stats.display().to_string();
+        let rt = run(sync, true, &[("TOFFLOAD_STATS", &path)]);
+        assert_clean(&format!("{sync}, runtime"), &rt);
+        let ratio = rt.requests_per_sec / stock.requests_per_sec;
+        println!("{sync}: {ratio:.2}x of stock");
+        assert!(ratio > 1.3, "{sync}: {ratio:.2}x of stock");
+        std::thread::sleep(Duration::from_millis(150));
+        let st = read_stats(&stats);
+        assert!(stat(&st, "offloads_parked") > 0, "{sync}: {st}");
+    }
+    // A device error: every request fails, stock and under the runtime alike.
+    for preload in [false, true] {
+        let r = run("event", preload, &[("FAKECUDA_FAIL", "1")]);
+        println!(
+            "FAKECUDA_FAIL=1, runtime {preload}: completed {}, errors {}",
+            r.completed, r.errors
+        );
+        assert_eq!((r.completed, r.wrong), (0, 0), "runtime {preload}");
+        assert!(r.errors > 0, "runtime {preload}: the error was swallowed");
+    }
+}
+
 #[test]
 fn two_thousand_concurrent_connections() {
     let _s = serial();

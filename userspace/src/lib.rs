@@ -9,6 +9,9 @@ pub mod calibrate;
 pub mod calibration_cache;
 pub mod classifier;
 pub mod collector;
+/// The GPU waits the injected runtime hides: the runtime's own table.
+#[path = "../../runtime/src/cuda_rows.rs"]
+pub mod cuda_rows;
 pub mod dashboard;
 pub mod error;
 pub mod futex;

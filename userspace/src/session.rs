@@ -7,6 +7,7 @@
 use crate::calibrate;
 use crate::calibration_cache;
 use crate::collector::{Collector, Snapshot};
+use crate::cuda_rows;
 use crate::error::WatchError;
 use crate::futex::Layout;
 use crate::inject;
@@ -114,14 +115,30 @@ fn unroutable_stop(names: &[String]) -> Option<String> {
     })
 }
 
-/// The user's offload symbols that are probed but have no non-blocking triple: their
-/// wait is measured, and the runtime cannot reroute it.
+/// The probed offload symbols the runtime cannot reroute: the user's without a
+/// non-blocking triple, and the known GPU waits with no built-in row (a device-wide
+/// synchronize or a synchronous copy: no handle to poll). Their wait is measured; an
+/// injected runtime would block a carrier in it.
 fn unroutable(p: &Probes) -> Vec<String> {
-    p.named
+    let probed = |sym: &str| p.targets.iter().any(|t| t.1 == sym);
+    let named = p
+        .named
         .iter()
-        .filter(|n| n.triple.is_none() && p.targets.iter().any(|t| t.1 == n.symbol))
-        .map(|n| n.symbol.clone())
-        .collect()
+        .filter(|n| n.triple.is_none() && probed(&n.symbol))
+        .map(|n| n.symbol.clone());
+    let gpu = target::OFFLOAD_SYMBOLS
+        .iter()
+        .filter(|s| **s != "accel_run" && !cuda_rows::rerouted(s) && probed(s))
+        .filter(|s| {
+            !p.named
+                .iter()
+                .any(|n| n.symbol == **s && n.triple.is_some())
+        })
+        .map(|s| s.to_string());
+    let mut v: Vec<String> = named.chain(gpu).collect();
+    v.sort();
+    v.dedup();
+    v
 }
 
 /// Tests only: "1" counts the runtime's counters over wall time (a deliberately
@@ -932,7 +949,37 @@ pub fn next_duty(share: Option<f64>, budget: Option<f64>, duty: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{next_duty, MIN_DUTY};
+    use super::{next_duty, unroutable, MIN_DUTY};
+    use crate::loader::Probes;
+    use crate::offload_spec::OffloadSpec;
+
+    #[test]
+    fn gpu_waits_without_a_row_are_unroutable() {
+        let mut p = Probes::default();
+        let probe = |p: &mut Probes, s: &str| p.targets.push(("libcudart.so".into(), s.into(), 0));
+        probe(&mut p, "cudaStreamSynchronize");
+        probe(&mut p, "cuEventSynchronize");
+        probe(&mut p, "accel_run");
+        assert!(unroutable(&p).is_empty(), "{:?}", unroutable(&p));
+        // No handle to poll: a device-wide synchronize and a synchronous copy.
+        probe(&mut p, "cudaDeviceSynchronize");
+        probe(&mut p, "cudaMemcpy");
+        assert_eq!(unroutable(&p), ["cudaDeviceSynchronize", "cudaMemcpy"]);
+        // The user's triple for one makes it routable; a named symbol without one
+        // is not.
+        p.named.push(OffloadSpec {
+            symbol: "cudaMemcpy".into(),
+            library: None,
+            triple: Some(["s".into(), "d".into(), "r".into()]),
+        });
+        p.named.push(OffloadSpec {
+            symbol: "hsm_sign".into(),
+            library: None,
+            triple: None,
+        });
+        probe(&mut p, "hsm_sign");
+        assert_eq!(unroutable(&p), ["cudaDeviceSynchronize", "hsm_sign"]);
+    }
 
     #[test]
     fn the_duty_follows_the_budget() {

@@ -11,8 +11,10 @@ use std::path::{Path, PathBuf};
 pub const OFFLOAD_SYMBOLS: &[&str] = &[
     "accel_run",
     "cudaStreamSynchronize",
+    "cudaEventSynchronize",
     "cudaDeviceSynchronize",
     "cuStreamSynchronize",
+    "cuEventSynchronize",
     "cuCtxSynchronize",
     "cudaMemcpy",
 ];

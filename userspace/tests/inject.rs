@@ -417,3 +417,80 @@ fn a_named_offload_is_measured_then_rerouted() {
     );
     assert!(ratios[1] > 1.2, "with the row: {:.2}x of stock", ratios[1]);
 }
+
+/// gpu_server: each request a stream, a kernel and cudaStreamSynchronize (the CUDA
+/// runtime API's names on the emulated device, libfakecuda.so, whose synchronize
+/// waits below libc). The hazard: under the runtime without its CUDA rows
+/// (TOFFLOAD_CUDA_ROWS=off), the wait blocks the carrier and the server falls far
+/// below stock. The watcher probes cudaStreamSynchronize, calls the server
+/// fiberizable (the runtime has a row for it: runtime/src/cuda_rows.rs), injects,
+/// and the relaunch is faster than stock, every answer right.
+#[test]
+fn a_gpu_synchronize_is_hidden_once_injected() {
+    let _g = serial();
+    if !ready() {
+        return;
+    }
+    harness::become_subreaper();
+    let port = harness::free_port().expect("a free port");
+    let start = |preload: bool| {
+        let mut spec = ServerSpec::new("gpu_server")
+            .arg("--port")
+            .arg(port.to_string())
+            .env("TOFFLOAD_EMU_LAT_US", "1000")
+            .cpu((harness::cpus() >= 2).then_some(0));
+        if preload {
+            let rt = harness::dist().join("lib/libtoffload.so");
+            spec = spec
+                .env("LD_PRELOAD", rt.display().to_string())
+                .env("TOFFLOAD_CUDA_ROWS", "off");
+        }
+        Server::start(&spec).expect("gpu_server starts")
+    };
+    pin_load();
+    let server = start(false);
+    let stock = load::run(&load_cfg(port, 2.0)).expect("stock load");
+    drop(server);
+    let server = start(true);
+    let norow = load::run(&load_cfg(port, 2.0)).expect("load without a row");
+    drop(server);
+    println!(
+        "stock {:.0} req/s, runtime without the CUDA rows {:.0} req/s",
+        stock.requests_per_sec, norow.requests_per_sec
+    );
+    assert_eq!(stock.wrong + norow.wrong, 0);
+    assert!(
+        norow.requests_per_sec < 0.5 * stock.requests_per_sec,
+        "the hazard: without the rows the synchronize blocks the carrier"
+    );
+
+    let server = start(false);
+    let old = server.pid();
+    let during = background_load(port, 9.0);
+    let (code, lines, err) = inject_watch(old, &[], 8).finish();
+    let during = during.join().expect("load thread");
+    assert_eq!(code, 0, "stderr {err:?}");
+    assert!(
+        get(&lines, "header")["probes"]["offload"]
+            .to_string()
+            .contains("cudaStreamSynchronize in "),
+        "not probed: {}",
+        get(&lines, "header")
+    );
+    let ev = inject_event(&lines);
+    assert_eq!(ev["action"], "injected", "{ev}");
+    let new = ev["new_pid"].as_u64().expect("new pid") as u32;
+    let after = load::run(&load_cfg(port, 2.0)).expect("load after");
+    let ratio = after.requests_per_sec / stock.requests_per_sec;
+    println!(
+        "injected {:.0} req/s: {ratio:.2}x of stock",
+        after.requests_per_sec
+    );
+    assert_eq!(during.wrong + after.wrong, 0, "wrong answers");
+    assert!(ratio > 1.5, "injected {ratio:.2}x of stock");
+    assert!(
+        harness::end_adopted(new, Duration::from_secs(10)),
+        "the injected server {new} did not end"
+    );
+    drop(server);
+}

@@ -215,10 +215,15 @@ fn compile_c(src: &Path, name: &str, bin: &Path, lib: &Path, include: &Path) -> 
             .arg(lib)
             .arg("-ltoffload_accel")
             // Some test programs use libcrypto (OpenSSL error queue) or dlsym, one
-            // the test vendor library (compile_test_lib).
+            // the test vendor libraries (compile_test_lib).
             .args(["-Wl,--as-needed", "-lcrypto", "-ldl"])
             // --as-needed keeps it only where it is called (hsm_server).
-            .args(src.ends_with("watch_programs").then_some("-lxhsm"))
+            .args(
+                src.ends_with("watch_programs")
+                    .then_some(["-lxhsm", "-lfakecuda"])
+                    .into_iter()
+                    .flatten(),
+            )
             // The servers find the library next to them: dist/bin/../lib.
             .arg("-Wl,-rpath,$ORIGIN/../lib")
             .arg("-o")
