@@ -6,6 +6,7 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdarg.h>
 #include <time.h>
 
 int __toffload_pthread_create(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *,
@@ -43,3 +44,42 @@ int pthread_create(pthread_t *restrict t, const pthread_attr_t *restrict a, void
 /* Prototypes keep -Wmissing-prototypes quiet; they are internal. */
 COND_ABI(225, 225, "@GLIBC_2.2.5")
 COND_ABI(232, 232, "@@GLIBC_2.3.2")
+
+/* fcntl, fcntl64 and ioctl are variadic; each takes at most one integer or pointer
+ * argument, read here as glibc itself reads it, and handed to the runtime, which
+ * calls the real function and updates what it remembers of the fd (fd_facts.rs).
+ * fcntl64 is glibc 2.28's name for binaries built with 64-bit off_t; on x86-64 it is
+ * the same call. <fcntl.h> and <sys/ioctl.h> are not included: their declarations
+ * may redirect fcntl to fcntl64. */
+int __toffload_fcntl(int fd, int cmd, unsigned long arg);
+int __toffload_ioctl(int fd, unsigned long req, unsigned long arg);
+int fcntl(int fd, int cmd, ...);
+int fcntl64(int fd, int cmd, ...);
+int ioctl(int fd, unsigned long req, ...);
+
+int fcntl(int fd, int cmd, ...)
+{
+    va_list ap;
+    va_start(ap, cmd);
+    unsigned long arg = va_arg(ap, unsigned long);
+    va_end(ap);
+    return __toffload_fcntl(fd, cmd, arg);
+}
+
+int fcntl64(int fd, int cmd, ...)
+{
+    va_list ap;
+    va_start(ap, cmd);
+    unsigned long arg = va_arg(ap, unsigned long);
+    va_end(ap);
+    return __toffload_fcntl(fd, cmd, arg);
+}
+
+int ioctl(int fd, unsigned long req, ...)
+{
+    va_list ap;
+    va_start(ap, req);
+    unsigned long arg = va_arg(ap, unsigned long);
+    va_end(ap);
+    return __toffload_ioctl(fd, req, arg);
+}

@@ -179,20 +179,9 @@ impl Carrier {
     /// Registers `fd` with this carrier's epoll (edge-triggered, both directions) and
     /// the running fiber as waiting for `events`. Err(errno) when epoll cannot watch it
     /// (a regular file: the caller then does the blocking call).
-    pub fn watch_fd(&self, f: &Fiber, fd: c_int, events: u32) -> Result<(), c_int> {
-        let mut ev = libc::epoll_event {
-            events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
-            u64: fd as u64,
-        };
-        // Added on every wait, EEXIST accepted: a cached "already registered" could be
-        // stale after a close we never saw (fclose, glibc-internal closes) and leave a
-        // fiber waiting forever for a reused fd number.
-        // SAFETY: valid epoll fd and event.
-        if unsafe { libc::epoll_ctl(self.epfd.get(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
-            let e = real::errno();
-            if e != libc::EEXIST {
-                return Err(e);
-            }
+    pub fn watch_fd(&self, f: &Fiber, fd: c_int, events: u32, add: bool) -> Result<(), c_int> {
+        if add {
+            self.register_fd(fd)?;
         }
         // SAFETY: carrier-local.
         unsafe {
@@ -202,6 +191,21 @@ impl Carrier {
                 .push(FdWaiter { fiber: f, events })
         };
         Ok(())
+    }
+
+    /// Adds `fd` to this carrier's epoll (already there is fine). Ok(true) when it was
+    /// not there.
+    pub fn register_fd(&self, fd: c_int) -> Result<bool, c_int> {
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: valid epoll fd and event.
+        if unsafe { libc::epoll_ctl(self.epfd.get(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+            let e = real::errno();
+            return if e == libc::EEXIST { Ok(false) } else { Err(e) };
+        }
+        Ok(true)
     }
 
     /// Removes the running fiber's waits on `fd`.
@@ -554,6 +558,8 @@ pub fn all() -> Vec<&'static Carrier> {
 /// # Safety
 /// Only in a forked child.
 pub unsafe fn after_fork_child() {
+    // The child's carriers have new epolls: no remembered registration holds.
+    crate::fd_facts::new_epoch();
     CARRIERS.force_unlock();
     let mut list = CARRIERS.lock();
     list.clear();

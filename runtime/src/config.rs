@@ -81,6 +81,9 @@ pub struct Disabled {
     pub fork: bool,
     pub offload: bool,
     pub join: bool,
+    /// The interposed fcntl, ioctl, setsockopt, close, dup* and socket calls leave the
+    /// remembered fd facts alone (fd_facts.rs).
+    pub fdfacts: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -183,7 +186,7 @@ const OFFLOAD_FORM: &str =
     "comma-separated rows blocking:submit:done:release of C symbol names (at most 15)";
 const LOG_FORM: &str = "`error`, `info` or `debug`";
 const DISABLE_FORM: &str =
-    "a comma-separated list of errno, keys, sync, io, fork, offload, join (tests only)";
+    "a comma-separated list of errno, keys, sync, io, fork, offload, join, fdfacts (tests only)";
 
 fn int_in(s: &str, lo: u64, hi: u64) -> Option<u64> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
@@ -260,6 +263,7 @@ fn parse_disabled(s: &str) -> Option<Disabled> {
             "fork" => d.fork = true,
             "offload" => d.offload = true,
             "join" => d.join = true,
+            "fdfacts" => d.fdfacts = true,
             _ => return None,
         }
     }
@@ -416,8 +420,8 @@ mod tests {
         assert!(!c.offload[1].optional);
         // A user's row for a CUDA wait replaces the built-in one.
         let own = "cuStreamSynchronize:my_submit:my_done:my_free";
-        let c = cfg(&[("TOFFLOAD_OFFLOAD", own)]).unwrap();
-        let named: Vec<_> = c
+        let mine = cfg(&[("TOFFLOAD_OFFLOAD", own)]).unwrap();
+        let named: Vec<_> = mine
             .offload
             .iter()
             .filter(|r| r.blocking == "cuStreamSynchronize")

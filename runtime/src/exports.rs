@@ -10,7 +10,7 @@
 use crate::fiber::{self, Fiber};
 use crate::sync::cond::{self, Abi};
 use crate::sync::{mutex, rwlock};
-use crate::{io, keys, offload, real, thread, time};
+use crate::{fd_facts, io, keys, offload, real, thread, time};
 use libc::{
     c_char, c_int, c_long, c_uint, c_void, clockid_t, iovec, msghdr, nfds_t, pollfd,
     pthread_attr_t, pthread_key_t, pthread_mutex_t, pthread_rwlock_t, pthread_t, sockaddr,
@@ -179,6 +179,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
 }
 
 fn accepted(r: c_int) -> c_int {
+    fd_facts::forget(r);
     if r >= 0 && !thread::ACCEPTED.load(std::sync::atomic::Ordering::Relaxed) {
         thread::ACCEPTED.store(true, std::sync::atomic::Ordering::Release);
         crate::log_at!(
@@ -324,6 +325,92 @@ pub unsafe extern "C" fn select(
             n
         }
         _ => (real::select())(nfds, r, w, e, tv),
+    }
+}
+
+// ---- fd facts: the calls that change what io.rs remembers of an fd ----------------
+// (fcntl, fcntl64 and ioctl are variadic: their C entry points are in csrc/shim.c.)
+
+/// Keeps errno as the real call left it across the bookkeeping.
+fn keep_errno<T>(r: T, after: impl FnOnce()) -> T {
+    let e = real::errno();
+    after();
+    real::set_errno(e);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __toffload_fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    let r = (real::fcntl())(fd, cmd, arg);
+    keep_errno(r, || fd_facts::after_fcntl(fd, cmd, arg, r))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __toffload_ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int {
+    let r = (real::ioctl())(fd, req, arg);
+    // SAFETY: the caller's own argument for this request.
+    keep_errno(r, || unsafe { fd_facts::after_ioctl(fd, req, arg, r) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    opt: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    let r = (real::setsockopt())(fd, level, opt, val, len);
+    keep_errno(r, || fd_facts::after_setsockopt(fd, level, opt, r))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    // Forgotten first: once closed, the number may be another thread's new fd.
+    fd_facts::forget(fd);
+    (real::close())(fd)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    let r = (real::dup())(fd);
+    keep_errno(r, || fd_facts::forget(r))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    let r = (real::dup2())(old, new);
+    keep_errno(r, || fd_facts::forget(new))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    let r = (real::dup3())(old, new, flags);
+    keep_errno(r, || fd_facts::forget(new))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
+    let r = (real::socket())(domain, ty, proto);
+    keep_errno(r, || fd_facts::forget(r))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn socketpair(
+    domain: c_int,
+    ty: c_int,
+    proto: c_int,
+    sv: *mut c_int,
+) -> c_int {
+    let r = (real::socketpair())(domain, ty, proto, sv);
+    if r == 0 && !sv.is_null() {
+        // SAFETY: the kernel filled both.
+        keep_errno(r, || unsafe {
+            fd_facts::forget(*sv);
+            fd_facts::forget(*sv.add(1));
+        })
+    } else {
+        r
     }
 }
 

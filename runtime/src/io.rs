@@ -8,7 +8,7 @@
 #![allow(clippy::missing_safety_doc)] // C callers' pointers, taken as they come
 
 use crate::fiber::{self, Fiber};
-use crate::{real, stats, time};
+use crate::{fd_facts, real, stats, time};
 use libc::{c_int, c_void, iovec, msghdr, sockaddr, socklen_t};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -27,39 +27,45 @@ fn app_nonblocking(fd: c_int) -> bool {
 
 /// Parks `f` until `fd` reports one of `events`, or `deadline`. Err(errno) when epoll
 /// cannot watch the fd. Ok(true) = deadline passed.
+///
+/// The fd stays in the carrier's epoll after the wait (edge-triggered, so a fiber
+/// always tries the call before it parks), and fd_facts remembers it, so the next
+/// wait needs no epoll_ctl. A remembered registration could be stale after a close
+/// the runtime never saw; such a wait re-registers once after RECHECK_NS.
 pub fn wait_fd(f: &Fiber, fd: c_int, events: u32, deadline: Option<u64>) -> Result<bool, c_int> {
     let c = f.carrier();
-    c.watch_fd(f, fd, events)?;
+    let remembered = fd_facts::registered(fd, c.index);
+    c.watch_fd(f, fd, events, !remembered)?;
+    if !remembered {
+        fd_facts::set_registered(fd, c.index);
+    }
     stats::COUNTERS.io_parks.fetch_add(1, Relaxed);
-    let timed_out = fiber::park_until(f, deadline);
+    let check = time::now_ns() + RECHECK_NS;
+    let timed_out = if remembered && deadline.is_none_or(|d| d > check) {
+        if fiber::park_until(f, Some(check)) {
+            // Nothing yet: make sure the epoll really watches this fd.
+            if let Err(e) = c.register_fd(fd) {
+                c.unwatch_fd(f, fd);
+                return Err(e);
+            }
+            fiber::park_until(f, deadline)
+        } else {
+            false
+        }
+    } else {
+        fiber::park_until(f, deadline)
+    };
     c.unwatch_fd(f, fd);
     Ok(timed_out)
 }
 
+/// How long a wait trusts a remembered epoll registration before it checks it.
+const RECHECK_NS: u64 = 50_000_000;
+
 /// SO_RCVTIMEO / SO_SNDTIMEO of a socket, as a deadline from now (None: no timeout).
 fn sock_deadline(fd: c_int, events: u32) -> Option<u64> {
-    let opt = if events & OUT != 0 {
-        libc::SO_SNDTIMEO
-    } else {
-        libc::SO_RCVTIMEO
-    };
-    let mut tv = libc::timeval {
-        tv_sec: 0,
-        tv_usec: 0,
-    };
-    let mut len = std::mem::size_of::<libc::timeval>() as socklen_t;
-    // SAFETY: a valid out-buffer for a timeval option.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            opt,
-            &mut tv as *mut libc::timeval as *mut c_void,
-            &mut len,
-        )
-    };
-    (r == 0 && (tv.tv_sec > 0 || tv.tv_usec > 0))
-        .then(|| time::now_ns() + tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1000)
+    let us = fd_facts::timeout_us(fd, events & OUT != 0);
+    (us > 0).then(|| time::now_ns() + us * 1000)
 }
 
 /// Runs the non-blocking attempt `op` until it does not return EAGAIN, parking on
@@ -93,7 +99,7 @@ fn retry_after(
         if !would_block(r) {
             return r;
         }
-        if app_nonblocking(fd) {
+        if fd_facts::nonblocking(fd) {
             return r;
         }
         let d = *deadline.get_or_insert_with(|| sock_deadline(fd, events));
@@ -512,7 +518,7 @@ pub unsafe fn accept4(
     flags: c_int,
 ) -> c_int {
     let call = || unsafe { (real::accept4())(fd, addr, alen, flags) };
-    if app_nonblocking(fd) {
+    if fd_facts::nonblocking(fd) {
         return call();
     }
     // Ready first (accept has no per-call non-blocking flag), with SO_RCVTIMEO.
@@ -620,7 +626,7 @@ pub unsafe fn poll(
         for i in 0..n as usize {
             // SAFETY: within the caller's array.
             let p = unsafe { &*fds.add(i) };
-            if p.fd >= 0 && c.watch_fd(f, p.fd, poll_events(p.events)).is_ok() {
+            if p.fd >= 0 && c.watch_fd(f, p.fd, poll_events(p.events), true).is_ok() {
                 watched.push(p.fd);
             }
         }

@@ -16,6 +16,7 @@ pub mod alloc;
 pub mod carrier;
 pub mod config;
 pub mod cuda_rows;
+pub mod fd_facts;
 pub mod fiber;
 pub mod fmt_buf;
 pub mod fork;
@@ -114,8 +115,9 @@ extern "C" fn on_load() {
         return;
     }
     fork::install();
+    fd_facts::set_invalidate(!s.cfg.disabled.fdfacts);
     let n = got::patch_extra_rows();
-    if s.cfg.offload.len() > 1 {
+    if n > 0 {
         log_at!(log::INFO, "offload rows: {} GOT slots rerouted", n);
     }
     log_at!(

@@ -69,6 +69,18 @@ real! {
     accept = "accept": fn(c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> c_int;
     accept4 = "accept4": fn(c_int, *mut libc::sockaddr, *mut libc::socklen_t, c_int) -> c_int;
     connect = "connect": fn(c_int, *const libc::sockaddr, libc::socklen_t) -> c_int;
+    getsockopt = "getsockopt": fn(c_int, c_int, c_int, Ptr, *mut libc::socklen_t) -> c_int;
+    setsockopt = "setsockopt": fn(c_int, c_int, c_int, CPtr, libc::socklen_t) -> c_int;
+    // Variadic in C; called with the one integer/pointer argument they take, which the
+    // x86-64 calling convention passes as for a fixed one.
+    fcntl = "fcntl": fn(c_int, c_int, usize) -> c_int;
+    ioctl = "ioctl": fn(c_int, libc::c_ulong, usize) -> c_int;
+    close = "close": fn(c_int) -> c_int;
+    dup = "dup": fn(c_int) -> c_int;
+    dup2 = "dup2": fn(c_int, c_int) -> c_int;
+    dup3 = "dup3": fn(c_int, c_int, c_int) -> c_int;
+    socket = "socket": fn(c_int, c_int, c_int) -> c_int;
+    socketpair = "socketpair": fn(c_int, c_int, c_int, *mut c_int) -> c_int;
     poll = "poll": fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int;
     ppoll = "ppoll": fn(*mut libc::pollfd, libc::nfds_t, Ts, *const libc::sigset_t) -> c_int;
     select = "select": fn(c_int, *mut libc::fd_set, *mut libc::fd_set, *mut libc::fd_set, *mut libc::timeval) -> c_int;

@@ -58,6 +58,14 @@
  *   writev_full       one writev of 4 MiB in 64 pieces to a stream socket a slow
  *                     fiber drains: returns 4 MiB
  *   sendmsg_full      the same with sendmsg
+ *   flip_nonblock     a socket read once blocking, then O_NONBLOCK set by fcntl:
+ *                     EAGAIN at once; cleared by ioctl(FIONBIO): waits for data;
+ *                     set by FIONBIO: EAGAIN; cleared by fcntl: waits again
+ *   flip_rcvtimeo     a socket read once with no timeout, then SO_RCVTIMEO 100 ms:
+ *                     EAGAIN after ~100 ms; then the timeout removed: a read
+ *                     waits 300 ms for its data
+ *   dup2_nonblock     a socket read once blocking, then dup2 puts a non-blocking
+ *                     socket at its number: EAGAIN at once
  * The last line: on_fiber=K checks=N
  *   rt_io_edges [NAME]   runs only the check NAME; --list lists them
  */
@@ -75,6 +83,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -969,6 +978,114 @@ static void gather_write(int use_sendmsg)
 static void writev_full(void) { gather_write(0); }
 static void sendmsg_full(void) { gather_write(1); }
 
+/* A read that must return EAGAIN without waiting. */
+static int reads_eagain_at_once(int fd, char *why, size_t n)
+{
+    char c;
+    double t0 = now_ms();
+    ssize_t r = read(fd, &c, 1);
+    int e = errno;
+    double ms = now_ms() - t0;
+    if (r != -1 || e != EAGAIN) {
+        snprintf(why, n, "read=%zd_errno=%d", r, e);
+        return 0;
+    }
+    if (ms > 50) {
+        snprintf(why, n, "eagain_after_%.0fms", ms);
+        return 0;
+    }
+    return 1;
+}
+
+/* A read that waits for the byte `peer` gets `delay_us` later. */
+static int reads_after_wait(int fd, int peer, int delay_us, char *why, size_t n)
+{
+    after(peer, delay_us, 1);
+    char c;
+    ssize_t r = read(fd, &c, 1);
+    if (r != 1) {
+        snprintf(why, n, "read=%zd_errno=%d", r, errno);
+        return 0;
+    }
+    return 1;
+}
+
+static void flip_nonblock(void)
+{
+    int sv[2];
+    char why[64];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+        FAIL("socketpair");
+    int on = 1, off = 0, ok = reads_after_wait(sv[0], sv[1], 1000, why, sizeof why);
+    if (ok) {
+        fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
+        ok = reads_eagain_at_once(sv[0], why, sizeof why);
+    }
+    if (ok && ioctl(sv[0], FIONBIO, &off) == 0)
+        ok = reads_after_wait(sv[0], sv[1], 2000, why, sizeof why);
+    if (ok && ioctl(sv[0], FIONBIO, &on) == 0)
+        ok = reads_eagain_at_once(sv[0], why, sizeof why);
+    if (ok) {
+        fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) & ~O_NONBLOCK);
+        ok = reads_after_wait(sv[0], sv[1], 2000, why, sizeof why);
+    }
+    close(sv[0]);
+    close(sv[1]);
+    if (!ok)
+        FAIL("%s", why);
+}
+
+static void flip_rcvtimeo(void)
+{
+    int sv[2];
+    char why[64];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+        FAIL("socketpair");
+    int ok = reads_after_wait(sv[0], sv[1], 1000, why, sizeof why);
+    struct timeval tv = {0, 100 * 1000};
+    if (ok) {
+        setsockopt(sv[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        char c;
+        double t0 = now_ms();
+        ssize_t r = read(sv[0], &c, 1);
+        int e = errno;
+        double ms = now_ms() - t0;
+        if (r != -1 || e != EAGAIN)
+            ok = 0, snprintf(why, sizeof why, "timed_read=%zd_errno=%d", r, e);
+        else if (ms < 95 || ms > 1000)
+            ok = 0, snprintf(why, sizeof why, "timed_out_after_%.0fms", ms);
+    }
+    if (ok) {
+        tv.tv_usec = 0;
+        setsockopt(sv[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        ok = reads_after_wait(sv[0], sv[1], 300 * 1000, why, sizeof why);
+    }
+    close(sv[0]);
+    close(sv[1]);
+    if (!ok)
+        FAIL("%s", why);
+}
+
+static void dup2_nonblock(void)
+{
+    int a[2], b[2];
+    char why[64];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, a) ||
+        socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, b))
+        FAIL("socketpair");
+    int ok = reads_after_wait(a[0], a[1], 1000, why, sizeof why);
+    if (ok && dup2(b[0], a[0]) < 0)
+        ok = 0, snprintf(why, sizeof why, "dup2");
+    if (ok)
+        ok = reads_eagain_at_once(a[0], why, sizeof why);
+    close(a[0]);
+    close(a[1]);
+    close(b[0]);
+    close(b[1]);
+    if (!ok)
+        FAIL("%s", why);
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
@@ -990,6 +1107,8 @@ static const struct {
     {"accept_timeo", accept_timeo},   {"connect_timeo", connect_timeo},
     {"sigpipe", sigpipe},             {"peer_shutdown", peer_shutdown},
     {"writev_full", writev_full},     {"sendmsg_full", sendmsg_full},
+    {"flip_nonblock", flip_nonblock}, {"flip_rcvtimeo", flip_rcvtimeo},
+    {"dup2_nonblock", dup2_nonblock},
 };
 
 static void *run_check(void *p)

@@ -690,6 +690,41 @@ fn io_semantics_on_fibers_match_threads() {
     );
 }
 
+/// The runtime remembers per socket whether the application made it non-blocking,
+/// its SO_RCVTIMEO/SO_SNDTIMEO and its epoll registration (fewer syscalls per wait),
+/// and forgets them in the interposed fcntl, ioctl, setsockopt, close and dup*.
+/// Hazard: with the forgetting off, a program that changes them between reads gets
+/// the old behaviour (a wait where it asked for EAGAIN: the check hangs). With it on
+/// (and in io_semantics_on_fibers_match_threads, on 1 and 2 carriers), they pass.
+#[test]
+fn fd_facts_follow_what_the_application_changes() {
+    let _s = serial();
+    if !ready(&["rt_io_edges"]) {
+        return;
+    }
+    for n in ["flip_nonblock", "flip_rcvtimeo", "dup2_nonblock"] {
+        let o = stock("rt_io_edges").arg(n).run();
+        assert_eq!(
+            o.field(n).as_deref(),
+            Some("ok"),
+            "stock {n}: {}",
+            o.report()
+        );
+        let o = hazard("rt_io_edges", "fdfacts")
+            .env("RT_HANG_MS", "1500")
+            .arg(n)
+            .run();
+        let got = o.field(n).unwrap_or_default();
+        println!("TOFFLOAD_TEST_DISABLE=fdfacts: {n}={got}");
+        assert_ne!(got, "ok", "{n} passed with stale facts: {}", o.report());
+        let o = fibers("rt_io_edges").arg(n).run();
+        let got = o.field(n).unwrap_or_default();
+        println!("runtime: {n}={got}");
+        assert_eq!(got, "ok", "{}", o.report());
+        assert_eq!(o.field("on_fiber").as_deref(), Some("1"), "{}", o.report());
+    }
+}
+
 #[test]
 fn fiberize_modes_choose_which_threads_become_fibers() {
     let _s = serial();
