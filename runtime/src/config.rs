@@ -84,6 +84,9 @@ pub struct Disabled {
     /// The interposed fcntl, ioctl, setsockopt, close, dup* and socket calls leave the
     /// remembered fd facts alone (fd_facts.rs).
     pub fdfacts: bool,
+    /// Enforce does not look for ownership cycles (a cycle then waits for the last
+    /// resort, guard/own.rs).
+    pub guardcycle: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -186,7 +189,7 @@ const OFFLOAD_FORM: &str =
     "comma-separated rows blocking:submit:done:release of C symbol names (at most 15)";
 const LOG_FORM: &str = "`error`, `info` or `debug`";
 const DISABLE_FORM: &str =
-    "a comma-separated list of errno, keys, sync, io, fork, offload, join, fdfacts (tests only)";
+    "a comma-separated list of errno, keys, sync, io, fork, offload, join, fdfacts, guardcycle (tests only)";
 
 fn int_in(s: &str, lo: u64, hi: u64) -> Option<u64> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
@@ -264,6 +267,7 @@ fn parse_disabled(s: &str) -> Option<Disabled> {
             "offload" => d.offload = true,
             "join" => d.join = true,
             "fdfacts" => d.fdfacts = true,
+            "guardcycle" => d.guardcycle = true,
             _ => return None,
         }
     }

@@ -11,6 +11,7 @@
 //! reported over a long run, a server with only safe patterns still gets zero conflicts
 //! across many on/off transitions, and TOFFLOAD_GUARD_SAMPLE=100 is the exact detector.
 
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 use toffload_tests::harness::{self, ServerSpec};
@@ -453,6 +454,56 @@ fn real_faults_keep_their_meaning_under_the_guard() {
             assert!(o.stdout.contains("caught"), "{}", o.report());
         }
     }
+}
+
+/// Two handlers that each own a guarded page the other then touches: enforce cannot
+/// serialize them. Hazard: without the cycle check (a test switch) the two wait for
+/// each other until the last resort, far past this test's timeout. With it, the
+/// handler that closes the cycle finds it at its fault, one page is given up, and the
+/// broken guarantee is reported (stderr, `guard_released`), never hidden.
+#[test]
+fn enforce_breaks_an_ownership_cycle_and_reports_it() {
+    let _s = serial();
+    let run = |disable: Option<&str>, stats: &Path| {
+        let mut r = Run::bin("guard_cycle")
+            .unwrap_or_else(|e| panic!("{e}"))
+            .env("TOFFLOAD_FIBERIZE", "all")
+            .env("TOFFLOAD_GUARD", "enforce")
+            .env("TOFFLOAD_STATS", stats.display().to_string())
+            .timeout(Duration::from_secs(5))
+            .runtime();
+        if let Some(d) = disable {
+            r = r.env("TOFFLOAD_TEST_DISABLE", d);
+        }
+        r.run()
+    };
+    let dir = TempDir::new("guard-cycle");
+    let o = run(Some("guardcycle"), &dir.join("hazard.json"));
+    println!("no cycle check: {}", o.report());
+    assert!(o.timed_out, "the cycle did not deadlock: {}", o.report());
+
+    let stats = dir.join("stats.json");
+    let o = run(None, &stats);
+    println!("{}", o.report());
+    assert!(o.ok(), "{}", o.report());
+    assert!(o.stdout.contains("done p1=2 p2=2"), "{}", o.report());
+    assert_eq!(o.num("fibers"), 2.0, "not on fibers: {}", o.report());
+    assert!(
+        o.stderr
+            .contains("handlers each own a page the other waits for"),
+        "not reported: {}",
+        o.report()
+    );
+    let st: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("json");
+    // The main thread's printf of both pages releases them too (a real thread cannot
+    // wait): counted apart.
+    assert_eq!(
+        stat(&st, "guard_released") - stat(&st, "guard_released_by_thread"),
+        1,
+        "{st}"
+    );
+    assert!(stat(&st, "guard_serialized") >= 1, "{st}");
 }
 
 #[test]

@@ -309,6 +309,14 @@ pub fn window_text(w: &Window, title: &str) -> String {
             r.guard_faults,
             r.guard_pages
         );
+        if r.guard_released > 0 {
+            let _ = writeln!(
+                s,
+                "  WARNING: the guard gave up {} page(s) (an ownership cycle, a page a real \
+                 thread touched, or a 30 s wait): updates to them are no longer protected",
+                r.guard_released
+            );
+        }
     }
     if w.threads_missed > 0 {
         let _ = writeln!(
