@@ -6,7 +6,7 @@
 //! behind.
 
 mod common;
-use common::{get, ready, serial, watch_cmd, Watcher};
+use common::{check_json_keys, get, ready, serial, watch_cmd, Watcher};
 use serde_json::Value;
 use std::time::Duration;
 use toffload_tests::harness::{self, Server, ServerSpec};
@@ -169,6 +169,8 @@ fn inject_raises_throughput() {
         .expect("measured");
     assert!(measured >= 10.0, "watcher measured {measured:.2}x: {fin}");
     assert!(fin["injection"]["predicted_speedup"].as_f64().is_some());
+    // Header, windows before and after, the injection, the final report: their keys.
+    check_json_keys(&lines);
     assert!(
         harness::end_adopted(new, Duration::from_secs(10)),
         "the injected server {new} did not end"

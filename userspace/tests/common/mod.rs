@@ -4,6 +4,7 @@
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Mutex};
 use std::time::Duration;
@@ -106,4 +107,89 @@ pub fn get<'a>(lines: &'a [(String, Value)], key: &str) -> &'a Value {
         .find(|(k, _)| k == key)
         .unwrap_or_else(|| panic!("no {key:?} line in {lines:?}"))
         .1
+}
+
+/// The key paths of a JSON value: `a.b` for objects, `a[]` for array elements (the
+/// union over them), so that a field renamed or dropped by a refactor shows.
+pub fn key_paths(v: &Value, at: &str, out: &mut std::collections::BTreeSet<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                let p = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
+                out.insert(p.clone());
+                key_paths(x, &p, out);
+            }
+        }
+        Value::Array(a) => {
+            for x in a {
+                key_paths(x, &format!("{at}[]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Checks the keys of the JSON lines against the pinned list (tests/json_keys.txt:
+/// `TYPE PATH` per line), so that a refactor cannot rename or drop a field of the
+/// watcher's JSON by accident. Keys below an array or an optional part are checked
+/// only where this run had something there; a field added on purpose is added to the
+/// list
+/// (TOFFLOAD_PIN_JSON_KEYS=write rewrites it from this run).
+pub fn check_json_keys(lines: &[(String, Value)]) {
+    use std::collections::BTreeSet;
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/json_keys.txt");
+    let mut seen: BTreeSet<String> = BTreeSet::new();
+    for (ty, v) in lines {
+        let mut paths = BTreeSet::new();
+        key_paths(v, "", &mut paths);
+        seen.extend(paths.into_iter().map(|p| format!("{ty} {p}")));
+    }
+    if std::env::var("TOFFLOAD_PIN_JSON_KEYS").as_deref() == Ok("write") {
+        let header: String = std::fs::read_to_string(&file)
+            .unwrap_or_default()
+            .lines()
+            .take_while(|l| l.starts_with('#'))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let text: String = header + &seen.iter().map(|l| format!("{l}\n")).collect::<String>();
+        std::fs::write(&file, text).expect("write json_keys.txt");
+        return;
+    }
+    let pinned: BTreeSet<String> = std::fs::read_to_string(&file)
+        .expect("tests/json_keys.txt")
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect();
+    let new: Vec<&String> = seen.difference(&pinned).collect();
+    assert!(
+        new.is_empty(),
+        "JSON keys not in tests/json_keys.txt (renamed? add them if on purpose): {new:#?}"
+    );
+    // A pinned key must be there, unless its parent never held anything in this run
+    // (an empty array, or an optional part that was null in every line).
+    let missing: Vec<&String> = pinned
+        .difference(&seen)
+        .filter(|p| {
+            let cut = p.rfind('.').max(p.rfind("[]").map(|i| i + 2));
+            match cut {
+                None => true,
+                Some(i) => {
+                    let parent = p[..i].trim_end_matches('.');
+                    seen.iter().any(|s| {
+                        s.strip_prefix(parent)
+                            .is_some_and(|r| r.starts_with('.') || r.starts_with('['))
+                    })
+                }
+            }
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "JSON keys gone from the output (renamed or dropped?): {missing:#?}"
+    );
 }
