@@ -4,6 +4,7 @@ mod bench;
 mod bench_remote;
 mod build;
 mod demo;
+mod docs_cover;
 mod ebpf;
 mod gpu_check;
 mod paths;
