@@ -182,15 +182,6 @@ pub const MAX_EXTRA_ROWS: usize = 15;
 /// The rows besides accel_run: the user's and the built-in CUDA ones.
 pub const MAX_TABLE_ROWS: usize = MAX_EXTRA_ROWS + crate::cuda_rows::ROWS.len();
 
-const FIBERIZE_FORM: &str = "`after-accept`, `all` or `off`";
-const CARRIERS_FORM: &str = "an integer from 1 to 64";
-const STACK_FORM: &str = "a stack size in KiB, an integer from 16 to 1048576";
-const OFFLOAD_FORM: &str =
-    "comma-separated rows blocking:submit:done:release of C symbol names (at most 15)";
-const LOG_FORM: &str = "`error`, `info` or `debug`";
-const DISABLE_FORM: &str =
-    "a comma-separated list of errno, keys, sync, io, fork, offload, join, fdfacts, guardcycle (tests only)";
-
 fn int_in(s: &str, lo: u64, hi: u64) -> Option<u64> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -222,14 +213,6 @@ fn parse_rows(s: &str) -> Option<Vec<OffloadRow>> {
     }
     (rows.len() <= MAX_EXTRA_ROWS).then_some(rows)
 }
-
-const ON_OFF_FORM: &str = "`on` or `off`";
-const IDLE_POLL_FORM: &str = "`auto`, `on` or `off`";
-const GUARD_FORM: &str = "`off`, `detect` or `enforce`";
-const MECH_FORM: &str = "`auto`, `uffd-async`, `uffd` or `mprotect`";
-const SAMPLE_FORM: &str = "a percentage of the time detect watches, an integer from 1 to 100";
-const REGIONS_FORM: &str =
-    "comma-separated symbol names or address ranges 0xSTART-0xEND or 0xSTART+LEN";
 
 fn hex(s: &str) -> Option<usize> {
     usize::from_str_radix(s.strip_prefix("0x")?, 16).ok()
@@ -274,95 +257,234 @@ fn parse_disabled(s: &str) -> Option<Disabled> {
     Some(d)
 }
 
+/// Where a knob is documented (docs/configuration.md has one table per section).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Section {
+    Runtime,
+    Guard,
+}
+
+/// One knob: the single source of its parsing, its error message and its line in
+/// docs/configuration.md (`docs_table`, checked by a test).
+pub struct Knob {
+    pub var: &'static str,
+    /// As the docs show it.
+    pub default: &'static str,
+    /// The accepted form, in the error message and the docs.
+    pub form: &'static str,
+    pub doc: &'static str,
+    pub section: Section,
+    /// Sets the knob from its (non-empty) value; false when malformed.
+    set: fn(&mut Config, &str) -> bool,
+}
+
+/// `v` as one of `names`, for an enum knob.
+fn one_of<T: Copy>(v: &str, names: &[(&str, T)]) -> Option<T> {
+    names.iter().find(|(n, _)| *n == v).map(|(_, t)| *t)
+}
+
+/// Every knob, in the order they are checked (the first malformed one is reported).
+pub const KNOBS: &[Knob] = &[
+    Knob {
+        var: "TOFFLOAD_FIBERIZE",
+        default: "after-accept",
+        form: "`after-accept`, `all` or `off`",
+        doc: "which threads become fibers",
+        section: Section::Runtime,
+        set: |c, v| {
+            let m = [
+                ("after-accept", Fiberize::AfterAccept),
+                ("all", Fiberize::All),
+                ("off", Fiberize::Off),
+            ];
+            one_of(v.trim(), &m).map(|x| c.fiberize = x).is_some()
+        },
+    },
+    Knob {
+        var: "TOFFLOAD_CARRIERS",
+        default: "1",
+        form: "an integer from 1 to 64",
+        doc: "carrier threads",
+        section: Section::Runtime,
+        set: |c, v| {
+            int_in(v.trim(), 1, 64)
+                .map(|n| c.carriers = n as usize)
+                .is_some()
+        },
+    },
+    Knob {
+        var: "TOFFLOAD_STACK_KB",
+        default: "256",
+        form: "a stack size in KiB, an integer from 16 to 1048576",
+        doc: "fiber stack size (the application's own, if larger)",
+        section: Section::Runtime,
+        set: |c, v| {
+            int_in(v.trim(), 16, 1 << 20)
+                .map(|n| c.stack_kb = n as usize)
+                .is_some()
+        },
+    },
+    Knob {
+        var: "TOFFLOAD_OFFLOAD",
+        default: "(none)",
+        form: "comma-separated rows blocking:submit:done:release of C symbol names (at most 15)",
+        doc: "extra offload rows: the blocking function's calls are rerouted through the GOT \
+              of every object loaded at start; up to six integer/pointer arguments, passed \
+              unchanged to submit; done returns 1/0/-errno",
+        section: Section::Runtime,
+        set: |c, v| parse_rows(v.trim()).map(|r| c.offload.extend(r)).is_some(),
+    },
+    Knob {
+        var: "TOFFLOAD_CUDA_ROWS",
+        default: "on",
+        form: "`on` or `off`",
+        doc: "the built-in rows for `cudaStreamSynchronize`, `cudaEventSynchronize`, \
+              `cuStreamSynchronize` and `cuEventSynchronize` (a fiber parks until the stream \
+              or event query says done; see [cuda.md](cuda.md#gpu-waits-in-your-own-server)); \
+              they apply only where the program links the CUDA library, and a \
+              `TOFFLOAD_OFFLOAD` row for the same function replaces them",
+        section: Section::Runtime,
+        set: |c, v| {
+            one_of(v.trim(), &[("on", true), ("off", false)])
+                .map(|x| c.cuda_rows = x)
+                .is_some()
+        },
+    },
+    Knob {
+        var: "TOFFLOAD_LOG",
+        default: "silent",
+        form: "`error`, `info` or `debug`",
+        doc: "log on stderr",
+        section: Section::Runtime,
+        set: |c, v| {
+            let m = [
+                ("error", crate::log::ERROR),
+                ("info", crate::log::INFO),
+                ("debug", crate::log::DEBUG),
+            ];
+            one_of(v.trim(), &m).map(|x| c.log = x).is_some()
+        },
+    },
+    Knob {
+        var: "TOFFLOAD_IDLE_POLL",
+        default: "off",
+        form: "`auto`, `on` or `off`",
+        doc: "a SCHED_IDLE thread per carrier keeps its vCPU from halting while offloads are \
+              in flight (auto: on under a hypervisor whose guest does not poll before halting)",
+        section: Section::Runtime,
+        set: |c, v| {
+            let m = [
+                ("auto", IdlePoll::Auto),
+                ("on", IdlePoll::On),
+                ("off", IdlePoll::Off),
+            ];
+            one_of(v.trim(), &m).map(|x| c.idle_poll = x).is_some()
+        },
+    },
+    Knob {
+        var: "TOFFLOAD_STATS",
+        default: "(none)",
+        form: "a path (`%p` = pid)",
+        doc: "a one-line JSON of the runtime's counters, kept up to date (every 50 ms while \
+              they change, and at exit)",
+        section: Section::Runtime,
+        set: |c, v| {
+            c.stats = Some(v.to_string());
+            true
+        },
+    },
+    Knob {
+        var: "TOFFLOAD_TEST_DISABLE",
+        default: "(none)",
+        form: "a comma-separated list of errno, keys, sync, io, fork, offload, join, fdfacts, \
+               guardcycle (tests only)",
+        doc: "tests only: turn a mitigation off to show the hazard it prevents",
+        section: Section::Runtime,
+        set: |c, v| parse_disabled(v.trim()).map(|d| c.disabled = d).is_some(),
+    },
+    Knob {
+        var: "TOFFLOAD_GUARD",
+        default: "off",
+        form: "`off`, `detect` or `enforce`",
+        doc: "the guard's mode",
+        section: Section::Guard,
+        set: |c, v| {
+            let m = [
+                ("off", GuardMode::Off),
+                ("detect", GuardMode::Detect),
+                ("enforce", GuardMode::Enforce),
+            ];
+            one_of(v.trim(), &m).map(|x| c.guard = x).is_some()
+        },
+    },
+    Knob {
+        var: "TOFFLOAD_GUARD_MECH",
+        default: "auto",
+        form: "`auto`, `uffd-async`, `uffd` or `mprotect`",
+        doc: "how detect sees writes (auto: uffd-async on Linux 6.7+ with one carrier, else \
+              uffd; mprotect where uffd cannot register)",
+        section: Section::Guard,
+        set: |c, v| {
+            let m = [
+                ("auto", GuardMech::Auto),
+                ("uffd", GuardMech::Uffd),
+                ("uffd-async", GuardMech::UffdAsync),
+                ("mprotect", GuardMech::Mprotect),
+            ];
+            one_of(v.trim(), &m).map(|x| c.guard_mech = x).is_some()
+        },
+    },
+    Knob {
+        var: "TOFFLOAD_GUARD_REGIONS",
+        default: "(none)",
+        form: "comma-separated symbol names or address ranges 0xSTART-0xEND or 0xSTART+LEN",
+        doc: "more memory to guard",
+        section: Section::Guard,
+        set: |c, v| {
+            parse_regions(v.trim())
+                .map(|r| c.guard_regions = r)
+                .is_some()
+        },
+    },
+    Knob {
+        var: "TOFFLOAD_GUARD_SAMPLE",
+        default: "25",
+        form: "a percentage of the time detect watches, an integer from 1 to 100",
+        doc: "the share of time detect watches, percent (100: exact; enforce ignores it)",
+        section: Section::Guard,
+        set: |c, v| {
+            int_in(v.trim(), 1, 100)
+                .map(|n| c.guard_sample = n as u8)
+                .is_some()
+        },
+    },
+];
+
+/// The markdown table of one section's knobs, as docs/configuration.md shows it.
+pub fn docs_table(section: Section) -> String {
+    let mut t = String::from("| variable | default | accepted | meaning |\n|---|---|---|---|\n");
+    for k in KNOBS.iter().filter(|k| k.section == section) {
+        t += &format!("| {} | {} | {} | {} |\n", k.var, k.default, k.form, k.doc);
+    }
+    t
+}
+
 impl Config {
     /// Reads the knobs through `get` (the environment, or a map in tests). Unset and
     /// empty mean the default.
     pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Config, KnobError> {
         let mut c = Config::default();
-        let val = |var: &'static str| get(var).filter(|v| !v.trim().is_empty());
-        let bad = |var: &'static str, value: String, expected: &'static str| KnobError {
-            var,
-            value,
-            expected,
-        };
-        if let Some(v) = val("TOFFLOAD_FIBERIZE") {
-            c.fiberize = match v.trim() {
-                "after-accept" => Fiberize::AfterAccept,
-                "all" => Fiberize::All,
-                "off" => Fiberize::Off,
-                _ => return Err(bad("TOFFLOAD_FIBERIZE", v, FIBERIZE_FORM)),
+        for k in KNOBS {
+            let Some(v) = get(k.var).filter(|v| !v.trim().is_empty()) else {
+                continue;
             };
-        }
-        if let Some(v) = val("TOFFLOAD_CARRIERS") {
-            c.carriers = int_in(v.trim(), 1, 64)
-                .ok_or_else(|| bad("TOFFLOAD_CARRIERS", v.clone(), CARRIERS_FORM))?
-                as usize;
-        }
-        if let Some(v) = val("TOFFLOAD_STACK_KB") {
-            c.stack_kb = int_in(v.trim(), 16, 1 << 20)
-                .ok_or_else(|| bad("TOFFLOAD_STACK_KB", v.clone(), STACK_FORM))?
-                as usize;
-        }
-        if let Some(v) = val("TOFFLOAD_OFFLOAD") {
-            let rows = parse_rows(v.trim())
-                .ok_or_else(|| bad("TOFFLOAD_OFFLOAD", v.clone(), OFFLOAD_FORM))?;
-            c.offload.extend(rows);
-        }
-        if let Some(v) = val("TOFFLOAD_LOG") {
-            c.log = match v.trim() {
-                "error" => crate::log::ERROR,
-                "info" => crate::log::INFO,
-                "debug" => crate::log::DEBUG,
-                _ => return Err(bad("TOFFLOAD_LOG", v, LOG_FORM)),
-            };
-        }
-        if let Some(v) = val("TOFFLOAD_STATS") {
-            c.stats = Some(v);
-        }
-        if let Some(v) = val("TOFFLOAD_GUARD") {
-            c.guard = match v.trim() {
-                "off" => GuardMode::Off,
-                "detect" => GuardMode::Detect,
-                "enforce" => GuardMode::Enforce,
-                _ => return Err(bad("TOFFLOAD_GUARD", v, GUARD_FORM)),
-            };
-        }
-        if let Some(v) = val("TOFFLOAD_GUARD_MECH") {
-            c.guard_mech = match v.trim() {
-                "auto" => GuardMech::Auto,
-                "uffd" => GuardMech::Uffd,
-                "uffd-async" => GuardMech::UffdAsync,
-                "mprotect" => GuardMech::Mprotect,
-                _ => return Err(bad("TOFFLOAD_GUARD_MECH", v, MECH_FORM)),
-            };
-        }
-        if let Some(v) = val("TOFFLOAD_GUARD_SAMPLE") {
-            c.guard_sample = int_in(v.trim(), 1, 100)
-                .ok_or_else(|| bad("TOFFLOAD_GUARD_SAMPLE", v.clone(), SAMPLE_FORM))?
-                as u8;
-        }
-        if let Some(v) = val("TOFFLOAD_GUARD_REGIONS") {
-            c.guard_regions = parse_regions(v.trim())
-                .ok_or_else(|| bad("TOFFLOAD_GUARD_REGIONS", v.clone(), REGIONS_FORM))?;
-        }
-        if let Some(v) = val("TOFFLOAD_IDLE_POLL") {
-            c.idle_poll = match v.trim() {
-                "auto" => IdlePoll::Auto,
-                "on" => IdlePoll::On,
-                "off" => IdlePoll::Off,
-                _ => return Err(bad("TOFFLOAD_IDLE_POLL", v, IDLE_POLL_FORM)),
-            };
-        }
-        if let Some(v) = val("TOFFLOAD_TEST_DISABLE") {
-            c.disabled = parse_disabled(v.trim())
-                .ok_or_else(|| bad("TOFFLOAD_TEST_DISABLE", v.clone(), DISABLE_FORM))?;
-        }
-        if let Some(v) = val("TOFFLOAD_CUDA_ROWS") {
-            c.cuda_rows = match v.trim() {
-                "on" => true,
-                "off" => false,
-                _ => return Err(bad("TOFFLOAD_CUDA_ROWS", v, ON_OFF_FORM)),
-            };
+            if !(k.set)(&mut c, &v) {
+                return Err(KnobError {
+                    var: k.var,
+                    value: v,
+                    expected: k.form,
+                });
+            }
         }
         if c.cuda_rows {
             let cuda: Vec<OffloadRow> = OffloadRow::cuda(&c.offload[1..]).collect();
@@ -387,6 +509,23 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_lookup(&move |k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn the_docs_show_every_knob_as_the_table_says() {
+        let docs = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/configuration.md"
+        ))
+        .expect("docs/configuration.md");
+        for s in [Section::Runtime, Section::Guard] {
+            let t = docs_table(s);
+            assert!(
+                docs.contains(&t),
+                "docs/configuration.md lacks the {s:?} knobs as config.rs has them; \
+                 put this table there:\n{t}"
+            );
+        }
     }
 
     #[test]
