@@ -1,4 +1,4 @@
-//! The demo (toffload-story) end to end, as root: its rates agree with the load
+//! The demo (toffload-demo) end to end, as root: its rates agree with the load
 //! generator's own count over the same seconds, and a deliberately wrong rate source
 //! (the watcher's test switch that counts the runtime's counters over wall time and
 //! divides by traced seconds, the bug this check was made for) is reported as an
@@ -13,7 +13,7 @@ fn ready() -> bool {
         harness::skip("the story attaches eBPF probes: needs root");
         return false;
     }
-    for b in ["toffload-story", "toffload-watch", "conn_server"] {
+    for b in ["toffload-demo", "toffload-watch", "conn_server"] {
         if let Err(e) = harness::bin(b) {
             harness::skip(&e);
             return false;
@@ -25,11 +25,11 @@ fn ready() -> bool {
 /// (exit code, stdout, stderr) of a short story, 5% of each interval traced after
 /// the injection.
 fn story(extra: &[&str]) -> (i32, String, String) {
-    let out = Command::new(harness::bin("toffload-story").expect("built"))
+    let out = Command::new(harness::bin("toffload-demo").expect("built"))
         .args(["--secs", "7", "--before", "2", "--sample", "5"])
         .args(extra)
         .output()
-        .expect("run toffload-story");
+        .expect("run toffload-demo");
     let (o, e) = (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),

@@ -23,7 +23,7 @@ pub enum Which {
     /// The fiber runtime: the demo table (stock vs libtoffload.so, median of runs), the
     /// fiber park + resume cost and the idle CPU of a preloaded server, with targets.
     Runtime {
-        /// Extra arguments for toffload-demo (e.g. `-- --runs 5`; see its --help).
+        /// Extra arguments for toffload-table (e.g. `-- --runs 5`; see its --help).
         #[arg(last = true)]
         args: Vec<String>,
     },
@@ -42,7 +42,7 @@ pub enum Which {
     /// The demo told 5 times: before/after rates beside the load generator's own
     /// count, the prediction and its error (needs root) -> demo.md.
     Demo {
-        /// Extra arguments for toffload-story (e.g. `-- --runs 3`; see its --help).
+        /// Extra arguments for toffload-demo (e.g. `-- --runs 3`; see its --help).
         #[arg(last = true)]
         args: Vec<String>,
     },
@@ -81,7 +81,7 @@ pub fn run(which: Which) -> Result {
             let out = paths::results().join("runtime.md");
             // Defaults first: a later flag in `args` overrides (clap keeps the last).
             proc::run(
-                Command::new(dist.bin.join("toffload-demo"))
+                Command::new(dist.bin.join("toffload-table"))
                     .args([
                         "--runs",
                         "5",
@@ -123,7 +123,7 @@ pub fn run(which: Which) -> Result {
             let dist = crate::build::all()?;
             // Defaults first: a later flag in `args` overrides (clap keeps the last).
             proc::run(
-                Command::new(dist.bin.join("toffload-story"))
+                Command::new(dist.bin.join("toffload-demo"))
                     .args(["--runs", "5"])
                     .arg("--out")
                     .arg(paths::results().join("demo.md"))

@@ -39,8 +39,8 @@ fn c_sources(rel: &str) -> Result<Vec<String>> {
 }
 const RUST_BINS: &[&str] = &[
     "toffload-load",
+    "toffload-table",
     "toffload-demo",
-    "toffload-story",
     "toffload-model-bench",
     "toffload-guard-bench",
     "toffload-watch",

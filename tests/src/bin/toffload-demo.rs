@@ -1,763 +1,489 @@
-//! The demo (`cargo xtask demo`): the same unmodified conn_server binary, stock and
-//! under the fiber runtime (LD_PRELOAD=libtoffload.so), on the emulated device, server
-//! pinned to core 0 and load generator to core 1, for a sweep of offload latencies and
-//! both of accel_run's wait styles (the runtime replaces that wait entirely), plus a
-//! row set with 4 device lanes where the device's ceiling (lanes / latency) binds.
+//! `cargo xtask demo`: the whole story on the bundled default. A stock conn_server on
+//! the emulated device serves 64 connections; toffload-watch attaches, gives its
+//! verdict and prediction, injects the fiber runtime (restarting the server under
+//! libtoffload.so with the same command line), and measures before and after; the
+//! story ends with the measured speedup next to the predicted one. Needs root (BPF).
+//! `--tui` shows the same in the dashboard.
 //!
-//! With `--runs N` every point is measured N times and the table shows medians;
-//! `--switch` adds the fiber park + resume cost (bench_switch), `--idle` the idle CPU
-//! of a preloaded server; `cargo xtask bench runtime` runs all of it into
-//! tests/results/runtime.md. Exits 1 on any wrong answer or error, or when the
-//! runtime did not engage (TOFFLOAD_STATS fibers_created == 0).
+//! Every rate the watcher prints is cross-checked with the load generator's own
+//! count over the same seconds (its 0.1 s timeline against each window's Unix
+//! span): a mismatch beyond 15% ends the story with an error, not a result.
+//! `--runs N --out FILE` (`cargo xtask bench demo`) tells it N times and writes the
+//! table of rates, predictions and errors.
 
 use clap::Parser;
+use serde_json::Value;
 use std::fmt::Write as _;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 use toffload_tests::harness::{self, median, Server, ServerSpec};
-use toffload_tests::load::{self, Config};
-
-#[path = "toffload-demo/syscalls.rs"]
-mod syscalls;
+use toffload_tests::load::{self, Config, Report};
 
 #[derive(Parser)]
 #[command(
     name = "toffload-demo",
-    about = "conn_server on the emulated device, stock and under libtoffload.so, measured",
-    args_override_self = true
+    about = "watch -> predict -> inject -> measure, on conn_server and the emulated device"
 )]
 struct Args {
-    /// Offload latencies to sweep, microseconds.
-    #[arg(long, value_delimiter = ',', default_value = "20,50,100,200,500,1000")]
-    latencies: Vec<u32>,
-    /// Client connections.
+    /// Offload latency, microseconds.
+    #[arg(long, default_value_t = 200)]
+    latency_us: u32,
+    /// Stock wait style of accel_run: block or spin.
+    #[arg(long, default_value = "block")]
+    wait: String,
     #[arg(long, default_value_t = 64)]
     conns: usize,
-    /// Request size, bytes.
-    #[arg(long, default_value_t = 1024)]
-    size: usize,
-    /// Measured seconds per run of a point.
-    #[arg(long, default_value_t = 1.5)]
-    secs: f64,
-    /// Warm-up seconds per run (not measured; wrong answers still count).
-    #[arg(long, default_value_t = 0.4)]
-    warmup: f64,
-    /// Runs per point; the table shows the median.
-    #[arg(long, default_value_t = 1)]
-    runs: usize,
-    /// Lanes of the extra row set where the device ceiling binds (0: no such set).
-    #[arg(long, default_value_t = 4)]
-    small_lanes: usize,
-    /// Measure the stock server only (no LD_PRELOAD).
-    #[arg(long)]
-    stock_only: bool,
-    /// Also measure the fiber park + resume cost (bench_switch).
-    #[arg(long)]
-    switch: bool,
-    /// Handoffs per bench_switch run.
-    #[arg(long, default_value_t = 2_000_000)]
-    switch_handoffs: u64,
-    /// Also measure the idle CPU of a preloaded conn_server with no traffic.
-    #[arg(long)]
-    idle: bool,
-    /// Seconds of each idle CPU measurement.
-    #[arg(long, default_value_t = 5.0)]
-    idle_secs: f64,
-    /// Also count the runtime's syscalls per request (perf on the raw_syscalls
-    /// tracepoint, the server's own threads; needs perf and root).
-    #[arg(long)]
-    syscalls: bool,
-    /// Write the report (markdown) to this file as well.
+    /// Windows (1 s) watched before injecting.
+    #[arg(long, default_value_t = 3)]
+    before: u32,
+    /// Seconds watched in all.
+    #[arg(long, default_value_t = 10)]
+    secs: u32,
+    /// Percent of each interval the watcher traces after the injection (its
+    /// --sample); default: its overhead budget.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=100))]
+    sample: Option<u8>,
+    /// Show the dashboard (press i to inject, q to quit) instead of the text story.
+    #[arg(long, conflicts_with_all = ["runs", "out"])]
+    tui: bool,
+    /// Tell the story this many times (a fresh server each time).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
+    runs: u32,
+    /// Write the runs' table here (markdown).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Tests only: the watcher counts the runtime's counters over wall time (a wrong
+    /// rate source), which the cross-check must report as an error.
+    #[arg(long, hide = true)]
+    test_mixed_clock: bool,
 }
 
-fn runtime_lib() -> Result<PathBuf, String> {
-    let p = harness::dist().join("lib/libtoffload.so");
-    if p.exists() {
-        Ok(p)
-    } else {
-        Err(format!(
-            "{} is missing: run `cargo xtask build`",
-            p.display()
-        ))
-    }
-}
-
-/// A fresh path for a TOFFLOAD_STATS file.
-fn stats_path(tag: &str) -> PathBuf {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static N: AtomicUsize = AtomicUsize::new(0);
-    std::env::temp_dir().join(format!(
-        "toffload-demo-{}-{tag}-{}.json",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ))
-}
-
-/// The runtime's counters (TOFFLOAD_STATS), as far as the demo uses them.
-#[derive(Clone, Copy, Default, Debug)]
-struct Stats {
-    fibers_created: u64,
-    offloads: u64,
-    offloads_inline: u64,
-}
-
-/// Reads the stats file (the runtime rewrites it within 50 ms of a change).
-fn read_stats(p: &Path) -> Result<Stats, String> {
-    let t0 = Instant::now();
-    loop {
-        let r = std::fs::read_to_string(p)
-            .map_err(|e| e.to_string())
-            .and_then(|s| {
-                serde_json::from_str::<serde_json::Value>(s.trim()).map_err(|e| e.to_string())
-            });
-        match r {
-            Ok(v) => {
-                let g = |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
-                return Ok(Stats {
-                    fibers_created: g("fibers_created"),
-                    offloads: g("offloads"),
-                    offloads_inline: g("offloads_inline"),
-                });
-            }
-            Err(e) if t0.elapsed() > Duration::from_millis(500) => {
-                return Err(format!("TOFFLOAD_STATS file {}: {e}", p.display()))
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
-}
-
-/// One measured run of one configuration.
-#[derive(Clone, Copy, Debug)]
-struct Sample {
-    rps: f64,
-    p50: f64,
-    p99: f64,
-    wrong: u64,
-    errors: u64,
-    stats: Option<Stats>,
-    /// Syscalls per request of the server's own threads (perf; None without it).
-    syscalls: Option<f64>,
-}
-
-#[derive(Clone, Copy)]
-struct Point {
-    lat: u32,
-    wait: &'static str,
-    lanes: usize,
-}
-
-fn server_spec(a: &Args, p: Point, runtime: Option<(&Path, &Path)>) -> ServerSpec {
-    let mut spec = ServerSpec::new("conn_server")
-        .arg("--size")
-        .arg(a.size.to_string())
-        .env("TOFFLOAD_EMU_LAT_US", p.lat.to_string())
-        .env("TOFFLOAD_EMU_LANES", p.lanes.to_string())
-        .env("TOFFLOAD_WAIT", p.wait)
-        .cpu((harness::cpus() >= 2).then_some(0));
-    if let Some((lib, stats)) = runtime {
-        spec = spec
-            .env("LD_PRELOAD", lib.display().to_string())
-            .env("TOFFLOAD_STATS", stats.display().to_string());
-    }
-    spec
-}
-
-fn sample(a: &Args, p: Point, runtime: bool) -> Result<Sample, String> {
-    let lib = if runtime { Some(runtime_lib()?) } else { None };
-    let stats = stats_path("point");
-    let spec = server_spec(a, p, lib.as_deref().map(|l| (l, stats.as_path())));
-    let mut server = Server::start(&spec)?;
-    let mut cfg = Config::new(server.port);
-    cfg.conns = a.conns;
-    cfg.size = a.size;
-    cfg.duration = Duration::from_secs_f64(a.secs);
-    cfg.warmup = Duration::from_secs_f64(a.warmup);
-    let counting =
-        (runtime && a.syscalls).then(|| syscalls::count(server.pid(), cfg.warmup, cfg.duration));
-    let r = load::run(&cfg).map_err(|e| e.to_string())?;
-    let syscalls = counting
-        .and_then(|c| c.join().ok().flatten())
-        .filter(|_| r.completed > 0)
-        .map(|n| n as f64 / r.completed as f64);
-    if !server.alive() {
-        return Err(format!(
-            "conn_server{} died under load: {:?}; load: {r:?}",
-            if runtime { " under the runtime" } else { "" },
-            server.terminate()
-        ));
-    }
-    let st = if runtime {
-        // Let the runtime's at-most-every-50-ms rewrite catch up.
-        std::thread::sleep(Duration::from_millis(120));
-        let s = read_stats(&stats);
-        let _ = std::fs::remove_file(&stats);
-        Some(s?)
-    } else {
-        None
-    };
-    drop(server);
-    Ok(Sample {
-        rps: r.requests_per_sec,
-        p50: r.p50_us,
-        p99: r.p99_us,
-        wrong: r.wrong,
-        errors: r.errors,
-        stats: st,
-        syscalls,
-    })
-}
-
-/// Medians over the runs of one mode of one point.
-#[derive(Clone, Copy, Default)]
-struct Agg {
-    rps: f64,
-    p50: f64,
-    p99: f64,
-    wrong: u64,
-    errors: u64,
-    /// Fewest fibers any runtime run created (0: it did not engage at least once).
-    min_fibers: u64,
-    inline_share: f64,
-    /// Median syscalls per request (NaN: not counted).
-    syscalls: f64,
-}
-
-fn aggregate(s: &[Sample]) -> Agg {
-    let m = |f: fn(&Sample) -> f64| median(s.iter().map(f).collect());
-    let offloads: u64 = s.iter().filter_map(|x| x.stats).map(|x| x.offloads).sum();
-    let inline: u64 = s
-        .iter()
-        .filter_map(|x| x.stats)
-        .map(|x| x.offloads_inline)
-        .sum();
-    Agg {
-        rps: m(|x| x.rps),
-        p50: m(|x| x.p50),
-        p99: m(|x| x.p99),
-        wrong: s.iter().map(|x| x.wrong).sum(),
-        errors: s.iter().map(|x| x.errors).sum(),
-        min_fibers: s
-            .iter()
-            .filter_map(|x| x.stats)
-            .map(|x| x.fibers_created)
-            .min()
-            .unwrap_or(0),
-        inline_share: if offloads > 0 {
-            inline as f64 / offloads as f64
-        } else {
-            f64::NAN
-        },
-        syscalls: {
-            let v: Vec<f64> = s.iter().filter_map(|x| x.syscalls).collect();
-            if v.is_empty() {
-                f64::NAN
-            } else {
-                median(v)
-            }
-        },
-    }
-}
-
-struct Row {
-    p: Point,
-    stock: Agg,
-    rt: Option<Agg>,
-}
-
-impl Row {
-    fn speedup(&self) -> Option<f64> {
-        self.rt.map(|r| r.rps / self.stock.rps)
-    }
-}
-
-/// CPU time of a process so far, ns: the sum of its threads' schedstat run times, and
-/// utime + stime from /proc/PID/stat (clock ticks, which include exited threads).
-fn cpu_ns(pid: u32) -> Result<(u64, u64), String> {
-    let mut sched = 0u64;
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| e.to_string())?;
-    for t in tasks.flatten() {
-        if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
-            sched += s
-                .split_whitespace()
-                .next()
-                .and_then(|x| x.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-    }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| e.to_string())?;
-    // Fields after the command name (which may hold spaces) start at field 3.
-    let rest = &stat[stat.rfind(')').ok_or("bad /proc/PID/stat")? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0);
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Ok((sched, ticks * 1_000_000_000 / hz))
-}
-
-/// Share of one core a process used over `secs` (schedstat, stat).
-fn cpu_share(pid: u32, secs: f64) -> Result<(f64, f64), String> {
-    let (s0, t0) = cpu_ns(pid)?;
-    let w0 = Instant::now();
-    std::thread::sleep(Duration::from_secs_f64(secs));
-    let (s1, t1) = cpu_ns(pid)?;
-    let wall = w0.elapsed().as_nanos() as f64;
-    Ok(((s1 - s0) as f64 / wall, (t1 - t0) as f64 / wall))
-}
-
-struct Idle {
-    what: &'static str,
-    closed: (f64, f64),
-    open: (f64, f64),
-    fibers: Option<u64>,
-}
-
-/// conn_server after a 1 s burst of load (so carriers and fibers existed): its CPU with
-/// every connection closed, then with `conns` connections open and silent.
-fn idle_cpu(a: &Args, runtime: bool) -> Result<Idle, String> {
-    let lib = if runtime { Some(runtime_lib()?) } else { None };
-    let stats = stats_path("idle");
-    let p = Point {
-        lat: 100,
-        wait: "block",
-        lanes: a.conns.max(64),
-    };
-    let mut server = Server::start(&server_spec(
-        a,
-        p,
-        lib.as_deref().map(|l| (l, stats.as_path())),
-    ))?;
-    let mut cfg = Config::new(server.port);
-    cfg.conns = a.conns;
-    cfg.size = a.size;
-    cfg.duration = Duration::from_secs(1);
-    cfg.warmup = Duration::from_millis(200);
-    let r = load::run(&cfg).map_err(|e| e.to_string())?;
-    if !server.alive() {
-        return Err(format!("idle: conn_server died: {:?}", server.terminate()));
-    }
-    if r.wrong > 0 || r.errors > 0 {
-        return Err(format!(
-            "idle: the burst had {} wrong answers, {} errors {:?}",
-            r.wrong, r.errors, r.errors_by_kind
-        ));
-    }
-    std::thread::sleep(Duration::from_secs(1));
-    let closed = cpu_share(server.pid(), a.idle_secs)?;
-    let conns: Vec<std::net::TcpStream> = (0..a.conns)
-        .map(|_| std::net::TcpStream::connect(("127.0.0.1", server.port)))
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("idle: connecting: {e}"))?;
-    std::thread::sleep(Duration::from_millis(500));
-    let open = cpu_share(server.pid(), a.idle_secs)?;
-    drop(conns);
-    if !server.alive() {
-        return Err(format!("idle: conn_server died: {:?}", server.terminate()));
-    }
-    let fibers = if runtime {
-        let s = read_stats(&stats);
-        let _ = std::fs::remove_file(&stats);
-        Some(s?.fibers_created)
-    } else {
-        None
-    };
-    Ok(Idle {
-        what: if runtime { "runtime" } else { "stock" },
-        closed,
-        open,
-        fibers,
-    })
-}
-
-/// bench_switch under the runtime (TOFFLOAD_FIBERIZE=all) or stock, pinned to core 0:
-/// (ns per switch, ran as fibers).
-fn switch_cost(a: &Args, runtime: bool) -> Result<(f64, bool), String> {
-    let mut cmd = Command::new(harness::bin("bench_switch")?);
-    cmd.arg(a.switch_handoffs.to_string());
-    if runtime {
-        cmd.env("LD_PRELOAD", runtime_lib()?)
-            .env("TOFFLOAD_FIBERIZE", "all");
-    }
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(0, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-            Ok(())
-        });
-    }
-    let out = cmd.output().map_err(|e| format!("bench_switch: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        return Err(format!(
-            "bench_switch failed ({}): {text} {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let field = |k: &str| {
-        text.split_whitespace()
-            .find_map(|w| w.strip_prefix(k))
-            .map(str::to_string)
-    };
-    let ns = field("ns_per_switch=")
-        .and_then(|v| v.parse::<f64>().ok())
-        .ok_or_else(|| format!("bench_switch printed {text:?}"))?;
-    Ok((ns, field("fibers=").as_deref() == Some("1")))
-}
-
-/// The 1-minute load average (other work on the machine disturbs the numbers).
-fn loadavg() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(f64::NAN)
-}
-
-fn fmt_rate(x: f64) -> String {
-    if x.is_nan() {
-        "-".into()
-    } else {
-        format!("{x:.0}")
-    }
-}
-
-fn mark(ok: bool) -> &'static str {
-    if ok {
-        "PASS"
-    } else {
-        "FAIL"
-    }
-}
+/// Watcher and load generator may differ by this much over the same seconds.
+const AGREE: f64 = 0.15;
 
 fn main() {
     let a = Args::parse();
-    if let Err(e) = real_main(&a) {
+    if let Err(e) = preflight() {
         eprintln!("toffload-demo: {e}");
+        std::process::exit(1);
+    }
+    let mut rows = Vec::new();
+    let mut failed = 0;
+    for run in 1..=a.runs {
+        if a.runs > 1 {
+            println!("######## run {run} of {}", a.runs);
+        }
+        match story(&a) {
+            Ok(o) => rows.push(Ok(o)),
+            Err(e) => {
+                eprintln!("toffload-demo: {e}");
+                failed += 1;
+                rows.push(Err(e));
+            }
+        }
+    }
+    if let Some(out) = &a.out {
+        let table = table(&a, &rows);
+        print!("\n{table}");
+        if let Err(e) = std::fs::write(out, &table) {
+            eprintln!("toffload-demo: writing {}: {e}", out.display());
+            std::process::exit(1);
+        }
+        println!("(written to {})", out.display());
+    }
+    if failed > 0 {
         std::process::exit(1);
     }
 }
 
-fn real_main(a: &Args) -> Result<(), String> {
-    if a.runs == 0 || a.conns == 0 {
-        return Err("--runs and --conns must be at least 1".into());
+fn preflight() -> Result<(), String> {
+    // SAFETY: no arguments.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("the story attaches eBPF probes: run it as root (sudo)".into());
     }
-    if harness::cpus() >= 2 {
-        // The load generator on core 1, the server on core 0.
-        if let Err(e) = harness::pin_current_thread(1) {
-            eprintln!("toffload-demo: cannot pin the load generator: {e}");
-        }
-    } else {
-        eprintln!("toffload-demo: one CPU only: server and load generator share it");
-    }
-    if !a.stock_only {
-        runtime_lib()?;
-    }
-    let lanes = a.conns.max(64);
-    let mut plan: Vec<Point> = Vec::new();
-    for &lat in &a.latencies {
-        for wait in ["spin", "block"] {
-            plan.push(Point { lat, wait, lanes });
-        }
-    }
-    if a.small_lanes > 0 {
-        for &lat in &a.latencies {
-            plan.push(Point {
-                lat,
-                wait: "block",
-                lanes: a.small_lanes,
-            });
-        }
-    }
-    let started = Instant::now();
-    let load_before = loadavg();
-    if load_before > 0.5 {
-        eprintln!(
-            "toffload-demo: the machine is busy (1-minute load average {load_before:.2}); \
-             the numbers will be disturbed"
-        );
-    }
-    let mut rows = Vec::new();
-    for p in plan {
-        eprint!("  {} us, wait={}, lanes={}:", p.lat, p.wait, p.lanes);
-        let (mut st, mut rt) = (Vec::new(), Vec::new());
-        for _ in 0..a.runs {
-            let s = sample(a, p, false)?;
-            eprint!(" stock {:.0}", s.rps);
-            st.push(s);
-            if !a.stock_only {
-                let r = sample(a, p, true)?;
-                eprint!(" runtime {:.0}", r.rps);
-                rt.push(r);
-            }
-        }
-        eprintln!(" req/s");
-        rows.push(Row {
-            p,
-            stock: aggregate(&st),
-            rt: (!a.stock_only).then(|| aggregate(&rt)),
-        });
-    }
+    // The injected server's parent (the watcher) exits before we do: reap it here.
+    harness::become_subreaper();
+    Ok(())
+}
 
-    let mut t = String::new();
-    let _ = writeln!(
-        t,
-        "conn_server (unmodified), stock{}, {} connections, {} B requests, server on \
-         core 0, load on core 1, {:.1} s measured per run, median of {} run(s) per point.\n",
-        if a.stock_only {
-            " only (--stock-only)"
-        } else {
-            " vs under libtoffload.so (LD_PRELOAD, 1 carrier)"
-        },
-        a.conns,
-        a.size,
-        a.secs,
-        a.runs
-    );
-    t.push_str(
-        "| offload us | wait | lanes | stock req/s | stock p50 us | runtime req/s | speedup | \
-         runtime p50 us | runtime p99 us | ceiling req/s | runtime/ceiling | inline % | \
-         runtime syscalls/req | wrong | errors |\n",
-    );
-    t.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    for r in &rows {
-        // What overlapping every wait could reach: min(conns, lanes) ops per latency.
-        let ceiling = a.conns.min(r.p.lanes) as f64 / (r.p.lat as f64 * 1e-6);
-        let rt = r.rt.unwrap_or(Agg {
-            rps: f64::NAN,
-            p50: f64::NAN,
-            p99: f64::NAN,
-            inline_share: f64::NAN,
-            syscalls: f64::NAN,
-            ..Agg::default()
-        });
-        let _ = writeln!(
-            t,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            r.p.lat,
-            r.p.wait,
-            r.p.lanes,
-            fmt_rate(r.stock.rps),
-            fmt_rate(r.stock.p50),
-            fmt_rate(rt.rps),
-            r.speedup().map_or("-".into(), |s| format!("{s:.2}x")),
-            fmt_rate(rt.p50),
-            fmt_rate(rt.p99),
-            fmt_rate(ceiling),
-            if rt.rps.is_nan() {
-                "-".into()
-            } else {
-                format!("{:.2}", rt.rps / ceiling)
-            },
-            if rt.inline_share.is_nan() {
-                "-".into()
-            } else {
-                format!("{:.0}", rt.inline_share * 100.0)
-            },
-            if rt.syscalls.is_nan() {
-                "-".into()
-            } else {
-                format!("{:.2}", rt.syscalls)
-            },
-            r.stock.wrong + rt.wrong,
-            r.stock.errors + rt.errors,
-        );
-    }
-    t.push_str(
-        "\nThe runtime replaces accel_run's wait (submit, park the fiber, resume on \
-         completion), so TOFFLOAD_WAIT only changes the stock server; the runtime runs \
-         get the same environment as the stock ones. inline %: offloads the runtime \
-         waited for inline because they were shorter than a park + resume. runtime \
-         syscalls/req (with --syscalls): syscalls entered by the server's own threads \
-         (perf, raw_syscalls:sys_enter, per thread, the emulated device's thread \
-         excluded) over the measured window, per completed request.\n",
-    );
+/// One telling's numbers: each rate as the watcher and the load generator saw it.
+struct Outcome {
+    /// The load generator's rate before the watcher attached.
+    stock: f64,
+    before_watch: f64,
+    before_load: f64,
+    after_watch: f64,
+    after_load: f64,
+    predicted: Option<f64>,
+    /// The load generator's after / before: the independent speedup.
+    measured: f64,
+    /// predicted / measured - 1.
+    error: Option<f64>,
+    wrong: u64,
+}
 
-    // Targets (issue 3), marked honestly.
-    let mut targets: Vec<(String, bool)> = Vec::new();
-    let find = |lat: u32, wait: &str| {
-        rows.iter()
-            .find(|r| r.p.lat == lat && r.p.wait == wait && r.p.lanes == lanes)
+fn story(a: &Args) -> Result<Outcome, String> {
+    let watch = harness::bin("toffload-watch")?;
+    let two = harness::cpus() >= 2;
+    let port = harness::free_port()?;
+    println!(
+        "== 1. stock conn_server: {} connections, {} us offload ({} wait), emulated AES device",
+        a.conns, a.latency_us, a.wait
+    );
+    let server = Server::start(
+        &ServerSpec::new("conn_server")
+            .arg("--port")
+            .arg(port.to_string())
+            .env("TOFFLOAD_EMU_LAT_US", a.latency_us.to_string())
+            .env("TOFFLOAD_WAIT", &a.wait)
+            .cpu(two.then_some(0)),
+    )?;
+    let old = server.pid();
+    if two {
+        harness::pin_current_thread(1).map_err(|e| format!("pinning to core 1: {e}"))?;
+    }
+    // Load without gaps until the watcher is done (its start takes a variable time).
+    let stop = Arc::new(AtomicBool::new(false));
+    let conns = a.conns;
+    let bg = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut c = Config::new(port);
+            c.conns = conns;
+            c.duration = Duration::from_secs(600);
+            c.warmup = Duration::from_millis(200);
+            c.stop = Some(stop);
+            load::run(&c)
+        })
     };
-    if !a.stock_only {
-        for (lat, wait, min) in [
-            (200, "spin", 5.0),
-            (1000, "spin", 10.0),
-            (200, "block", 1.5),
-            (20, "spin", 1.0),
-            (20, "block", 1.0),
-        ] {
-            if let Some(s) = find(lat, wait).and_then(Row::speedup) {
-                targets.push((
-                    format!("speedup vs {wait} at {lat} us >= {min}x: {s:.2}x"),
-                    s >= min,
-                ));
-            }
-        }
+    // Two seconds unwatched first: the stock rate the speedup is measured against
+    // (the watcher traces every event until it decides, which slows the server).
+    std::thread::sleep(Duration::from_millis(500));
+    let unwatched_from = unix_now();
+    std::thread::sleep(Duration::from_secs(2));
+    let unwatched = (unwatched_from, unix_now());
+    println!("   pid {old}, port {port}, under load\n== 2. toffload-watch --pid {old} --inject");
+    let mut cmd = Command::new(&watch);
+    cmd.args(["--interval", "1s", "--inject", "--inject-after"])
+        .arg(a.before.to_string())
+        .arg("--duration")
+        .arg(format!("{}s", a.secs))
+        .arg("--pid")
+        .arg(old.to_string());
+    if let Some(p) = a.sample {
+        cmd.arg("--sample").arg(p.to_string());
     }
-    let wrong: u64 = rows
-        .iter()
-        .map(|r| r.stock.wrong + r.rt.map_or(0, |x| x.wrong))
-        .sum();
-    let errors: u64 = rows
-        .iter()
-        .map(|r| r.stock.errors + r.rt.map_or(0, |x| x.errors))
-        .sum();
-    targets.push((format!("wrong answers: {wrong}"), wrong == 0));
-    if let Some(rt) = find(200, "block").and_then(|r| r.rt) {
-        if !rt.syscalls.is_nan() {
-            targets.push((
-                format!(
-                    "runtime syscalls per request at 200 us <= 3.5: {:.2}",
-                    rt.syscalls
-                ),
-                rt.syscalls <= 3.5,
-            ));
-        }
+    if a.test_mixed_clock {
+        cmd.env("TOFFLOAD_WATCH_TEST_MIXED_CLOCK", "1");
     }
-
-    let mut extra_fail = Vec::new();
-    if a.switch {
-        eprint!(
-            "  fiber switch (bench_switch, {} handoffs):",
-            a.switch_handoffs
-        );
-        let mut fib = Vec::new();
-        let mut engaged = true;
-        let mut kern = Vec::new();
-        for _ in 0..a.runs.max(3) {
-            if !a.stock_only {
-                let (ns, f) = switch_cost(a, true)?;
-                engaged &= f;
-                eprint!(" runtime {ns:.0} ns");
-                fib.push(ns);
-            }
-            let (ns, _) = switch_cost(a, false)?;
-            eprint!(" kernel {ns:.0} ns");
-            kern.push(ns);
-        }
-        eprintln!();
-        let _ = writeln!(
-            t,
-            "\nFiber park + resume (bench_switch: 2 threads hand a token back and forth \
-             with sched_yield, pinned to one core, {} handoffs, median of {} runs; one \
-             switch = park the running fiber + resume the other):\n",
-            a.switch_handoffs,
-            kern.len()
-        );
-        t.push_str(
-            "| threads | ns per switch (park + resume) | ns per round trip (A to B to A) |\n|---|---:|---:|\n",
-        );
-        if !a.stock_only {
-            let m = median(fib);
-            let _ = writeln!(
-                t,
-                "| fibers (libtoffload.so, TOFFLOAD_FIBERIZE=all) | {m:.1} | {:.1} |",
-                2.0 * m
-            );
-            if engaged {
-                targets.push((
-                    format!("fiber park + resume < 200 ns: {m:.1} ns"),
-                    m < 200.0,
-                ));
-            } else {
-                extra_fail.push("bench_switch's threads did not run as fibers under the runtime");
-                targets.push((
-                    "fiber park + resume < 200 ns: the threads were not fibers".into(),
-                    false,
-                ));
-            }
-        }
-        let _ = writeln!(
-            t,
-            "| kernel threads (stock, sched_yield) | {:.1} | {:.1} |",
-            median(kern.clone()),
-            2.0 * median(kern)
-        );
+    let told = if a.tui {
+        let st = cmd
+            .arg("--tui")
+            .status()
+            .map_err(|e| format!("starting toffload-watch: {e}"))?;
+        println!("   toffload-watch: {st}");
+        Ok(Told::default())
+    } else {
+        run_json(cmd.arg("--json"))
+    };
+    stop.store(true, Ordering::Relaxed);
+    let during = bg
+        .join()
+        .map_err(|_| "the load thread panicked")?
+        .map_err(|e| e.to_string());
+    // The server now running on the port (the injected one, or the original when the
+    // injection was refused) is ours to stop, whatever happened.
+    let injected = told.as_ref().ok().and_then(|t| t.injected);
+    let pid = injected.unwrap_or(old);
+    drop(server);
+    if pid != old && !harness::end_adopted(pid, Duration::from_secs(5)) {
+        eprintln!("toffload-demo: the injected server {pid} did not end");
     }
-    if a.idle {
-        eprintln!("  idle CPU ({:.0} s per measurement) ...", a.idle_secs);
-        let mut res = vec![idle_cpu(a, false)?];
-        if !a.stock_only {
-            res.push(idle_cpu(a, true)?);
-        }
-        let _ = writeln!(
-            t,
-            "\nIdle CPU of conn_server (100 us offloads, 64 lanes) after a 1 s burst of \
-             {} connections, no traffic, {:.0} s each, share of one core \
-             (threads' schedstat run time; utime+stime from /proc/PID/stat in brackets):\n",
-            a.conns, a.idle_secs
-        );
-        t.push_str("| server | connections closed | connections open, silent |\n|---|---:|---:|\n");
-        for r in &res {
-            let _ = writeln!(
-                t,
-                "| {}{} | {:.3}% ({:.2}%) | {:.3}% ({:.2}%) |",
-                r.what,
-                r.fibers
-                    .map_or(String::new(), |f| format!(" ({f} fibers created)")),
-                r.closed.0 * 100.0,
-                r.closed.1 * 100.0,
-                r.open.0 * 100.0,
-                r.open.1 * 100.0
-            );
-            if r.what == "runtime" {
-                let worst = r.closed.0.max(r.open.0) * 100.0;
-                targets.push((
-                    format!("idle preloaded server < 1% of a core: {worst:.3}%"),
-                    worst < 1.0,
-                ));
-                if r.fibers == Some(0) {
-                    extra_fail.push("the idle server's runtime did not engage");
-                }
-            }
-        }
-    }
-
-    t.push_str("\nTargets:\n\n");
-    for (what, ok) in &targets {
-        let _ = writeln!(t, "- [{}] {what}", mark(*ok));
-    }
-    let _ = writeln!(
-        t,
-        "\n({:.0} s in all. The machine's 1-minute load average was {load_before:.2} before \
-         the first run and {:.2} after the last, this run's own server and load generator \
-         included: well above 2 means other work shared the 2 cores and disturbed the numbers.)",
-        started.elapsed().as_secs_f64(),
-        loadavg()
+    let (told, during) = (told?, during?);
+    println!(
+        "== 3. load through it all: {:.0} req/s, {} wrong answers, {} errors {:?} (connections \
+         broken by the restart reconnect)",
+        during.requests_per_sec, during.wrong, during.errors, during.errors_by_kind
     );
-    println!("{t}");
-    if let Some(out) = &a.out {
-        std::fs::write(out, &t).map_err(|e| format!("writing {}: {e}", out.display()))?;
+    if during.wrong > 0 {
+        return Err(format!("{} wrong answers", during.wrong));
     }
-    let mut fail = Vec::new();
-    if wrong > 0 || errors > 0 {
-        fail.push(format!(
-            "{wrong} wrong answers, {errors} errors (see table)"
+    if a.tui {
+        return Ok(Outcome {
+            stock: f64::NAN,
+            before_watch: f64::NAN,
+            before_load: f64::NAN,
+            after_watch: f64::NAN,
+            after_load: f64::NAN,
+            predicted: None,
+            measured: f64::NAN,
+            error: None,
+            wrong: during.wrong,
+        });
+    }
+    println!("   window by window, the watcher next to the load generator over the same seconds:");
+    for w in &told.windows {
+        let load = during
+            .rate_between(w.ts - w.wall_secs, w.ts)
+            .map_or("-".to_string(), |r| format!("{r:.0}"));
+        let untraced = w
+            .untraced
+            .map_or(String::new(), |u| format!(", {u:.0} untraced"));
+        println!(
+            "   {:>8.0} req/s watched ({:.0}% traced{untraced}), {load:>8} counted  ({})",
+            w.rps,
+            100.0 * w.secs / w.wall_secs.max(1e-9),
+            w.verdict,
+        );
+    }
+    let Some(fin) = &told.fin else {
+        return Err("the watcher gave no final report".into());
+    };
+    if injected.is_none() {
+        return Err("the server was not injected (see the watcher's message above)".into());
+    }
+    let st = &fin["injection"];
+    let before_watch = st["before_rps"].as_f64().unwrap_or(f64::NAN);
+    let after_watch = st["after_rps"]
+        .as_f64()
+        .ok_or("no window after the injection had requests")?;
+    let before_load = cross_check("before", before_watch, &st["before_spans"], &during)?;
+    let after_load = cross_check("after", after_watch, &st["after_spans"], &during)?;
+    let predicted = st["predicted_speedup"].as_f64();
+    let stock = during
+        .rate_between(unwatched.0, unwatched.1)
+        .ok_or("the load generator's count does not cover the unwatched seconds")?;
+    let measured = after_load / stock;
+    let error = predicted.map(|p| p / measured - 1.0);
+    println!(
+        "== 4. stock {stock:.0} req/s unwatched, {before_load:.0} while traced in full (the \
+         watcher: {before_watch:.0}) -> under the runtime {after_load:.0} req/s (the watcher: \
+         {after_watch:.0}): measured {measured:.2}x, predicted {}, prediction error {}",
+        predicted.map_or("-".into(), |p| format!("{p:.2}x")),
+        error.map_or("-".into(), |e| format!("{:+.0}%", e * 100.0))
+    );
+    Ok(Outcome {
+        stock,
+        before_watch,
+        before_load,
+        after_watch,
+        after_load,
+        predicted,
+        measured,
+        error,
+        wrong: during.wrong,
+    })
+}
+
+/// The load generator's rate over the watcher's windows (`spans`, Unix [start,
+/// end] each), median of the windows as the watcher's is; an error when the two
+/// differ by more than AGREE.
+fn cross_check(what: &str, watched: f64, spans: &Value, load: &Report) -> Result<f64, String> {
+    let spans: Vec<(f64, f64)> = spans
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter_map(|s| Some((s[0].as_f64()?, s[1].as_f64()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let rates: Vec<f64> = spans
+        .iter()
+        .filter_map(|&(a, b)| load.rate_between(a, b))
+        .collect();
+    if spans.is_empty() || rates.len() < spans.len() {
+        return Err(format!(
+            "{what}: the load generator's count does not cover the watcher's windows \
+             ({} of {} spans)",
+            rates.len(),
+            spans.len()
         ));
     }
-    if !a.stock_only {
-        let idle: Vec<String> = rows
-            .iter()
-            .filter(|r| r.rt.is_some_and(|x| x.min_fibers == 0))
-            .map(|r| format!("{} us/{}/{} lanes", r.p.lat, r.p.wait, r.p.lanes))
-            .collect();
-        if !idle.is_empty() {
-            fail.push(format!(
-                "the runtime did not engage (TOFFLOAD_STATS fibers_created = 0) at: {}",
-                idle.join(", ")
-            ));
+    let counted = median(rates);
+    let off = watched / counted - 1.0;
+    if off.abs() > AGREE || !off.is_finite() {
+        return Err(format!(
+            "mismatch: {what} the injection the watcher reports {watched:.0} req/s, the load \
+             generator counted {counted:.0} req/s over the same seconds ({:+.0}%, more than \
+             {:.0}%)",
+            off * 100.0,
+            AGREE * 100.0
+        ));
+    }
+    Ok(counted)
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// One window line of the watcher, as far as the story needs it.
+struct WindowLine {
+    rps: f64,
+    /// The untraced part's rate, where the window has one.
+    untraced: Option<f64>,
+    secs: f64,
+    wall_secs: f64,
+    ts: f64,
+    verdict: String,
+}
+
+#[derive(Default)]
+struct Told {
+    windows: Vec<WindowLine>,
+    fin: Option<Value>,
+    injected: Option<u32>,
+}
+
+/// Runs the watcher with --json and tells the story from its lines.
+fn run_json(cmd: &mut Command) -> Result<Told, String> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting toffload-watch: {e}"))?;
+    let out = BufReader::new(child.stdout.take().expect("piped"));
+    let mut told = Told::default();
+    for line in out.lines().map_while(Result::ok) {
+        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        if let Some(w) = v.get("window") {
+            let model = &w["model"];
+            let pred = model["zero_edit"]["speedup"]
+                .as_f64()
+                .map(|s| {
+                    format!(
+                        "; predicted {s:.2}x bound by {}",
+                        model["zero_edit"]["binding"].as_str().unwrap_or("-")
+                    )
+                })
+                .unwrap_or_default();
+            let num = |k: &str| w[k].as_f64().unwrap_or(0.0);
+            let verdict = w["verdict"]["kind"].as_str().unwrap_or("-").to_string();
+            println!(
+                "   window: {:>8.0} req/s ({}), verdict {verdict}{pred}",
+                num("requests_per_sec"),
+                w["request_source"].as_str().unwrap_or(""),
+            );
+            told.windows.push(WindowLine {
+                rps: num("requests_per_sec"),
+                untraced: w["untraced"]["requests_per_sec"].as_f64(),
+                secs: num("secs"),
+                wall_secs: num("wall_secs"),
+                ts: num("ts"),
+                verdict,
+            });
+        } else if let Some(i) = v.get("inject") {
+            println!(
+                "   inject [{}]: {}",
+                i["action"].as_str().unwrap_or("-"),
+                i["message"].as_str().unwrap_or("")
+            );
+            if i["action"] == "injected" {
+                told.injected = i["new_pid"].as_u64().map(|p| p as u32);
+            }
+        } else if let Some(f) = v.get("final") {
+            told.fin = Some(f.clone());
         }
     }
-    fail.extend(extra_fail.iter().map(|s| s.to_string()));
-    if fail.is_empty() {
-        Ok(())
-    } else {
-        Err(fail.join("; "))
+    let st = child.wait().map_err(|e| e.to_string())?;
+    println!("   toffload-watch: {st}");
+    Ok(told)
+}
+
+/// The runs' table with the benchmark's targets checked.
+fn table(a: &Args, rows: &[Result<Outcome, String>]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# The demo, told {} times\n\n`cargo xtask bench demo` (toffload-demo --runs {}): \
+         conn_server, {} connections, {} us offload ({} wait), emulated device; server on \
+         core 0, load generator and watcher on core 1; {} stock windows of 1 s, then \
+         `--inject`, {} s watched in all. Stock: the load generator's rate over 2 s before \
+         the watcher attached. Each rate after it is the watcher's (median of the windows \
+         it used; after the injection their untraced part's) beside the load generator's \
+         own count over the same seconds. Measured: the load generator's after / stock.\n",
+        rows.len(),
+        rows.len(),
+        a.conns,
+        a.latency_us,
+        a.wait,
+        a.before,
+        a.secs
+    );
+    let _ = writeln!(
+        s,
+        "| run | stock | before: watcher | before: load gen | after: watcher | after: load gen | \
+         predicted | measured | error |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    let (mut preds, mut errs, mut agree) = (Vec::new(), Vec::new(), true);
+    for (i, r) in rows.iter().enumerate() {
+        match r {
+            Ok(o) => {
+                let dev = |w: f64, l: f64| format!("{:+.1}%", (w / l - 1.0) * 100.0);
+                agree &= ((o.before_watch / o.before_load - 1.0).abs() <= AGREE)
+                    && ((o.after_watch / o.after_load - 1.0).abs() <= AGREE)
+                    && o.wrong == 0;
+                let _ = writeln!(
+                    s,
+                    "| {} | {:.0} | {:.0} ({}) | {:.0} | {:.0} ({}) | {:.0} | {} | {:.2}x | {} |",
+                    i + 1,
+                    o.stock,
+                    o.before_watch,
+                    dev(o.before_watch, o.before_load),
+                    o.before_load,
+                    o.after_watch,
+                    dev(o.after_watch, o.after_load),
+                    o.after_load,
+                    o.predicted.map_or("-".into(), |p| format!("{p:.2}x")),
+                    o.measured,
+                    o.error
+                        .map_or("-".into(), |e| format!("{:+.0}%", e * 100.0)),
+                );
+                preds.extend(o.predicted);
+                errs.extend(o.error.map(f64::abs));
+            }
+            Err(e) => {
+                agree = false;
+                let _ = writeln!(
+                    s,
+                    "| {} | ERROR: {} | | | | | | | |",
+                    i + 1,
+                    e.replace('|', "/")
+                );
+            }
+        }
     }
+    let spread = if preds.is_empty() {
+        f64::NAN
+    } else {
+        let m = median(preds.clone());
+        let (lo, hi) = preds
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &p| {
+                (l.min(p), h.max(p))
+            });
+        (hi - lo) / m
+    };
+    let med_err = median(errs);
+    let mark = |ok: bool| if ok { "met" } else { "NOT met" };
+    let _ = writeln!(
+        s,
+        "\nTargets: spread of the predictions (max - min) / median {:.0}% (<= 15%: {}); \
+         median absolute prediction error {:.0}% (<= 20%: {}); every rate within {:.0}% of \
+         the load generator's and no wrong answer: {}.",
+        spread * 100.0,
+        mark(spread <= 0.15),
+        med_err * 100.0,
+        mark(med_err <= 0.20),
+        AGREE * 100.0,
+        mark(agree)
+    );
+    s
 }
