@@ -18,12 +18,13 @@ pub const EXIT_INJECT_FAILED: u8 = 9;
 pub const EXIT_SERVER_DOWN: u8 = 10;
 
 /// The exit code for how an injection ended (None: not asked, or it went well).
-pub fn inject_exit_code(outcome: Option<&str>) -> Option<u8> {
+pub fn inject_exit_code(outcome: Option<crate::inject_flow::InjectAction>) -> Option<u8> {
+    use crate::inject_flow::InjectAction;
     match outcome? {
-        "refused" => Some(EXIT_INJECT_REFUSED),
-        "failed" => Some(EXIT_INJECT_FAILED),
-        "down" => Some(EXIT_SERVER_DOWN),
-        _ => None,
+        InjectAction::Refused => Some(EXIT_INJECT_REFUSED),
+        InjectAction::Failed => Some(EXIT_INJECT_FAILED),
+        InjectAction::Down => Some(EXIT_SERVER_DOWN),
+        InjectAction::Plan | InjectAction::Injected => None,
     }
 }
 

@@ -13,11 +13,43 @@ pub struct InjectRequest {
     pub after_windows: usize,
 }
 
+/// What an injection step did (in JSON its snake_case name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InjectAction {
+    /// A dry run: the plan, nothing changed.
+    Plan,
+    /// Not done: the verdict or a precondition said no.
+    Refused,
+    Injected,
+    /// The relaunch failed and the original was restored.
+    Failed,
+    /// The relaunch failed and the original could not be restored.
+    Down,
+}
+
+impl InjectAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InjectAction::Plan => "plan",
+            InjectAction::Refused => "refused",
+            InjectAction::Injected => "injected",
+            InjectAction::Failed => "failed",
+            InjectAction::Down => "down",
+        }
+    }
+}
+
+impl std::fmt::Display for InjectAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One injection step, as reported (JSON key "inject").
 #[derive(Clone, Debug, Serialize)]
 pub struct InjectEvent {
-    /// "plan" (dry run), "refused", "injected", "failed" (original restored), "down".
-    pub action: &'static str,
+    pub action: InjectAction,
     pub old_pid: u32,
     pub new_pid: Option<u32>,
     pub verdict: String,

@@ -353,7 +353,7 @@ fn main() -> ExitCode {
         }
     };
     match result {
-        Ok(fin) => match toffload_watch::error::inject_exit_code(fin.inject_outcome.as_deref()) {
+        Ok(fin) => match toffload_watch::error::inject_exit_code(fin.inject_outcome) {
             Some(code) => ExitCode::from(code),
             None => ExitCode::SUCCESS,
         },

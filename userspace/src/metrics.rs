@@ -106,6 +106,30 @@ pub struct SyscallRow {
     pub p99_us: Option<f64>,
 }
 
+/// What a window counts as a request (in JSON the words shown).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum RequestSource {
+    /// The injected runtime's offloads (its uprobes no longer fire).
+    #[serde(rename = "runtime offloads")]
+    RuntimeOffloads,
+    /// Calls of the probed offload function.
+    #[serde(rename = "offload calls")]
+    OffloadCalls,
+    /// Reads on sockets (no offload probed).
+    #[serde(rename = "socket reads")]
+    SocketReads,
+}
+
+impl std::fmt::Display for RequestSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RequestSource::RuntimeOffloads => "runtime offloads",
+            RequestSource::OffloadCalls => "offload calls",
+            RequestSource::SocketReads => "socket reads",
+        })
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Window {
     /// Traced seconds since the watch began at the window's start, and the traced
@@ -121,7 +145,7 @@ pub struct Window {
     pub requests: u64,
     pub requests_per_sec: f64,
     /// "offload calls" or "socket reads".
-    pub request_source: &'static str,
+    pub request_source: RequestSource,
     pub offload: Offload,
     /// On-CPU time per request, excluding the on-CPU part of the offload stall.
     pub cpu_per_request_us: Option<f64>,
@@ -276,11 +300,11 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         })
         .unwrap_or(0);
     let (requests, request_source) = if offload_calls == 0 && runtime_offloads > 0 {
-        (runtime_offloads, "runtime offloads")
+        (runtime_offloads, RequestSource::RuntimeOffloads)
     } else if ctx.offload_probed {
-        (offload_calls, "offload calls")
+        (offload_calls, RequestSource::OffloadCalls)
     } else {
-        (calls(cur, prev, SOCKET_READS), "socket reads")
+        (calls(cur, prev, SOCKET_READS), RequestSource::SocketReads)
     };
     let stall = cur.stall.minus(&prev.stall);
     let tenths: Vec<u64> = (0..11)

@@ -57,9 +57,7 @@ impl ThreadRow {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Final {
-    /// Why the watch ended: "duration", "interrupted" (SIGINT), "terminated" (SIGTERM),
-    /// "process exited".
-    pub ended: String,
+    pub ended: Ended,
     pub total: Window,
     /// Busiest threads by context switches (the main thread always included).
     pub threads: Vec<ThreadRow>,
@@ -67,9 +65,53 @@ pub struct Final {
     pub futex_stacks: Vec<StackRow>,
     /// The injection's last status, when one was made.
     pub injection: Option<crate::inject_flow::InjectionStatus>,
-    /// How --inject ended: "injected", "refused", "failed" (original restored), "down",
-    /// "plan" (dry run); None without --inject.
-    pub inject_outcome: Option<String>,
+    /// How --inject ended; None without --inject.
+    pub inject_outcome: Option<crate::inject_flow::InjectAction>,
+}
+
+/// Why a watch ended (in JSON the words shown).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Ended {
+    /// --duration passed.
+    #[serde(rename = "duration")]
+    Duration,
+    #[serde(rename = "process exited")]
+    ProcessExited,
+    /// The dashboard's q.
+    #[serde(rename = "quit")]
+    Quit,
+    /// SIGINT.
+    #[serde(rename = "interrupted")]
+    Interrupted,
+    /// SIGTERM.
+    #[serde(rename = "terminated")]
+    Terminated,
+    /// An injection left the server down.
+    #[serde(rename = "server down")]
+    ServerDown,
+    /// A scripted --inject was refused.
+    #[serde(rename = "injection refused")]
+    InjectionRefused,
+}
+
+impl Ended {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ended::Duration => "duration",
+            Ended::ProcessExited => "process exited",
+            Ended::Quit => "quit",
+            Ended::Interrupted => "interrupted",
+            Ended::Terminated => "terminated",
+            Ended::ServerDown => "server down",
+            Ended::InjectionRefused => "injection refused",
+        }
+    }
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]

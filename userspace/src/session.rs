@@ -11,12 +11,12 @@ use crate::cuda_rows;
 use crate::error::WatchError;
 use crate::futex::Layout;
 use crate::inject;
-use crate::inject_flow::{InjectEvent, InjectRequest, Tracker};
+use crate::inject_flow::{InjectAction, InjectEvent, InjectRequest, Tracker};
 use crate::loader::{self, Probes};
 use crate::metrics::{self, Context, Window};
 use crate::model;
 use crate::probe_cost::{self, ProbeCost};
-use crate::report::{Final, Header, ThreadRow};
+use crate::report::{Ended, Final, Header, ThreadRow};
 use crate::runtime_counters;
 use crate::sink::{Event, Sink, UserCmd};
 use crate::steal;
@@ -491,7 +491,7 @@ impl Tracked {
         Ok(())
     }
 
-    fn final_report(&mut self, started: Instant, ended: &str) -> Final {
+    fn final_report(&mut self, started: Instant, ended: Ended) -> Final {
         // A last read, so that what happened since the last window (or up to the exit)
         // counts.
         let mut last = self.snapshot(started);
@@ -518,7 +518,7 @@ impl Tracked {
             })
             .collect();
         Final {
-            ended: ended.to_string(),
+            ended,
             total,
             threads,
             futex_stacks,
@@ -532,8 +532,7 @@ impl Tracked {
 #[derive(Default)]
 struct InjectState {
     tracker: Tracker,
-    /// "injected", "refused", "failed", "down", "plan".
-    outcome: Option<&'static str>,
+    outcome: Option<InjectAction>,
     /// The relaunched process (kept so that it is reaped if it dies during the watch).
     child: Option<inject::Relaunched>,
 }
@@ -613,12 +612,12 @@ pub async fn run(
         tr.settle(started);
         if let Some(d) = opts.duration {
             if started.elapsed() >= d {
-                ended = "duration";
+                ended = Ended::Duration;
                 break;
             }
         }
         if !tr.life.alive() {
-            ended = "process exited";
+            ended = Ended::ProcessExited;
             break;
         }
         tr.refresh_maps();
@@ -652,16 +651,21 @@ pub async fn run(
         }
         match sink.poll() {
             Some(UserCmd::Quit) => {
-                ended = "quit";
+                ended = Ended::Quit;
                 break;
             }
             // A plan or a refusal can be asked again (the verdict may have changed).
-            Some(UserCmd::Inject) if matches!(inj.outcome, None | Some("plan" | "refused")) => {
+            Some(UserCmd::Inject)
+                if matches!(
+                    inj.outcome,
+                    None | Some(InjectAction::Plan | InjectAction::Refused)
+                ) =>
+            {
                 inject_now = Some(opts.interactive_inject.clone());
             }
             Some(UserCmd::Inject) => sink.status(&format!(
                 "not injecting again: this watch already did ({})",
-                inj.outcome.unwrap_or("-")
+                inj.outcome.map_or("-", InjectAction::as_str)
             )),
             None => {}
         }
@@ -682,14 +686,14 @@ pub async fn run(
         }
         tokio::select! {
             _ = tokio::time::sleep(poll) => {}
-            _ = sigint.recv() => { ended = "interrupted"; break; }
-            _ = sigterm.recv() => { ended = "terminated"; break; }
+            _ = sigint.recv() => { ended = Ended::Interrupted; break; }
+            _ = sigterm.recv() => { ended = Ended::Terminated; break; }
         }
     }
     let mut fin = tr.final_report(started, ended);
     fin.injection = inj.tracker.status.clone();
-    fin.inject_outcome = inj.outcome.map(str::to_string);
-    if ended == "process exited" {
+    fin.inject_outcome = inj.outcome;
+    if ended == Ended::ProcessExited {
         eprintln!(
             "toffload-watch: pid {} exited; final report follows",
             tr.pid()
@@ -703,10 +707,10 @@ pub async fn run(
 
 enum Step {
     Continue,
-    End(&'static str),
+    End(Ended),
 }
 
-fn event(tr: &Tracked, inj: &InjectState, action: &'static str, message: String) -> InjectEvent {
+fn event(tr: &Tracked, inj: &InjectState, action: InjectAction, message: String) -> InjectEvent {
     let (predicted_speedup, predicted_rps) = inj.tracker.predicted();
     InjectEvent {
         action,
@@ -742,22 +746,27 @@ fn do_inject(
     let plan = match decided {
         Ok(p) => p,
         Err(msg) => {
-            let e = event(tr, inj, "refused", msg);
+            let e = event(tr, inj, InjectAction::Refused, msg);
             sink.emit(Event::Inject(&e))?;
-            inj.outcome = Some("refused");
+            inj.outcome = Some(InjectAction::Refused);
             // At the keys the user may try again; a scripted --inject ends here.
             return Ok(if interactive {
                 Step::Continue
             } else {
-                Step::End("injection refused")
+                Step::End(Ended::InjectionRefused)
             });
         }
     };
     if io.dry_run {
-        let mut e = event(tr, inj, "plan", "dry run: nothing was changed".into());
+        let mut e = event(
+            tr,
+            inj,
+            InjectAction::Plan,
+            "dry run: nothing was changed".into(),
+        );
         e.plan = Some(plan.describe());
         sink.emit(Event::Inject(&e))?;
-        inj.outcome = Some("plan");
+        inj.outcome = Some(InjectAction::Plan);
         return Ok(Step::Continue);
     }
     sink.status(&format!(
@@ -772,7 +781,7 @@ fn do_inject(
             let mut e = event(
                 tr,
                 inj,
-                "injected",
+                InjectAction::Injected,
                 format!(
                     "pid {old} restarted under {} as pid {new_pid}; listening again",
                     plan.runtime.display()
@@ -780,7 +789,7 @@ fn do_inject(
             );
             e.new_pid = Some(new_pid);
             inj.child = Some(rel);
-            inj.outcome = Some("injected");
+            inj.outcome = Some(InjectAction::Injected);
             follow(tr, new_pid, started, calib)?;
             sink.emit(Event::Inject(&e))?;
             sink.emit(Event::Header(&tr.header))?;
@@ -788,11 +797,11 @@ fn do_inject(
         }
         Err(f) => {
             let (action, new_pid, msg) = match &f {
-                inject::Failure::NotStarted(_) => ("refused", None, f.to_string()),
+                inject::Failure::NotStarted(_) => (InjectAction::Refused, None, f.to_string()),
                 inject::Failure::Restored { restored, .. } => {
-                    ("failed", Some(restored.pid), f.to_string())
+                    (InjectAction::Failed, Some(restored.pid), f.to_string())
                 }
-                inject::Failure::Down { .. } => ("down", None, f.to_string()),
+                inject::Failure::Down { .. } => (InjectAction::Down, None, f.to_string()),
             };
             let mut e = event(tr, inj, action, msg);
             e.new_pid = new_pid;
@@ -807,8 +816,8 @@ fn do_inject(
                 sink.emit(Event::Inject(&e))?;
             }
             Ok(match action {
-                "down" => Step::End("server down"),
-                "refused" if !interactive => Step::End("injection refused"),
+                InjectAction::Down => Step::End(Ended::ServerDown),
+                InjectAction::Refused if !interactive => Step::End(Ended::InjectionRefused),
                 _ => Step::Continue,
             })
         }
