@@ -492,7 +492,7 @@ fn bad_input_and_backend_errors_are_error_replies() {
     let module = build_module(&dir.0);
     // One op in flight at most, and slow: a second concurrent submit gets -EAGAIN.
     let env = vec![
-        ("TOFFLOAD_EMU_LAT_US", "300000".to_string()),
+        ("TOFFLOAD_EMU_LAT_US", "1000000".to_string()),
         ("TOFFLOAD_EMU_MAX_INFLIGHT", "1".to_string()),
     ];
     let mut r = Redis::start(&server, &module, &env, None).unwrap_or_else(|e| panic!("{e}"));
@@ -614,8 +614,10 @@ fn clients_killed_mid_request_leak_nothing() {
     };
     let dir = TempDir::new("module");
     let module = build_module(&dir.0);
+    // Long enough that a whole round is in flight together before any completes; they
+    // are cancelled, so nothing waits for it.
     let mut r =
-        Redis::start(&server, &module, &lat(200_000), None).unwrap_or_else(|e| panic!("{e}"));
+        Redis::start(&server, &module, &lat(2_000_000), None).unwrap_or_else(|e| panic!("{e}"));
     let mut c = r.client();
     // Big values: a leaked buffer per abandoned request would show in used_memory.
     let v = vec![7u8; 256 << 10];
