@@ -51,6 +51,12 @@ pub enum Which {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// The Redis reroute: ACCEL.SYNC vs ACCEL.ASYNC under redis-benchmark -> reroute.md.
+    Reroute {
+        /// `-- --rounds N`: redis-benchmark runs per form and latency (default 3).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
 }
 
 pub fn run(which: Which) -> Result {
@@ -132,5 +138,6 @@ pub fn run(which: Which) -> Result {
             )
         }
         Which::Remote { args } => crate::bench_remote::run(args),
+        Which::Reroute { args } => crate::bench_reroute::run(args),
     }
 }

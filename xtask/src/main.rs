@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_remote;
+mod bench_reroute;
 mod build;
 mod demo;
 mod docs_cover;

@@ -1,0 +1,891 @@
+//! The Redis reroute (backends/integrations/redis): toffload_redis.so loaded into
+//! Debian's stock redis-server with `--loadmodule`, offering the offload as
+//! ACCEL.SYNC (accel_run on the event loop) and ACCEL.ASYNC (BlockClient + the
+//! device's completion fd in Redis's event loop).
+//!
+//! The module is compiled here with cc against the dist folder's libtoffload_accel.so,
+//! so no build step is needed beyond `cargo xtask build`. A missing redis-server or
+//! redis-benchmark skips with the reason (fails under CI).
+//!
+//! `reroute_benchmark` measures both forms with redis-benchmark at 50, 200 and 1000 us;
+//! with TOFFLOAD_REROUTE_OUT=path (what `cargo xtask bench reroute` sets) it also
+//! writes its table there.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+use toffload_tests::harness;
+use toffload_tests::loadgen::{payload, rng::Rng};
+
+/// A 2-core machine: one redis-server test at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+const IO_TIMEOUT: Duration = Duration::from_secs(20);
+
+fn module_src() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../backends/integrations/redis")
+}
+
+/// A fresh folder, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "toffload-reroute-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("temp dir");
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// redis-server and redis-benchmark, or None after skipping (fails under CI).
+fn redis_exes() -> Option<(PathBuf, PathBuf)> {
+    let find = |name: &str| {
+        ["/usr/bin", "/usr/local/bin", "/usr/sbin"]
+            .iter()
+            .map(|d| Path::new(d).join(name))
+            .find(|p| p.is_file())
+    };
+    match (find("redis-server"), find("redis-benchmark")) {
+        (Some(s), Some(b)) => Some((s, b)),
+        _ => {
+            harness::skip(
+                "redis-server or redis-benchmark is not installed (Debian packages \
+                 redis-server, redis-tools; .ci/run installs them)",
+            );
+            None
+        }
+    }
+}
+
+/// Compiles toffload_redis.so into `dir` the way its Makefile does.
+fn build_module(dir: &Path) -> PathBuf {
+    let dist = harness::dist();
+    let lib = dist.join("lib");
+    assert!(
+        lib.join("libtoffload_accel.so").exists(),
+        "{}/libtoffload_accel.so is missing: run `cargo xtask build`",
+        lib.display()
+    );
+    let out = dir.join("toffload_redis.so");
+    let src = module_src();
+    let o = Command::new("cc")
+        .args([
+            "-shared", "-fPIC", "-O2", "-g", "-Wall", "-Wextra", "-Werror",
+        ])
+        .arg("-I")
+        .arg(dist.join("include"))
+        .arg("-o")
+        .arg(&out)
+        .arg(src.join("toffload_redis.c"))
+        .arg("-L")
+        .arg(&lib)
+        .arg("-ltoffload_accel")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .output()
+        .expect("running cc");
+    assert!(
+        o.status.success(),
+        "compiling toffload_redis.c failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
+fn pin(cmd: &mut Command, cpu: Option<usize>) {
+    if let Some(cpu) = cpu.filter(|_| harness::cpus() > 1) {
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                Ok(())
+            });
+        }
+    }
+}
+
+/// A redis-server with the module loaded; killed on drop.
+struct Redis {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+    _dir: TempDir,
+}
+
+impl Redis {
+    fn start(
+        exe: &Path,
+        module: &Path,
+        env: &[(&str, String)],
+        cpu: Option<usize>,
+    ) -> Result<Redis, String> {
+        Self::start_with(exe, module, &[], env, cpu)
+    }
+
+    /// Starts redis-server; Err with its log if it exits first (a refused module).
+    fn start_with(
+        exe: &Path,
+        module: &Path,
+        module_args: &[&str],
+        env: &[(&str, String)],
+        cpu: Option<usize>,
+    ) -> Result<Redis, String> {
+        let mut last = String::new();
+        for _ in 0..3 {
+            let dir = TempDir::new("redis");
+            let port = TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("ephemeral port")
+                .port();
+            let log = dir.0.join("redis.log");
+            let mut load = vec![module.display().to_string()];
+            load.extend(module_args.iter().map(|s| s.to_string()));
+            let mut cmd = Command::new(exe);
+            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+                .arg("--dir")
+                .arg(&dir.0)
+                .arg("--logfile")
+                .arg(&log)
+                .arg("--loadmodule")
+                .args(&load)
+                .env_remove("LD_PRELOAD")
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            pin(&mut cmd, cpu);
+            let mut child = cmd
+                .spawn()
+                .map_err(|e| format!("starting redis-server: {e}"))?;
+            let t0 = Instant::now();
+            loop {
+                if let Ok(mut c) = Client::connect(port) {
+                    if c.cmd(&[b"PING"]).ok() == Some(Reply::Simple("PONG".into())) {
+                        return Ok(Redis {
+                            child,
+                            port,
+                            log,
+                            _dir: dir,
+                        });
+                    }
+                }
+                if let Ok(Some(st)) = child.try_wait() {
+                    last = format!(
+                        "redis-server exited ({st}) before answering; log:\n{}",
+                        std::fs::read_to_string(&log).unwrap_or_default()
+                    );
+                    break;
+                }
+                if t0.elapsed() > Duration::from_secs(20) {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err("redis-server not answering PING after 20 s".into());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // A refused module is not a taken port: no point retrying.
+            if std::fs::read_to_string(&log).is_ok_and(|l| l.contains("Module")) {
+                return Err(last);
+            }
+        }
+        Err(last)
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(self.port).expect("connecting to redis-server")
+    }
+
+    fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---- a minimal RESP client, every read under IO_TIMEOUT ---------------------------
+
+#[derive(Debug, PartialEq, Clone)]
+enum Reply {
+    Simple(String),
+    Error(String),
+    Int(i64),
+    Bulk(Option<Vec<u8>>),
+    Array(Vec<Reply>),
+}
+
+struct Client {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+impl Client {
+    fn connect(port: u16) -> std::io::Result<Client> {
+        let s = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), IO_TIMEOUT)?;
+        s.set_read_timeout(Some(IO_TIMEOUT))?;
+        s.set_write_timeout(Some(IO_TIMEOUT))?;
+        s.set_nodelay(true)?;
+        Ok(Client {
+            r: BufReader::new(s.try_clone()?),
+            w: s,
+        })
+    }
+
+    fn send(&mut self, args: &[&[u8]]) -> std::io::Result<()> {
+        let mut m = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            m.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            m.extend_from_slice(a);
+            m.extend_from_slice(b"\r\n");
+        }
+        self.w.write_all(&m)
+    }
+
+    fn read(&mut self) -> std::io::Result<Reply> {
+        let mut line = String::new();
+        if self.r.read_line(&mut line)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "bad RESP");
+        let body = line.trim_end_matches("\r\n");
+        let (t, rest) = body.split_at(1.min(body.len()));
+        Ok(match t {
+            "+" => Reply::Simple(rest.into()),
+            "-" => Reply::Error(rest.into()),
+            ":" => Reply::Int(rest.parse().map_err(|_| bad())?),
+            "$" => {
+                let n: i64 = rest.parse().map_err(|_| bad())?;
+                if n < 0 {
+                    Reply::Bulk(None)
+                } else {
+                    let mut b = vec![0; n as usize + 2];
+                    self.r.read_exact(&mut b)?;
+                    b.truncate(n as usize);
+                    Reply::Bulk(Some(b))
+                }
+            }
+            "*" => {
+                let n: i64 = rest.parse().map_err(|_| bad())?;
+                let mut v = Vec::new();
+                for _ in 0..n.max(0) {
+                    v.push(self.read()?);
+                }
+                Reply::Array(v)
+            }
+            _ => return Err(bad()),
+        })
+    }
+
+    fn cmd(&mut self, args: &[&[u8]]) -> std::io::Result<Reply> {
+        self.send(args)?;
+        self.read()
+    }
+
+    fn ok(&mut self, args: &[&[u8]]) -> Reply {
+        self.cmd(args)
+            .unwrap_or_else(|e| panic!("{:?}: {e}", String::from_utf8_lossy(args[0])))
+    }
+
+    /// ACCEL.STATS: (in flight now, most in flight at once, completed).
+    fn stats(&mut self) -> (i64, i64, i64) {
+        match self.ok(&[b"ACCEL.STATS"]) {
+            Reply::Array(v) => match v[..] {
+                [Reply::Int(a), Reply::Int(b), Reply::Int(c)] => (a, b, c),
+                _ => panic!("ACCEL.STATS: {v:?}"),
+            },
+            r => panic!("ACCEL.STATS: {r:?}"),
+        }
+    }
+
+    fn used_memory(&mut self) -> u64 {
+        let Reply::Bulk(Some(info)) = self.ok(&[b"INFO", b"memory"]) else {
+            panic!("INFO memory: no bulk reply");
+        };
+        String::from_utf8_lossy(&info)
+            .lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("used_memory in INFO memory")
+    }
+}
+
+fn lat(us: u64) -> Vec<(&'static str, String)> {
+    vec![("TOFFLOAD_EMU_LAT_US", us.to_string())]
+}
+
+fn is_error(r: &Reply, needle: &str) -> bool {
+    matches!(r, Reply::Error(e) if e.contains(needle))
+}
+
+// ---- correctness -------------------------------------------------------------------
+
+#[test]
+fn sync_and_async_answer_aes_ctr_bit_identically() {
+    let _g = serial();
+    let Some((server, _)) = redis_exes() else {
+        return;
+    };
+    let dir = TempDir::new("module");
+    let module = build_module(&dir.0);
+    let r = Redis::start(&server, &module, &lat(50), None).unwrap_or_else(|e| panic!("{e}"));
+    let mut c = r.client();
+
+    // Sizes around the AES block and well past one.
+    let mut rng = Rng::new(25);
+    let sizes = [0usize, 1, 15, 16, 17, 255, 1024, 4096, 65537];
+    let values: Vec<Vec<u8>> = sizes
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.next_u64() as u8).collect())
+        .collect();
+    for (i, v) in values.iter().enumerate() {
+        let k = format!("k{i}");
+        assert_eq!(c.ok(&[b"SET", k.as_bytes(), v]), Reply::Simple("OK".into()));
+    }
+    for (i, v) in values.iter().enumerate() {
+        let k = format!("k{i}");
+        let want = Reply::Bulk(Some(payload::expected(v)));
+        for cmd in [&b"ACCEL.SYNC"[..], b"ACCEL.ASYNC"] {
+            let got = c.ok(&[cmd, k.as_bytes()]);
+            assert!(
+                got == want,
+                "{} {k} ({} bytes): wrong answer",
+                String::from_utf8_lossy(cmd),
+                v.len()
+            );
+        }
+        // The stored value is the device's input, never its output.
+        assert_eq!(c.ok(&[b"GET", k.as_bytes()]), Reply::Bulk(Some(v.clone())));
+    }
+
+    // Many clients at once, mixing both forms, every answer checked.
+    let conns = 16;
+    let per = 300;
+    let wrong = Arc::new(AtomicUsize::new(0));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let values = Arc::new(values);
+    let threads: Vec<_> = (0..conns)
+        .map(|t| {
+            let (wrong, answered, values) = (wrong.clone(), answered.clone(), values.clone());
+            let mut c = r.client();
+            std::thread::spawn(move || {
+                let mut rng = Rng::new(100 + t as u64);
+                for _ in 0..per {
+                    let i = (rng.next_u64() % values.len() as u64) as usize;
+                    let cmd: &[u8] = if rng.next_u64().is_multiple_of(4) {
+                        b"ACCEL.SYNC"
+                    } else {
+                        b"ACCEL.ASYNC"
+                    };
+                    let got = c.ok(&[cmd, format!("k{i}").as_bytes()]);
+                    if got != Reply::Bulk(Some(payload::expected(&values[i]))) {
+                        wrong.fetch_add(1, Ordering::Relaxed);
+                    }
+                    answered.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("client thread");
+    }
+    assert_eq!(answered.load(Ordering::Relaxed), conns * per);
+    assert_eq!(wrong.load(Ordering::Relaxed), 0, "wrong answers");
+    let (now, max, done) = c.stats();
+    assert_eq!(now, 0, "ACCEL.ASYNC ops still in flight after every answer");
+    println!(
+        "{} answers from {conns} clients correct; ACCEL.ASYNC: {done} completed, at most {max} in flight",
+        conns * per
+    );
+}
+
+#[test]
+fn async_keeps_many_offloads_in_flight() {
+    let _g = serial();
+    let Some((server, _)) = redis_exes() else {
+        return;
+    };
+    let dir = TempDir::new("module");
+    let module = build_module(&dir.0);
+    // Long enough that 32 clients all arrive while the first is still in service.
+    let lat_us = 100_000u64;
+    let r = Redis::start(&server, &module, &lat(lat_us), None).unwrap_or_else(|e| panic!("{e}"));
+    let mut c = r.client();
+    let v: Vec<u8> = (0..1024u32).map(|i| i as u8).collect();
+    c.ok(&[b"SET", b"key", &v]);
+    let want = Reply::Bulk(Some(payload::expected(&v)));
+
+    let n = 32;
+    let barrier = Arc::new(Barrier::new(n + 1));
+    let threads: Vec<_> = (0..n)
+        .map(|_| {
+            let (barrier, want) = (barrier.clone(), want.clone());
+            let mut c = r.client();
+            std::thread::spawn(move || {
+                barrier.wait();
+                assert!(c.ok(&[b"ACCEL.ASYNC", b"key"]) == want, "wrong answer");
+            })
+        })
+        .collect();
+    barrier.wait();
+    let t0 = Instant::now();
+    for t in threads {
+        t.join().expect("client thread");
+    }
+    let wall = t0.elapsed();
+    let (now, max, done) = c.stats();
+    let serial_wall = Duration::from_micros(lat_us * n as u64);
+    println!(
+        "{n} clients x ACCEL.ASYNC at {lat_us} us: {:.0} ms (one at a time: >= {} ms); \
+         at most {max} in flight, {done} completed",
+        wall.as_secs_f64() * 1e3,
+        serial_wall.as_millis()
+    );
+    assert_eq!((now, done), (0, n as i64));
+    assert!(
+        max >= 8,
+        "at most {max} offloads in flight: the reroute is not overlapping them"
+    );
+    assert!(
+        wall < serial_wall / 2,
+        "{n} rerouted offloads took {wall:?}, not much less than one at a time ({serial_wall:?})"
+    );
+}
+
+#[test]
+fn bad_input_and_backend_errors_are_error_replies() {
+    let _g = serial();
+    let Some((server, _)) = redis_exes() else {
+        return;
+    };
+    let dir = TempDir::new("module");
+    let module = build_module(&dir.0);
+    // One op in flight at most, and slow: a second concurrent submit gets -EAGAIN.
+    let env = vec![
+        ("TOFFLOAD_EMU_LAT_US", "1000000".to_string()),
+        ("TOFFLOAD_EMU_MAX_INFLIGHT", "1".to_string()),
+    ];
+    let mut r = Redis::start(&server, &module, &env, None).unwrap_or_else(|e| panic!("{e}"));
+    let mut c = r.client();
+    c.ok(&[b"SET", b"key", b"hello"]);
+    c.ok(&[b"LPUSH", b"list", b"x"]);
+    for cmd in [&b"ACCEL.SYNC"[..], b"ACCEL.ASYNC"] {
+        let name = String::from_utf8_lossy(cmd);
+        let arity = c.ok(&[cmd]);
+        assert!(
+            is_error(&arity, "wrong number of arguments"),
+            "{name}: {arity:?}"
+        );
+        let arity = c.ok(&[cmd, b"key", b"extra"]);
+        assert!(
+            is_error(&arity, "wrong number of arguments"),
+            "{name}: {arity:?}"
+        );
+        let missing = c.ok(&[cmd, b"nosuchkey"]);
+        assert!(is_error(&missing, "no such key"), "{name}: {missing:?}");
+        let wrongtype = c.ok(&[cmd, b"list"]);
+        assert!(is_error(&wrongtype, "WRONGTYPE"), "{name}: {wrongtype:?}");
+    }
+    let stats = c.ok(&[b"ACCEL.STATS", b"extra"]);
+    assert!(is_error(&stats, "wrong number of arguments"), "{stats:?}");
+
+    // Backend error: the device refuses a second op in flight.
+    let mut a = r.client();
+    a.send(&[b"ACCEL.ASYNC", b"key"]).expect("send");
+    let t0 = Instant::now();
+    while c.stats().0 != 1 {
+        assert!(
+            t0.elapsed() < IO_TIMEOUT,
+            "the first ACCEL.ASYNC never got in flight"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let refused = c.ok(&[b"ACCEL.ASYNC", b"key"]);
+    assert!(
+        is_error(&refused, "accel_submit failed") && is_error(&refused, "errno 11"),
+        "second ACCEL.ASYNC with one op allowed in flight: {refused:?}"
+    );
+    let first = a.read().expect("first ACCEL.ASYNC's answer");
+    assert_eq!(first, Reply::Bulk(Some(payload::expected(b"hello"))));
+    // Inside MULTI a client cannot block: ACCEL.ASYNC answers synchronously.
+    c.ok(&[b"MULTI"]);
+    c.ok(&[b"ACCEL.ASYNC", b"key"]);
+    assert_eq!(
+        c.ok(&[b"EXEC"]),
+        Reply::Array(vec![Reply::Bulk(Some(payload::expected(b"hello")))])
+    );
+    assert!(r.alive(), "redis-server died:\n{}", r.log());
+    drop(r);
+
+    // A device whose operations fail: accel_done interposed (LD_PRELOAD) to turn every
+    // completion into -EIO; the emulated device itself never fails one. The real one is
+    // looked up in the library by path: redis-server loads modules RTLD_LOCAL, so
+    // RTLD_NEXT would not find it. A broken shim answers -ENOSYS, which fails below.
+    let shim_c = dir.0.join("fail_done.c");
+    std::fs::write(
+        &shim_c,
+        "#include <dlfcn.h>\n#include <errno.h>\n\
+         int accel_done(long id) {\n\
+         \x20   void *lib = dlopen(ACCEL_LIB, RTLD_NOW | RTLD_NOLOAD);\n\
+         \x20   int (*real)(long) = lib ? (int (*)(long))dlsym(lib, \"accel_done\") : 0;\n\
+         \x20   if (lib)\n\
+         \x20       dlclose(lib);\n\
+         \x20   if (!real)\n\
+         \x20       return -ENOSYS;\n\
+         \x20   int r = real(id);\n\
+         \x20   return r == 1 ? -EIO : r;\n}\n",
+    )
+    .expect("writing the shim");
+    let shim = dir.0.join("fail_done.so");
+    let accel = harness::dist().join("lib/libtoffload_accel.so");
+    let o = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o"])
+        .arg(&shim)
+        .arg(format!("-DACCEL_LIB=\"{}\"", accel.display()))
+        .arg(&shim_c)
+        .arg("-ldl")
+        .output()
+        .expect("running cc");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut env = lat(50);
+    env.push(("LD_PRELOAD", shim.display().to_string()));
+    let mut f = Redis::start(&server, &module, &env, None).unwrap_or_else(|e| panic!("{e}"));
+    let mut c = f.client();
+    c.ok(&[b"SET", b"key", b"hello"]);
+    for _ in 0..3 {
+        let failed = c.ok(&[b"ACCEL.ASYNC", b"key"]);
+        assert!(
+            is_error(&failed, "accel_done failed") && is_error(&failed, "errno 5"),
+            "ACCEL.ASYNC on a failing device: {failed:?}"
+        );
+    }
+    assert_eq!(c.stats().0, 0, "failed ops left in flight");
+    assert!(f.alive(), "redis-server died:\n{}", f.log());
+    drop(f);
+
+    // A module argument it does not take, and an unusable device: the module refuses
+    // to load with the reason in the server's log.
+    let err = Redis::start_with(&server, &module, &["bogus"], &lat(50), None)
+        .err()
+        .expect("redis-server started with a bad module argument");
+    assert!(err.contains("takes no arguments"), "{err}");
+    let bad = vec![("TOFFLOAD_EMU_LANES", "0".to_string())];
+    let err = Redis::start(&server, &module, &bad, None)
+        .err()
+        .expect("redis-server started with TOFFLOAD_EMU_LANES=0");
+    assert!(err.contains("accelerator is unusable"), "{err}");
+}
+
+#[test]
+fn clients_killed_mid_request_leak_nothing() {
+    let _g = serial();
+    let Some((server, _)) = redis_exes() else {
+        return;
+    };
+    let dir = TempDir::new("module");
+    let module = build_module(&dir.0);
+    // Long enough that a whole round is in flight together before any completes; they
+    // are cancelled, so nothing waits for it.
+    let mut r =
+        Redis::start(&server, &module, &lat(2_000_000), None).unwrap_or_else(|e| panic!("{e}"));
+    let mut c = r.client();
+    // Big values: a leaked buffer per abandoned request would show in used_memory.
+    let v = vec![7u8; 256 << 10];
+    c.ok(&[b"SET", b"big", &v]);
+    let before = c.used_memory();
+    let rounds = 8;
+    let per = 32;
+    for _ in 0..rounds {
+        let mut gone = Vec::new();
+        for _ in 0..per {
+            let mut k = r.client();
+            k.send(&[b"ACCEL.ASYNC", b"big"]).expect("send");
+            gone.push(k);
+        }
+        // Wait until the server holds them all in flight, then hang up on it.
+        let t0 = Instant::now();
+        while c.stats().0 < per as i64 {
+            assert!(t0.elapsed() < IO_TIMEOUT, "requests never got in flight");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        for k in gone {
+            let _ = k.w.shutdown(Shutdown::Both);
+        }
+        let t0 = Instant::now();
+        while c.stats().0 != 0 {
+            assert!(t0.elapsed() < IO_TIMEOUT, "abandoned ops still in flight");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    let (_, _, done) = c.stats();
+    assert_eq!(done, (rounds * per) as i64);
+    let after = c.used_memory();
+    let grew = after.saturating_sub(before);
+    println!(
+        "{} requests abandoned mid-offload ({} KiB each): used_memory {before} -> {after}",
+        rounds * per,
+        v.len() >> 10
+    );
+    // Every abandoned request held a copy of the value: leaking them would add
+    // rounds * per * 256 KiB = 64 MiB.
+    assert!(grew < 8 << 20, "used_memory grew by {grew} bytes");
+    // Still serving, correctly.
+    c.ok(&[b"SET", b"key", b"abc"]);
+    assert_eq!(
+        c.ok(&[b"ACCEL.ASYNC", b"key"]),
+        Reply::Bulk(Some(payload::expected(b"abc")))
+    );
+    assert!(r.alive(), "redis-server died:\n{}", r.log());
+}
+
+#[test]
+fn an_offload_past_the_module_timeout_is_an_error_reply() {
+    let _g = serial();
+    let Some((server, _)) = redis_exes() else {
+        return;
+    };
+    let dir = TempDir::new("module");
+    let module = build_module(&dir.0);
+    // Longer than the module's 10 s ASYNC_TIMEOUT_MS: the client is answered with an
+    // error, its op cancelled, and the server goes on serving.
+    let mut r =
+        Redis::start(&server, &module, &lat(15_000_000), None).unwrap_or_else(|e| panic!("{e}"));
+    let mut c = r.client();
+    c.ok(&[b"SET", b"key", b"abc"]);
+    let t0 = Instant::now();
+    let got = c.ok(&[b"ACCEL.ASYNC", b"key"]);
+    let waited = t0.elapsed();
+    assert!(is_error(&got, "offload timed out"), "{got:?}");
+    assert!(
+        waited >= Duration::from_secs(9) && waited < Duration::from_secs(14),
+        "timed out after {waited:?}, not the module's 10 s"
+    );
+    let (now, _, done) = c.stats();
+    assert_eq!((now, done), (0, 1), "the timed-out op is still in flight");
+    assert_eq!(c.ok(&[b"PING"]), Reply::Simple("PONG".into()));
+    assert!(r.alive(), "redis-server died:\n{}", r.log());
+}
+
+// ---- the measurement ---------------------------------------------------------------
+
+struct Run {
+    rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+/// One redis-benchmark run (pinned to `cpu`): its CSV line for the custom command.
+fn bench(exe: &Path, port: u16, cmd: &str, clients: usize, n: usize, cpu: Option<usize>) -> Run {
+    let mut c = Command::new("timeout");
+    c.arg("120").arg(exe);
+    c.args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-c", &clients.to_string(), "-n", &n.to_string(), "--csv"])
+        .args([cmd, "key"])
+        .stdin(Stdio::null());
+    pin(&mut c, cpu);
+    let o = c.output().expect("running redis-benchmark");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "redis-benchmark {cmd} failed ({}):\n{out}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&format!("\"{cmd} key\"")))
+        .unwrap_or_else(|| panic!("redis-benchmark printed no {cmd} line:\n{out}"));
+    let f: Vec<f64> = line
+        .split(',')
+        .skip(1)
+        .map(|s| s.trim_matches('"').parse().expect("CSV number"))
+        .collect();
+    // test, rps, avg, min, p50, p95, p99, max
+    Run {
+        rps: f[0],
+        p50_ms: f[3],
+        p99_ms: f[5],
+    }
+}
+
+/// Lines between `/* NAME BEGIN */` and `/* NAME END */`: (all, code only).
+fn count_lines(src: &str, name: &str) -> (usize, usize) {
+    let begin = format!("/* {name} BEGIN */");
+    let end = format!("/* {name} END */");
+    let body: Vec<&str> = src
+        .lines()
+        .skip_while(|l| l.trim() != begin)
+        .skip(1)
+        .take_while(|l| l.trim() != end)
+        .collect();
+    let code = body
+        .iter()
+        .map(|l| l.trim())
+        .filter(|l| !l.is_empty() && !l.starts_with("/*") && !l.starts_with('*'))
+        .count();
+    (body.len(), code)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+#[test]
+fn reroute_benchmark() {
+    let _g = serial();
+    let Some((server, benchmark)) = redis_exes() else {
+        return;
+    };
+    let dir = TempDir::new("module");
+    let module = build_module(&dir.0);
+    let src =
+        std::fs::read_to_string(module_src().join("toffload_redis.c")).expect("module source");
+    let (reroute_all, reroute_code) = count_lines(&src, "REROUTE");
+    let (sync_all, sync_code) = count_lines(&src, "SYNC");
+    assert!(reroute_code > 0 && sync_code > 0, "line markers missing");
+    let rounds: usize =
+        match std::env::var("TOFFLOAD_REROUTE_ROUNDS") {
+            Err(_) => 1,
+            Ok(v) => v.parse().ok().filter(|&n| n > 0).unwrap_or_else(|| {
+                panic!("TOFFLOAD_REROUTE_ROUNDS={v:?}: want a positive integer")
+            }),
+        };
+    let clients = 64;
+    let (scpu, bcpu) = if harness::cpus() > 1 {
+        (Some(0), Some(1))
+    } else {
+        (None, None)
+    };
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+
+    let mut rows = Vec::new();
+    let mut speedup_1000 = 0.0;
+    for lat_us in [50u64, 200, 1000] {
+        let env = vec![
+            ("TOFFLOAD_EMU_LAT_US", lat_us.to_string()),
+            ("TOFFLOAD_EMU_LANES", "64".to_string()),
+        ];
+        let r = Redis::start(&server, &module, &env, scpu).unwrap_or_else(|e| panic!("{e}"));
+        let mut c = r.client();
+        let v: Vec<u8> = (0..1024u32).map(|i| (i * 7) as u8).collect();
+        c.ok(&[b"SET", b"key", &v]);
+        // Each run about 2 s: the sync form serves about one request per offload.
+        let n_sync = ((2_000_000 / (lat_us + 30)) as usize).max(1000);
+        let n_async = 40_000;
+        let mut s_runs = Vec::new();
+        let mut a_runs = Vec::new();
+        for _ in 0..rounds {
+            s_runs.push(bench(
+                &benchmark,
+                r.port,
+                "ACCEL.SYNC",
+                clients,
+                n_sync,
+                bcpu,
+            ));
+            a_runs.push(bench(
+                &benchmark,
+                r.port,
+                "ACCEL.ASYNC",
+                clients,
+                n_async,
+                bcpu,
+            ));
+        }
+        let (_, max_inflight, _) = c.stats();
+        let pick = |runs: &[Run]| {
+            (
+                median(runs.iter().map(|r| r.rps).collect()),
+                median(runs.iter().map(|r| r.p50_ms).collect()),
+                median(runs.iter().map(|r| r.p99_ms).collect()),
+            )
+        };
+        let (s, a) = (pick(&s_runs), pick(&a_runs));
+        let speedup = a.0 / s.0;
+        if lat_us == 1000 {
+            speedup_1000 = speedup;
+        }
+        println!(
+            "{lat_us} us: sync {:.0} req/s (p50 {:.3} ms, p99 {:.3} ms), async {:.0} req/s \
+             (p50 {:.3} ms, p99 {:.3} ms), {speedup:.2}x, at most {max_inflight} in flight",
+            s.0, s.1, s.2, a.0, a.1, a.2
+        );
+        rows.push(format!(
+            "| {lat_us} | {:.0} | {:.3} / {:.3} | {:.0} | {:.3} / {:.3} | {speedup:.2}x | {max_inflight} |",
+            s.0, s.1, s.2, a.0, a.1, a.2
+        ));
+    }
+
+    let md = format!(
+        "Redis reroute: toffload_redis.so in Debian's stock redis-server ({ver}), driven by redis-benchmark \
+         (`-c {clients} --csv ACCEL.SYNC key` / `ACCEL.ASYNC key`, a 1 KiB value). Emulated device, 64 lanes, \
+         offload latency per row. Server on core 0, redis-benchmark on core 1 (the device thread shares core 0 \
+         with the server). {rounds} round(s) per row, medians. Load average at the start: {load}\n\
+         Written by `reroute_benchmark` in tests/tests/reroute_redis.rs with TOFFLOAD_REROUTE_OUT set \
+         (`cargo xtask bench reroute` builds, then runs it with 3 rounds).\n\n\
+         Lines in backends/integrations/redis/toffload_redis.c, counted from the file: the rerouted path \
+         (REROUTE markers: ACCEL.ASYNC, its callbacks and the completion fd's registration) {reroute_all} lines, \
+         {reroute_code} of code; the synchronous path (SYNC markers: ACCEL.SYNC) {sync_all} lines, {sync_code} of \
+         code. Both share read_value (the key lookup) and the module's setup.\n\n\
+         | offload us | ACCEL.SYNC req/s | sync p50 / p99 ms | ACCEL.ASYNC req/s | async p50 / p99 ms | speedup | most in flight (async) |\n\
+         |---:|---:|---:|---:|---:|---:|---:|\n{}\n\n\
+         Target: rerouted >= 2x sync at 1000 us: {}.\n",
+        rows.join("\n"),
+        if speedup_1000 >= 2.0 { "met" } else { "not met" },
+        ver = redis_version(&server),
+        load = load.trim(),
+    );
+    println!("\n{md}");
+    if let Some(out) = std::env::var_os("TOFFLOAD_REROUTE_OUT") {
+        std::fs::write(&out, &md).expect("writing the results file");
+        println!("wrote {}", Path::new(&out).display());
+    }
+    assert!(
+        speedup_1000 > 2.0,
+        "ACCEL.ASYNC only {speedup_1000:.2}x ACCEL.SYNC at 1000 us"
+    );
+}
+
+fn redis_version(server: &Path) -> String {
+    Command::new(server)
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .and_then(|s| {
+            s.split_whitespace()
+                .find_map(|w| w.strip_prefix("v=").map(|v| format!("redis-server {v}")))
+        })
+        .unwrap_or_else(|| "redis-server".into())
+}
