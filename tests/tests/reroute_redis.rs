@@ -172,6 +172,9 @@ impl Redis {
                 .arg("--loadmodule")
                 .args(&load)
                 .env_remove("LD_PRELOAD")
+                // cargo test sets it to target/release, where a libtoffload_accel.so of
+                // its own lies: the module must get the dist one it was linked against.
+                .env_remove("LD_LIBRARY_PATH")
                 .envs(env.iter().map(|(k, v)| (k, v)))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
