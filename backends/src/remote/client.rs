@@ -163,7 +163,7 @@ impl Remote {
             done: EventFd::new()?,
             bytes_in_flight: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
-            client_id: conn::random_u64(),
+            client_id: conn::random_u64()?,
             stats: ClientStats::default(),
             placed: (0..n).map(|_| AtomicU64::new(0)).collect(),
             tls,
@@ -1094,7 +1094,8 @@ impl Io {
 }
 
 fn jitter(d: Duration) -> Duration {
-    let r = conn::random_u64() % 1000;
+    // Jitter needs no secrecy: without random bytes, none.
+    let r = conn::random_u64().unwrap_or(0) % 1000;
     d + d * r as u32 / 2000
 }
 
@@ -1152,7 +1153,7 @@ fn connect(
 
 /// Asks a daemon for its counters (a separate, short connection).
 pub fn query_stats(addr: &str, tls: Option<&SslConnector>) -> io::Result<Vec<(String, u64)>> {
-    let (mut conn, _, _) = connect(addr, tls, conn::random_u64())?;
+    let (mut conn, _, _) = connect(addr, tls, conn::random_u64()?)?;
     conn.stream.tcp().set_nonblocking(false)?;
     conn.stream.tcp().set_write_timeout(Some(CONNECT_TIMEOUT))?;
     conn.send_blocking(&Msg::StatsQuery)?;

@@ -129,8 +129,10 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// Reads and parses a PSK file; every error names the file.
+/// Reads and parses a PSK file; every error names the file. A file open to group or
+/// others is refused: its keys are the only secret of PSK mode.
 pub fn read_psk(path: &Path) -> Result<Vec<Psk>, String> {
+    super::files::check_secret(path, "PSK file")?;
     let text = std::fs::read_to_string(path).map_err(|e| err("PSK file", path, e))?;
     parse_psk(&text).map_err(|e| err("PSK file", path, e))
 }
@@ -164,11 +166,15 @@ pub fn psk_acceptor(keys: Vec<Psk>) -> Result<SslAcceptor, String> {
         .into_iter()
         .map(|p| (p.identity.into_bytes(), p.key))
         .collect();
-    b.set_psk_server_callback(move |_, identity, out| {
+    b.set_psk_server_callback(move |ssl, identity, out| {
         // An unknown identity: 0 bytes = no key; the handshake then fails.
-        match identity.and_then(|i| by_id.get(i)) {
-            Some(k) if k.len() <= out.len() => {
+        match identity.and_then(|i| by_id.get_key_value(i)) {
+            Some((id, k)) if k.len() <= out.len() => {
                 out[..k.len()].copy_from_slice(k);
+                // The session is bound to it once the handshake (the binder) proves
+                // the client holds the key (identity.rs).
+                let id = String::from_utf8_lossy(id).into_owned();
+                ssl.set_ex_data(super::identity::psk_index(), id);
                 Ok(k.len())
             }
             _ => Ok(0),
@@ -241,6 +247,10 @@ mod tests {
         assert!(e.contains("PSK file") && e.contains("missing"), "{e}");
         let two = dir.join("two");
         std::fs::write(&two, format!("a {K1}\nb {K1}\n")).unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&two, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
         let e = read_client_psk(&two).unwrap_err();
         assert!(e.contains("holds one key"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);

@@ -6,6 +6,7 @@
 pub mod conn_server;
 pub mod netns;
 pub mod pki;
+pub mod raw;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -37,6 +38,13 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// Writes a secret (a PSK file) the way its owner must: mode 0600.
+pub fn write_secret(p: &Path, text: impl AsRef<[u8]>) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(p, text).unwrap();
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
 /// A toffload-remoted child, killed on drop.

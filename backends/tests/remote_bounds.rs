@@ -1,0 +1,331 @@
+//! toffload-remoted's resource bounds against hostile clients: the chunk-reference
+//! amplification frame (hazard first: with the bounds raised out of the way the
+//! daemon dies under a memory limit), ops past a client's in-flight bound, and a
+//! slowloris/connection flood while a well-behaved client keeps being served.
+
+mod remote_util;
+
+use remote_util::raw::{rss_and_vsz, Got, Raw};
+use remote_util::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use toffload_accel::remote::chunk::{sha256, MAX_CHUNK};
+use toffload_accel::remote::frame::{Op, OpKind, Payload, Piece, MAX_FRAME, MAX_OP_BYTES};
+use toffload_accel::remote::tls::read_client_psk;
+use toffload_accel::{Accelerator, WaitStyle};
+
+/// Limits the daemon's address space to what it uses now plus `headroom`.
+fn limit_memory(pid: u32, headroom: u64) -> u64 {
+    let (_, vsz) = rss_and_vsz(pid);
+    let limit = vsz + headroom;
+    let st = Command::new("prlimit")
+        .arg(format!("--pid={pid}"))
+        .arg(format!("--as={limit}"))
+        .status()
+        .expect("prlimit (util-linux)");
+    assert!(st.success(), "prlimit failed");
+    limit
+}
+
+/// The attack: one chunk sent once, then one frame of ops that each reference it
+/// 16 MiB worth. Returns (wire bytes of the frame, bytes it asks to be assembled).
+fn amplification(addr: &str) -> (Raw, usize, u64) {
+    let mut a = Raw::hello(addr, None, 0xbad).unwrap();
+    let chunk = pattern(1, MAX_CHUNK);
+    let h = sha256(&chunk);
+    a.submit(
+        0,
+        &[],
+        &[Op {
+            seq: 0,
+            kind: OpKind::AesCtr,
+            payload: Payload::Chunked {
+                total: chunk.len() as u32,
+                pieces: vec![Piece::Literal(&chunk)],
+            },
+        }],
+    )
+    .unwrap();
+    assert_eq!(a.results(1, Duration::from_secs(10))[0].1, 0);
+    let per_op = MAX_OP_BYTES / MAX_CHUNK;
+    let refs = vec![
+        Piece::Ref {
+            hash: h,
+            len: MAX_CHUNK as u32
+        };
+        per_op
+    ];
+    let ops: Vec<Op<'_>> = (1..=1024)
+        .map(|seq| Op {
+            seq,
+            kind: OpKind::AesCtr,
+            payload: Payload::Chunked {
+                total: MAX_OP_BYTES as u32,
+                pieces: refs.clone(),
+            },
+        })
+        .collect();
+    let mut wire = Vec::new();
+    toffload_accel::remote::frame::encode_submit(0, &[0], &ops, &mut wire);
+    assert!(wire.len() <= MAX_FRAME);
+    let asked: u64 = ops.iter().map(|o| o.payload.len() as u64).sum();
+    a.write(&wire).unwrap();
+    (a, wire.len(), asked)
+}
+
+#[test]
+fn an_amplification_frame_is_refused_and_the_daemon_keeps_serving() {
+    const HEADROOM: u64 = 1 << 30;
+    // The hazard: bounds raised to their maximum (what the daemon did before it had
+    // them). Under a memory limit the daemon dies assembling the frame.
+    {
+        let mut d = Daemon::start(
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--frame-assembly-mb",
+                "65536",
+                "--client-inflight-mb",
+                "65536",
+            ],
+            &[],
+        );
+        let limit = limit_memory(d.child.id(), HEADROOM);
+        let (_a, wire, asked) = amplification(&d.addr());
+        eprintln!(
+            "amplification frame: {wire} bytes on the wire ask for {asked} bytes ({}x); \
+             address space limit {limit}",
+            asked / wire as u64
+        );
+        assert!(asked > 1000 * wire as u64 && asked > 4 * limit);
+        let t0 = Instant::now();
+        let status = loop {
+            if let Some(st) = d.child.try_wait().unwrap() {
+                break st;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the unbounded daemon survived the frame"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        eprintln!("unbounded daemon: {status} after {:?}", t0.elapsed());
+        assert!(!status.success());
+    }
+    // The bounds (defaults): the frame is refused with the reason, before anything
+    // is assembled; other clients are served; memory stays put.
+    let mut d = Daemon::start(&["--listen", "127.0.0.1:0"], &[]);
+    let pid = d.child.id();
+    limit_memory(pid, HEADROOM);
+    let good = client(&[d.addr()], |_| {});
+    let mut buf = pattern(2, 100_000);
+    good.run(&mut buf, WaitStyle::Block).unwrap();
+    let (rss0, _) = rss_and_vsz(pid);
+    let (mut a, _, _) = amplification(&d.addr());
+    let reason = loop {
+        match a
+            .next(Duration::from_secs(10))
+            .expect("a reply to the frame")
+        {
+            Got::Refused(r) => break r,
+            Got::Results(_) => continue,
+            g => panic!("{g:?}"),
+        }
+    };
+    assert!(reason.contains("--frame-assembly-mb"), "{reason}");
+    // Its connection is closed after the refusal.
+    let mut b = [0u8; 1];
+    assert!(matches!(a.c.stream.read(&mut b), Ok(0) | Err(_)));
+    for i in 0..50 {
+        let mut buf = pattern(3 + i, 200_000);
+        good.run(&mut buf, WaitStyle::Block).unwrap();
+    }
+    assert_eq!(d.child.try_wait().unwrap(), None, "the daemon died");
+    let (rss1, _) = rss_and_vsz(pid);
+    eprintln!("bounded daemon: RSS {rss0} before the frame, {rss1} after");
+    assert!(rss1 < rss0 + (64 << 20), "RSS grew {rss0} -> {rss1}");
+    let s = stats(&d.addr());
+    assert_eq!(s["frames_refused"], 1);
+    assert_eq!(s["executed_twice"], 0);
+}
+
+/// Ops past a client's in-flight bound are answered ENOBUFS at once, without
+/// running; the ones within it run.
+#[test]
+fn ops_past_the_in_flight_bound_are_refused_with_enobufs() {
+    let d = Daemon::start(
+        &["--listen", "127.0.0.1:0", "--client-ops", "4"],
+        // Slow ops, so that the first ones are still running when the rest arrive.
+        &[("TOFFLOAD_EMU_LAT_US", "300000")],
+    );
+    let mut a = Raw::hello(&d.addr(), None, 0x1001).unwrap();
+    let data = pattern(9, 64);
+    let ops: Vec<Op<'_>> = (0..10)
+        .map(|seq| Op {
+            seq,
+            kind: OpKind::AesCtr,
+            payload: Payload::Raw(&data),
+        })
+        .collect();
+    a.submit(0, &[], &ops).unwrap();
+    let got = a.results(10, Duration::from_secs(10));
+    let refused: Vec<u64> = got
+        .iter()
+        .filter(|r| r.1 == -libc::ENOBUFS)
+        .map(|r| r.0)
+        .collect();
+    let ran: Vec<u64> = got.iter().filter(|r| r.1 == 0).map(|r| r.0).collect();
+    assert_eq!(refused, (4..10).collect::<Vec<_>>(), "{got:?}");
+    assert_eq!(ran.len(), 4, "{got:?}");
+    // Refused ops did not run: resent now (the first four finished), they do.
+    let ops2: Vec<Op<'_>> = ops[4..8].to_vec();
+    a.submit(0, &ran, &ops2).unwrap();
+    let got = a.results(4, Duration::from_secs(10));
+    assert!(got.iter().all(|r| r.1 == 0), "{got:?}");
+    let s = stats(&d.addr());
+    assert_eq!(s["ops_over_limit"], 6);
+    assert_eq!(s["executions"], 8);
+}
+
+/// 250 connections trickle a TLS handshake a byte at a time and 250 send nothing;
+/// each is closed at the handshake deadline, and meanwhile a well-behaved client's
+/// ops keep completing within the latency bound.
+#[test]
+fn slowloris_connections_are_cut_and_a_good_client_keeps_its_latency() {
+    const BAD: usize = 500;
+    const DEADLINE_MS: u64 = 2000;
+    const LATENCY_BOUND: Duration = Duration::from_millis(500);
+    let dir = TempDir::new("slow");
+    let keys = dir.path().join("daemon.psk");
+    let key = "00112233445566778899aabbccddeeff";
+    write_secret(&keys, format!("good {key}\n"));
+    let mine = dir.path().join("good.psk");
+    write_secret(&mine, format!("good {key}\n"));
+    let d = Daemon::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-psk",
+            keys.to_str().unwrap(),
+            "--handshake-ms",
+            &DEADLINE_MS.to_string(),
+            // All from 127.0.0.1 here: the per-peer bound is the next test's.
+            "--max-conns-per-peer",
+            "1000",
+        ],
+        &[],
+    );
+    let good = client(&[d.addr()], |c| c.psk = Some(mine.clone()));
+    let mut buf = pattern(1, 4096);
+    good.run(&mut buf, WaitStyle::Block).unwrap();
+    let t0 = Instant::now();
+    // In batches, so that the listen backlog (128) never overflows: an overflowing
+    // connection is accepted only when the kernel retries it, a second or more later.
+    let mut bad: Vec<(TcpStream, Duration, Option<Duration>)> = Vec::new();
+    for i in 0..BAD {
+        let s = TcpStream::connect(d.addr()).unwrap();
+        s.set_nonblocking(true).unwrap();
+        bad.push((s, t0.elapsed(), None));
+        if i % 50 == 49 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    // A ClientHello's record header, then bytes, one per 200 ms per connection.
+    let hello: Vec<u8> = [0x16, 0x03, 0x01, 0x02, 0x00]
+        .into_iter()
+        .chain(std::iter::repeat(0x01))
+        .take(512)
+        .collect();
+    let trickler = std::thread::spawn(move || {
+        let mut sent = 0;
+        while bad.iter().any(|b| b.2.is_none()) && t0.elapsed() < Duration::from_secs(20) {
+            for (i, (s, opened, closed)) in bad.iter_mut().enumerate() {
+                if closed.is_some() {
+                    continue;
+                }
+                let mut b = [0u8; 64];
+                let gone = match s.read(&mut b) {
+                    Ok(0) => true,
+                    Ok(_) => false,
+                    Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                };
+                let gone = gone || (i % 2 == 0 && s.write(&hello[sent..sent + 1]).is_err());
+                if gone {
+                    *closed = Some(t0.elapsed() - *opened);
+                }
+            }
+            sent = (sent + 1).min(hello.len() - 1);
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        bad.into_iter().map(|b| b.2).collect::<Vec<_>>()
+    });
+    let mut lat = Vec::new();
+    while t0.elapsed() < Duration::from_millis(DEADLINE_MS + 1500) {
+        let mut buf = pattern(lat.len() as u64, 4096);
+        let t = Instant::now();
+        good.run(&mut buf, WaitStyle::Block).unwrap();
+        lat.push(t.elapsed());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let closed = trickler.join().unwrap();
+    lat.sort();
+    let p50 = lat[lat.len() / 2];
+    let max = *lat.last().unwrap();
+    // How long each lived, from its connect.
+    let last_close = closed
+        .iter()
+        .map(|c| c.expect("a bad connection was never closed"))
+        .max();
+    eprintln!(
+        "{BAD} bad connections: the longest lived {last_close:?} (deadline {DEADLINE_MS} ms); \
+         good client: {} ops, p50 {p50:?}, max {max:?}",
+        lat.len()
+    );
+    assert!(last_close.unwrap() < Duration::from_millis(DEADLINE_MS + 1000));
+    assert!(max < LATENCY_BOUND, "max latency {max:?}");
+    let s = stats_tls(
+        &d.addr(),
+        &toffload_accel::remote::tls::psk_connector(read_client_psk(&mine).unwrap()).unwrap(),
+    );
+    assert!(
+        s["handshake_timeouts"] + s["refused"] >= BAD as u64,
+        "{s:?}"
+    );
+    assert!(s["connections_open"] <= 2, "{s:?}");
+}
+
+/// Connections from one address past --max-conns-per-peer are closed at accept.
+#[test]
+fn a_connection_flood_from_one_peer_is_capped() {
+    let d = Daemon::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--max-conns-per-peer",
+            "20",
+            "--handshake-ms",
+            "1500",
+        ],
+        &[],
+    );
+    let conns: Vec<TcpStream> = (0..30)
+        .map(|_| TcpStream::connect(d.addr()).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut closed_at_once = 0;
+    for mut s in &conns {
+        s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        let mut b = [0u8; 1];
+        if matches!(s.read(&mut b), Ok(0)) || s.write_all(&[0]).is_err() {
+            closed_at_once += 1;
+        }
+    }
+    assert_eq!(closed_at_once, 10);
+    // Once the silent ones pass the handshake deadline, a client gets in again.
+    std::thread::sleep(Duration::from_millis(1600));
+    let s = stats(&d.addr());
+    assert_eq!(s["connections_refused"], 10, "{s:?}");
+    assert_eq!(s["handshake_timeouts"], 20, "{s:?}");
+}
