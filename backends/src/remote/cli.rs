@@ -8,10 +8,10 @@ use std::path::PathBuf;
 
 /// toffload-remoted: runs toffload's remote ops (AES-128-CTR on the local emulated
 /// device, configured by the TOFFLOAD_EMU_* knobs; RSA-2048 signing) for clients using
-/// TOFFLOAD_BACKEND=remote. Logs go to stderr (RUST_LOG-style filter in
-/// TOFFLOAD_REMOTED_LOG, default `info`).
+/// TOFFLOAD_BACKEND=remote. Logs go to stderr with timestamps, at the level
+/// TOFFLOAD_REMOTED_LOG names (error, warn, info, debug, trace; default info).
 #[derive(Parser, Clone, Debug)]
-#[command(name = "toffload-remoted", version, about, long_about = None)]
+#[command(name = "toffload-remoted", version)]
 pub struct Cli {
     /// Address to listen on (port 0 = any). Plaintext is refused on anything but a
     /// loopback address unless --insecure-plaintext is given.
@@ -38,8 +38,10 @@ pub struct Cli {
     /// present a certificate signed by the CA, and its subject is their identity.
     #[arg(long, value_name = "FILE", requires_all = ["tls_key", "tls_ca"])]
     pub tls_cert: Option<PathBuf>,
+    /// TLS: this daemon's private key (PEM).
     #[arg(long, value_name = "FILE", requires_all = ["tls_cert", "tls_ca"])]
     pub tls_key: Option<PathBuf>,
+    /// TLS: the CA that signs the clients' certificates.
     #[arg(long, value_name = "FILE", requires_all = ["tls_cert", "tls_key"])]
     pub tls_ca: Option<PathBuf>,
     /// TLS 1.3 with pre-shared keys instead: FILE (mode 0600) has one line

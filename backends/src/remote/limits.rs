@@ -46,8 +46,8 @@ pub struct Limits {
     /// peer trickles.
     #[arg(long, value_name = "MS", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
     pub handshake_ms: u64,
-    /// Seconds a connection may pass with no byte read and nothing for it to send
-    /// before it is closed (the client reconnects when it next has an op).
+    /// Seconds a connection may pass with no byte read or written before it is
+    /// closed (the client reconnects when it next has an op).
     #[arg(long, value_name = "S", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86400))]
     pub idle_s: u64,
 }

@@ -54,6 +54,8 @@ pub struct Daemon {
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     pub prefix: Vec<String>,
+    /// Where its stderr (the log) goes, appended; None: the test's stderr.
+    pub log: Option<PathBuf>,
 }
 
 impl Daemon {
@@ -64,6 +66,20 @@ impl Daemon {
 
     /// As `start`, run through `prefix` (e.g. `ip netns exec NS`).
     pub fn start_in(prefix: &[&str], args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        Self::start_full(prefix, args, env, None)
+    }
+
+    /// As `start`, its log appended to `log`.
+    pub fn start_logged(args: &[&str], env: &[(&str, &str)], log: &Path) -> Daemon {
+        Self::start_full(&[], args, env, Some(log.to_path_buf()))
+    }
+
+    fn start_full(
+        prefix: &[&str],
+        args: &[&str],
+        env: &[(&str, &str)],
+        log: Option<PathBuf>,
+    ) -> Daemon {
         let mut d = Daemon {
             child: Command::new("true").spawn().unwrap(),
             port: 0,
@@ -73,6 +89,7 @@ impl Daemon {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             prefix: prefix.iter().map(|s| s.to_string()).collect(),
+            log,
         };
         let _ = d.child.wait();
         d.spawn();
@@ -98,7 +115,16 @@ impl Daemon {
             .arg("--port-file")
             .arg(&pf)
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
+            .stderr(match &self.log {
+                Some(p) => Stdio::from(
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(p)
+                        .unwrap(),
+                ),
+                None => Stdio::inherit(),
+            });
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
