@@ -3,11 +3,20 @@
 
 use super::limits::Limits;
 use super::tls::TlsFiles;
-use clap::{CommandFactory, Parser};
+use clap::{CommandFactory, Parser, ValueEnum};
 use std::path::PathBuf;
 
-/// toffload-remoted: runs toffload's remote ops (AES-128-CTR on the local emulated
-/// device, configured by the TOFFLOAD_EMU_* knobs; RSA-2048 signing) for clients using
+/// Where the daemon runs AES ops.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalBackend {
+    /// The emulated device (TOFFLOAD_EMU_* knobs).
+    Emulated,
+    /// A CUDA GPU (TOFFLOAD_CUDA_* knobs; libcuda and libnvrtc loaded at start).
+    Cuda,
+}
+
+/// toffload-remoted: runs toffload's remote ops (AES-128-CTR on a local device, the
+/// emulated one or a CUDA GPU, see --backend; RSA-2048 signing) for clients using
 /// TOFFLOAD_BACKEND=remote. Logs go to stderr with timestamps, at the level
 /// TOFFLOAD_REMOTED_LOG names (error, warn, info, debug, trace; default info).
 #[derive(Parser, Clone, Debug)]
@@ -17,6 +26,9 @@ pub struct Cli {
     /// loopback address unless --insecure-plaintext is given.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:7878")]
     pub listen: String,
+    /// The local device AES ops run on (results are bit-identical either way).
+    #[arg(long, value_enum, default_value_t = LocalBackend::Emulated)]
+    pub backend: LocalBackend,
     /// Write the port actually bound to FILE.
     #[arg(long, value_name = "FILE")]
     pub port_file: Option<PathBuf>,

@@ -11,8 +11,9 @@
 use super::cache::{ChunkCache, Part};
 use super::chunk::{sha256, MAX_CHUNK};
 use super::cli::Cli;
+use super::cli::LocalBackend;
 use super::conn::{self, Conn, EventFd, Stream};
-use super::exec::{AesExec, Finished, Job, RsaExec, Sink};
+use super::exec::{AesExec, Device, Finished, Job, RsaExec, Sink};
 use super::files;
 use super::frame::{
     self, Load, Msg, OpKind, Payload, Piece, MAX_INVENTORY, STATUS_MISSING_CHUNK, VERSION,
@@ -22,6 +23,7 @@ use super::journal::{Journal, Rec};
 use super::limits::Limits;
 use super::state::{Client, ConnOut, Core, Entry, Outgoing};
 use super::tls::{self, TlsFiles};
+use crate::cuda::CudaConfig;
 use crate::EmuConfig;
 use openssl::pkey::{PKey, Private};
 use openssl::rsa::Rsa;
@@ -62,13 +64,20 @@ pub struct DaemonConfig {
     pub dedup: bool,
     pub stats_file: Option<PathBuf>,
     pub limits: Limits,
+    /// Where AES ops run (--backend), with its knobs (TOFFLOAD_EMU_*, TOFFLOAD_CUDA_*).
+    pub backend: LocalBackend,
     pub emu: EmuConfig,
+    pub cuda: CudaConfig,
 }
 
 impl DaemonConfig {
     /// From the command line (without the program name); --help, --version and
     /// usage errors come back as clap's error.
-    pub fn parse(args: &[String], emu: EmuConfig) -> Result<DaemonConfig, clap::Error> {
+    pub fn parse(
+        args: &[String],
+        emu: EmuConfig,
+        cuda: CudaConfig,
+    ) -> Result<DaemonConfig, clap::Error> {
         let c = Cli::parse_args(args)?;
         Ok(DaemonConfig {
             tls: c.tls(),
@@ -87,7 +96,9 @@ impl DaemonConfig {
             dedup: !c.test_disable_dedup,
             stats_file: c.stats_file,
             limits: c.limits,
+            backend: c.backend,
             emu,
+            cuda,
         })
     }
 }
@@ -120,14 +131,15 @@ fn init_logging() -> Result<(), String> {
 /// Entry point of the binary.
 pub fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let emu = match EmuConfig::from_env() {
-        Ok(e) => e,
+    let knobs = EmuConfig::from_env().and_then(|e| Ok((e, CudaConfig::from_env()?)));
+    let (emu, cuda) = match knobs {
+        Ok(k) => k,
         Err(e) => {
             eprintln!("toffload-remoted: {e}");
             return std::process::ExitCode::from(2);
         }
     };
-    let cfg = match DaemonConfig::parse(&args, emu) {
+    let cfg = match DaemonConfig::parse(&args, emu, cuda) {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
@@ -197,6 +209,8 @@ pub struct Daemon {
     queue_depth: AtomicU64,
     service_ns: AtomicU64,
     daemon_id: u64,
+    /// Ops the local device serves at once (reported to clients for placement).
+    lanes: u32,
     next_conn: AtomicU64,
 }
 
@@ -251,12 +265,13 @@ pub fn run(cfg: DaemonConfig) -> io::Result<()> {
         std::fs::write(&tmp, addr.port().to_string())?;
         std::fs::rename(&tmp, p)?;
     }
+    let backend = d.cfg.backend;
     let mode = match (&d.cfg.tls, &d.cfg.psk) {
         (Some(_), _) => "TLS, client certificates",
         (_, Some(_)) => "TLS 1.3, pre-shared keys",
         _ => "plaintext",
     };
-    info!(%addr, mode, "listening");
+    info!(%addr, mode, ?backend, "listening");
     println!("toffload-remoted: listening on {addr}");
     let _ = io::stdout().flush();
     d.serve(listener)
@@ -316,6 +331,11 @@ impl Daemon {
             (None, None) => None,
         };
         let key = load_key(&cfg)?;
+        let dev = match cfg.backend {
+            LocalBackend::Emulated => Device::emulated(cfg.emu.clone())?,
+            LocalBackend::Cuda => Device::cuda(cfg.cuda.clone())?,
+        };
+        let lanes = dev.lanes as u32;
         let mut core = Core::new();
         if let Some(dir) = &cfg.state_dir {
             let (j, replay) = Journal::open(dir, cfg.fsync)?;
@@ -348,6 +368,7 @@ impl Daemon {
             queue_depth: AtomicU64::new(0),
             service_ns: AtomicU64::new(0),
             daemon_id: conn::random_u64()?,
+            lanes,
             next_conn: AtomicU64::new(1),
             cfg,
         });
@@ -357,7 +378,7 @@ impl Daemon {
                 d.complete(batch);
             }
         });
-        *d.aes.lock().unwrap() = Some(AesExec::start(d.cfg.emu.clone(), Arc::clone(&sink))?);
+        *d.aes.lock().unwrap() = Some(AesExec::start(dev, Arc::clone(&sink))?);
         *d.rsa.lock().unwrap() = Some(RsaExec::start(key, d.cfg.sign_threads, sink)?);
         let weak = Arc::downgrade(&d);
         std::thread::Builder::new()
@@ -413,7 +434,7 @@ impl Daemon {
         Load {
             queue_depth: self.queue_depth.load(Relaxed).min(u32::MAX as u64) as u32,
             service_ns: self.service_ns.load(Relaxed),
-            lanes: self.cfg.emu.lanes as u32,
+            lanes: self.lanes,
         }
     }
 
