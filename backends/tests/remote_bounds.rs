@@ -329,3 +329,50 @@ fn a_connection_flood_from_one_peer_is_capped() {
     assert_eq!(s["connections_refused"], 10, "{s:?}");
     assert_eq!(s["handshake_timeouts"], 20, "{s:?}");
 }
+
+/// A connection silent both ways past --idle-s is closed; a result nobody
+/// acknowledges is dropped past --held-age-s, and a resend of its op is answered
+/// ETIMEDOUT instead of running it again.
+#[test]
+fn idle_connections_close_and_unacknowledged_results_expire() {
+    let d = Daemon::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--idle-s",
+            "1",
+            "--held-age-s",
+            "1",
+        ],
+        &[],
+    );
+    let mut a = Raw::hello(&d.addr(), None, 0x1d1e).unwrap();
+    let data = pattern(4, 64);
+    let op = [Op {
+        seq: 0,
+        kind: OpKind::AesCtr,
+        payload: Payload::Raw(&data),
+    }];
+    a.submit(0, &[], &op).unwrap();
+    assert_eq!(a.results(1, Duration::from_secs(5))[0].1, 0);
+    // Silence: the daemon closes within the idle bound (+ its 1 s poll).
+    let t0 = Instant::now();
+    let mut b = [0u8; 1];
+    a.c.stream
+        .tcp()
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    assert!(matches!(a.c.stream.read(&mut b), Ok(0) | Err(_)));
+    let idle = t0.elapsed();
+    assert!(idle < Duration::from_millis(3500), "closed after {idle:?}");
+    // The result was never acknowledged; past its age it is gone.
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut a = Raw::hello(&d.addr(), None, 0x1d1e).unwrap();
+    a.submit(0, &[], &op).unwrap();
+    let got = a.results(1, Duration::from_secs(5));
+    assert_eq!(got[0].1, -libc::ETIMEDOUT, "{got:?}");
+    let s = stats(&d.addr());
+    assert_eq!(s["results_expired"], 1, "{s:?}");
+    assert_eq!(s["executions"], 1, "{s:?}");
+    assert!(s["idle_closed"] >= 1, "{s:?}");
+}

@@ -4,7 +4,7 @@
 mod remote_util;
 
 use remote_util::raw::Raw;
-use remote_util::*;
+use remote_util::{netns, *};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
@@ -237,4 +237,99 @@ fn a_journal_damaged_in_the_middle_keeps_the_records_after_it() {
     let s = stats(&d.addr());
     assert_eq!(s["executions"], 0, "{s:?}");
     assert_eq!(s["ops_received"], 0, "{s:?}");
+}
+
+/// A tmpfs of `kib` KiB mounted at `dir` (root only), unmounted on drop.
+struct SmallFs(std::path::PathBuf);
+
+impl SmallFs {
+    fn mount(dir: &Path, kib: u32) -> Result<SmallFs, String> {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let out = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={kib}k,mode=0700"),
+                "tmpfs",
+            ])
+            .arg(dir)
+            .output()
+            .map_err(|e| format!("mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "mount -t tmpfs (needs root): {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(SmallFs(dir.to_path_buf()))
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// The journal's disk fills up: the daemon logs it, answers new ops EIO without
+/// running them, and keeps serving (results, stats) instead of aborting as before.
+#[test]
+fn a_full_journal_disk_refuses_new_ops_instead_of_aborting() {
+    let dir = TempDir::new("jfull");
+    let state = dir.path().join("state");
+    let fs = match SmallFs::mount(&state, 256) {
+        Ok(f) => f,
+        Err(why) => return netns::skip_or_fail(&why),
+    };
+    let log = dir.path().join("log");
+    let mut d = Daemon::start_logged(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        &[],
+        &log,
+    );
+    let mut a = Raw::hello(&d.addr(), None, 0xf011).unwrap();
+    let data = pattern(5, 8 << 10);
+    let mut statuses = Vec::new();
+    for seq in 0..100u64 {
+        a.submit(
+            seq,
+            &[],
+            &[Op {
+                seq,
+                kind: OpKind::AesCtr,
+                payload: Payload::Raw(&data),
+            }],
+        )
+        .unwrap();
+        let r = a.results(1, Duration::from_secs(10));
+        statuses.push(r[0].1);
+        if r[0].1 == -libc::EIO {
+            break;
+        }
+    }
+    let ok = statuses.iter().filter(|s| **s == 0).count();
+    eprintln!(
+        "{ok} ops ran before the disk filled; the next was answered {:?}",
+        statuses.last()
+    );
+    assert_eq!(statuses.last(), Some(&-libc::EIO), "{statuses:?}");
+    assert!(ok >= 10, "{statuses:?}");
+    assert_eq!(d.child.try_wait().unwrap(), None, "the daemon died");
+    let s = stats(&d.addr());
+    assert_eq!(s["journal_failed"], 1, "{s:?}");
+    assert!(s["journal_write_errors"] >= 1, "{s:?}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("ERROR") && l.contains("journal write failed")),
+        "{text}"
+    );
+    d.kill();
+    drop(fs);
 }

@@ -5,6 +5,7 @@ mod bench_remote;
 mod build;
 mod demo;
 mod ebpf;
+mod fuzz;
 mod gpu_check;
 mod paths;
 mod proc;
@@ -30,7 +31,8 @@ enum Cmd {
     Build,
     /// Build the eBPF programs (ebpf/, nightly), installing rust-src and bpf-linker if missing.
     BuildEbpf,
-    /// Build everything and run every test (the README's test command).
+    /// Build everything and run every test, then the fuzz targets for a bounded time
+    /// (the README's test command).
     Test {
         /// Extra arguments passed to `cargo test` after `--`.
         #[arg(last = true)]

@@ -1086,6 +1086,72 @@ impl Daemon {
         }
     }
 
+    /// Fuzzing and tests: `bodies` handled as one connection of `client` (identity
+    /// `fuzz`) would handle them, without a socket; what it accepts runs. Ok: the
+    /// bytes it would send; Err: why it would close the connection.
+    #[doc(hidden)]
+    pub fn feed(&self, client: u64, bodies: &[&[u8]]) -> io::Result<Vec<u8>> {
+        let ident = Identity::Psk("fuzz".into());
+        let out = Arc::new(ConnOut {
+            id: self.next_conn.fetch_add(1, Relaxed),
+            results: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
+            wake: EventFd::new()?,
+        });
+        self.register(client, &ident.to_string(), &out)
+            .map_err(|owner| io::Error::other(format!("owned by {owner}")))?;
+        let s = Session {
+            client,
+            part: ident.part(),
+        };
+        let (mut bytes, mut jobs) = (Vec::new(), Vec::new());
+        let r = bodies.iter().try_for_each(|b| {
+            let msg = frame::decode(b).map_err(conn::invalid)?;
+            self.handle(&s, msg, &mut bytes, &mut jobs)
+        });
+        self.dispatch(&mut jobs);
+        let mut core = self.lock();
+        if let Some(cl) = core.clients.get_mut(&client) {
+            cl.conn = None;
+            if cl.is_idle() {
+                core.clients.remove(&client);
+            }
+        }
+        r.map(|()| bytes)
+    }
+
+    /// Fuzzing and tests: every client's counters agree with its entries, and none
+    /// is past the bounds. Err says which and how.
+    #[doc(hidden)]
+    pub fn check(&self) -> Result<(), String> {
+        let l = &self.cfg.limits;
+        let core = self.lock();
+        for (id, c) in &core.clients {
+            let (mut ops, mut bytes, mut held) = (0, 0, 0);
+            for e in c.entries.values() {
+                match e {
+                    Entry::Running { bytes: b } => {
+                        ops += 1;
+                        bytes += b;
+                    }
+                    Entry::Done { data, .. } => held += data.len(),
+                    Entry::Acked | Entry::Expired => {}
+                }
+            }
+            let got = (c.inflight_ops, c.inflight_bytes, c.held_bytes);
+            if got != (ops, bytes, held) {
+                return Err(format!(
+                    "client {id:x}: counters {got:?}, entries say {:?}",
+                    (ops, bytes, held)
+                ));
+            }
+            if ops as u64 > l.client_ops || bytes > l.client_inflight() || held > l.held() {
+                return Err(format!("client {id:x}: past a bound: {got:?}"));
+            }
+        }
+        Ok(())
+    }
+
     pub fn stats(&self) -> Vec<(&'static str, u64)> {
         let core = self.lock();
         let n = &core.n;

@@ -114,6 +114,15 @@ fn put(out: &mut Vec<u8>, r: &Rec) {
     out.extend_from_slice(&sum.to_le_bytes());
 }
 
+/// The records as the journal writes them (fuzzing and tools).
+pub fn encode(recs: &[Rec]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for r in recs {
+        put(&mut out, r);
+    }
+    out
+}
+
 /// Whether a body of `n` bytes could be a record of type `t` (cheap checks before the
 /// checksum, which keep resynchronising over a damaged stretch fast).
 fn plausible(t: u8, n: usize) -> bool {
