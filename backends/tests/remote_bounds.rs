@@ -296,6 +296,49 @@ fn slowloris_connections_are_cut_and_a_good_client_keeps_its_latency() {
     assert!(s["connections_open"] <= 2, "{s:?}");
 }
 
+/// The hazard the handshake deadline closes: with it out of the way (its maximum;
+/// before, each read had a 5 s timeout that every trickled byte reset), connections
+/// trickling a TLS handshake are all still open long after the 2 s the next test
+/// allows.
+#[test]
+fn without_the_deadline_a_trickled_handshake_holds_its_connection() {
+    let dir = TempDir::new("slow0");
+    let keys = dir.path().join("daemon.psk");
+    write_secret(&keys, "good 00112233445566778899aabbccddeeff\n");
+    let d = Daemon::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-psk",
+            keys.to_str().unwrap(),
+            "--handshake-ms",
+            "600000",
+        ],
+        &[],
+    );
+    let mut conns: Vec<TcpStream> = (0..20)
+        .map(|_| TcpStream::connect(d.addr()).unwrap())
+        .collect();
+    let hello = [0x16u8, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc];
+    for byte in hello.iter().chain(std::iter::repeat(&0u8)).take(16) {
+        for c in &mut conns {
+            c.write_all(&[*byte]).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // 4 s later, every one is still open: a read finds no end of stream.
+    let open = conns
+        .iter()
+        .filter(|c| {
+            c.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            let mut b = [0u8; 1];
+            let mut r: &TcpStream = c;
+            matches!(r.read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        })
+        .count();
+    assert_eq!(open, 20);
+}
+
 /// Connections from one address past --max-conns-per-peer are closed at accept.
 #[test]
 fn a_connection_flood_from_one_peer_is_capped() {
