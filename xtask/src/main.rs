@@ -38,6 +38,8 @@ enum Cmd {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Only the fuzz targets of backends/fuzz, TOFFLOAD_FUZZ_SECS each (as `test` ends).
+    Fuzz,
     /// Run a benchmark and write its table under tests/results/.
     Bench {
         #[command(subcommand)]
@@ -57,6 +59,7 @@ fn main() -> ExitCode {
         Cmd::Build => build::all().map(|_| ()),
         Cmd::BuildEbpf => ebpf::build(),
         Cmd::Test { args } => test::run(&args),
+        Cmd::Fuzz => fuzz::run(test::under_ci()),
         Cmd::Bench { which } => bench::run(which),
         Cmd::Demo(args) => demo::run(&args),
         Cmd::Setup => setup::system_packages(),

@@ -13,7 +13,7 @@ pub fn run(extra: &[String]) -> Result {
     // --no-fail-fast: one failing suite must not hide the others' results.
     cmd.args(["test", "--release", "--workspace", "--no-fail-fast"])
         .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist"));
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    let ci = under_ci();
     if ci {
         cmd.env("TOFFLOAD_NO_SKIP", "1");
     }
@@ -47,6 +47,11 @@ pub fn run(extra: &[String]) -> Result {
         crate::fuzz::run(ci)?;
     }
     Ok(())
+}
+
+/// CI=true (or 1): what would skip fails instead.
+pub fn under_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
 /// "test result: ok. 14 passed; 0 failed; ..." -> (14, 0)
