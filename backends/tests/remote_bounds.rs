@@ -419,3 +419,73 @@ fn idle_connections_close_and_unacknowledged_results_expire() {
     assert_eq!(s["executions"], 1, "{s:?}");
     assert!(s["idle_closed"] >= 1, "{s:?}");
 }
+
+/// A peer that sends pings and never reads their pongs: past half of --out-queue-mb
+/// waiting for it the daemon stops reading it (its writes stall, the daemon's memory
+/// stays put), and the connection, silent both ways from then on, is closed at
+/// --idle-s.
+#[test]
+fn a_peer_that_does_not_read_is_not_read_and_then_closed() {
+    let mut d = Daemon::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--out-queue-mb",
+            "2",
+            "--idle-s",
+            "2",
+        ],
+        &[],
+    );
+    let pid = d.child.id();
+    let mut a = Raw::hello(&d.addr(), None, 0x9999).unwrap();
+    let (rss0, _) = rss_and_vsz(pid);
+    let mut ping = Vec::new();
+    toffload_accel::remote::frame::encode(
+        &toffload_accel::remote::frame::Msg::Ping { token: 1 },
+        &mut ping,
+    );
+    let batch: Vec<u8> = ping
+        .iter()
+        .copied()
+        .cycle()
+        .take(ping.len() * 4096)
+        .collect();
+    a.c.stream
+        .tcp()
+        .set_write_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut sent = 0usize;
+    let stalled = loop {
+        match a.c.stream.write(&batch) {
+            Ok(n) => sent += n,
+            Err(_) => break true,
+        }
+        if sent > 512 << 20 {
+            break false;
+        }
+    };
+    let (rss1, _) = rss_and_vsz(pid);
+    eprintln!(
+        "pings sent before the writes stalled: {sent} bytes (~{} pongs owed); \
+         daemon RSS {rss0} -> {rss1}",
+        sent / ping.len()
+    );
+    assert!(
+        stalled,
+        "the daemon read {sent} bytes of pings without stalling"
+    );
+    assert!(rss1 < rss0 + (32 << 20), "RSS {rss0} -> {rss1}");
+    // Then closed at the idle bound (+ its 1 s poll), the daemon still serving.
+    let t0 = Instant::now();
+    let closed = loop {
+        let s = stats(&d.addr());
+        if s["idle_closed"] + s["out_queue_closed"] >= 1 {
+            break t0.elapsed();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{s:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!("closed {closed:?} after the stall");
+    assert_eq!(d.child.try_wait().unwrap(), None);
+}
