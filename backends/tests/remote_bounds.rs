@@ -489,3 +489,61 @@ fn a_peer_that_does_not_read_is_not_read_and_then_closed() {
     eprintln!("closed {closed:?} after the stall");
     assert_eq!(d.child.try_wait().unwrap(), None);
 }
+
+/// What the client makes of the daemon's refusals: ops past the daemon's in-flight
+/// bound fail with ENOBUFS (counted as over_limit), and a refused hello's reason is
+/// kept for the caller (`Remote::last_refusal`).
+#[test]
+fn the_client_surfaces_refusals_and_their_reasons() {
+    let d = Daemon::start(
+        &["--listen", "127.0.0.1:0", "--client-ops", "2"],
+        &[("TOFFLOAD_EMU_LAT_US", "200000")],
+    );
+    let r = client(&[d.addr()], |c| c.coalesce_us = 2000);
+    let mut bufs: Vec<Vec<u8>> = (0..6).map(|i| pattern(i, 100)).collect();
+    let ids: Vec<_> = bufs
+        .iter_mut()
+        // SAFETY: the buffers outlive the ops.
+        .map(|b| unsafe { r.submit(b.as_mut_ptr(), b.len()) }.unwrap())
+        .collect();
+    let errnos: Vec<i32> = ids
+        .iter()
+        .map(|id| {
+            let e = r.wait(*id).err().map_or(0, |e| e.errno());
+            r.release(*id).unwrap();
+            e
+        })
+        .collect();
+    assert_eq!(
+        errnos.iter().filter(|e| **e == libc::ENOBUFS).count(),
+        4,
+        "{errnos:?}"
+    );
+    assert_eq!(r.counters().over_limit, 4);
+    // A daemon that refuses the hello (as one does a client id of another identity).
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for s in l.incoming().take(3) {
+            let mut s = s.unwrap();
+            let mut b = [0u8; 64];
+            let _ = s.read(&mut b);
+            let mut out = Vec::new();
+            toffload_accel::remote::frame::encode(
+                &toffload_accel::remote::frame::Msg::Refused {
+                    reason: "client id belongs to another identity",
+                },
+                &mut out,
+            );
+            let _ = s.write_all(&out);
+        }
+    });
+    let r = client(std::slice::from_ref(&addr), |c| c.deadline_ms = 300);
+    let mut buf = pattern(1, 10);
+    assert!(r.run(&mut buf, WaitStyle::Block).is_err());
+    assert_eq!(
+        r.last_refusal().as_deref(),
+        Some(&*format!("{addr}: client id belongs to another identity"))
+    );
+    assert!(r.counters().refusals >= 1);
+}
