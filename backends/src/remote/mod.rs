@@ -14,6 +14,7 @@ pub mod frame;
 pub mod identity;
 pub mod journal;
 pub mod limits;
+pub mod startup;
 pub mod state;
 pub mod tls;
 

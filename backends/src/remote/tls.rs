@@ -4,8 +4,14 @@
 //! dialled. Pre-shared keys: each client has an identity and a secret key the daemon
 //! also holds; the TLS 1.3 handshake proves both sides have it (see `psk_acceptor`).
 
-use openssl::ssl::{SslAcceptor, SslConnector, SslFiletype, SslMethod, SslVerifyMode, SslVersion};
+use openssl::ssl::{
+    ErrorCode, HandshakeError, SslAcceptor, SslConnector, SslFiletype, SslMethod, SslStream,
+    SslVerifyMode, SslVersion,
+};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 /// The three PEM files of one side.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -200,6 +206,50 @@ pub fn psk_connector(p: Psk) -> Result<SslConnector, String> {
         Ok(p.key.len())
     });
     Ok(b.build())
+}
+
+/// Why a daemon-side handshake did not finish.
+#[derive(Debug)]
+pub enum AcceptError {
+    /// Not done by the deadline.
+    TimedOut,
+    Failed(String),
+}
+
+/// The daemon's side of a handshake, finished by `deadline` however slowly the peer
+/// sends (a socket timeout alone is reset by every byte a peer trickles). The stream
+/// comes back blocking.
+pub fn accept_by(
+    a: &SslAcceptor,
+    tcp: TcpStream,
+    deadline: Instant,
+) -> Result<SslStream<TcpStream>, AcceptError> {
+    let failed = |e: &dyn std::fmt::Display| AcceptError::Failed(e.to_string());
+    tcp.set_nonblocking(true).map_err(|e| failed(&e))?;
+    let mut r = a.accept(tcp);
+    loop {
+        match r {
+            Ok(s) => {
+                s.get_ref().set_nonblocking(false).map_err(|e| failed(&e))?;
+                return Ok(s);
+            }
+            Err(HandshakeError::WouldBlock(mid)) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(AcceptError::TimedOut);
+                }
+                let ev = if mid.error().code() == ErrorCode::WANT_WRITE {
+                    libc::POLLOUT
+                } else {
+                    libc::POLLIN
+                };
+                let mut fds = [super::conn::pollfd(mid.get_ref().as_raw_fd(), ev)];
+                super::conn::poll(&mut fds, Some(left)).map_err(|e| failed(&e))?;
+                r = mid.handshake();
+            }
+            Err(e) => return Err(failed(&e)),
+        }
+    }
 }
 
 #[cfg(test)]
