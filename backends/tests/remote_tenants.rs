@@ -24,10 +24,11 @@ fn psk(identity: &str, hex: &str) -> Psk {
     }
 }
 
+/// A PSK daemon for alice and bob; its log goes to `dir`/log.
 fn daemon(dir: &TempDir) -> Daemon {
     let keys = dir.path().join("daemon.psk");
     write_secret(&keys, format!("alice {KEY_A}\nbob {KEY_B}\n"));
-    Daemon::start(
+    Daemon::start_logged(
         &[
             "--listen",
             "127.0.0.1:0",
@@ -35,6 +36,7 @@ fn daemon(dir: &TempDir) -> Daemon {
             keys.to_str().unwrap(),
         ],
         &[],
+        &dir.path().join("log"),
     )
 }
 
@@ -78,6 +80,18 @@ fn a_session_cannot_be_taken_over_by_another_identity() {
     assert_eq!(b.results(1, Duration::from_secs(10))[0].1, 0);
     let s = stats_tls(&d.addr(), &psk_connector(alice).unwrap());
     assert_eq!(s["takeovers_refused"], 1, "{s:?}");
+    // Logged with who tried and who owns it.
+    let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains("client id belongs to another identity"))
+        .expect(&log);
+    assert!(
+        line.contains("WARN")
+            && line.contains("identity=psk:bob")
+            && line.contains("owner=psk:alice"),
+        "{line}"
+    );
     assert_eq!(s["executions"], 2, "{s:?}");
 }
 

@@ -78,7 +78,9 @@ enum Refusal {
     HandshakeTimeout,
     Malformed(String),
     Version(u16),
+    /// A hello from `identity` with a client id `owner` opened.
     Takeover {
+        identity: String,
         owner: String,
     },
 }
@@ -272,10 +274,10 @@ impl Daemon {
                 core.n.refused += 1;
                 info!(%peer, version = v, "hello refused: protocol version not spoken");
             }
-            Refusal::Takeover { owner } => {
+            Refusal::Takeover { identity, owner } => {
                 core.n.refused += 1;
                 core.n.takeovers_refused += 1;
-                warn!(%peer, %owner, "hello refused: client id belongs to another identity");
+                warn!(%peer, %identity, %owner, "hello refused: client id belongs to another identity");
             }
         }
     }
@@ -389,7 +391,8 @@ impl Daemon {
             let _ = c.send_blocking(&Msg::Refused {
                 reason: "client id belongs to another identity",
             });
-            return self.refused(peer, Refusal::Takeover { owner });
+            let identity = ident_s;
+            return self.refused(peer, Refusal::Takeover { identity, owner });
         }
         debug!(%peer, identity = %ident_s, client = format_args!("{client_id:016x}"), "session");
         let part = ident.part();
