@@ -34,8 +34,9 @@ pub struct Limits {
     /// accept.
     #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub max_conns: u64,
-    /// Connections open at once from one peer IP address.
-    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    /// Connections open at once from one peer IP address (each process using the
+    /// remote backend has one per daemon: a host of prefork workers has many).
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub max_conns_per_peer: u64,
     /// Bytes (MiB) waiting to be written to one connection. A peer that does not read
     /// stops being read; past the bound its connection is closed (its results stay
