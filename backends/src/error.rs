@@ -23,6 +23,9 @@ pub enum AccelError {
     OutOfMemory,
     /// No result before the operation's deadline (ETIMEDOUT; the remote backend).
     TimedOut,
+    /// The remote daemon refused the operation without running it: its client had
+    /// too much in flight there (ENOBUFS; the remote backend).
+    OverLimit,
 }
 
 impl AccelError {
@@ -38,6 +41,7 @@ impl AccelError {
             AccelError::NoDevice => libc::ENODEV,
             AccelError::OutOfMemory => libc::ENOMEM,
             AccelError::TimedOut => libc::ETIMEDOUT,
+            AccelError::OverLimit => libc::ENOBUFS,
         }
     }
 }
@@ -59,6 +63,10 @@ impl fmt::Display for AccelError {
             AccelError::NoDevice => write!(f, "no device (see the backend's message)"),
             AccelError::OutOfMemory => write!(f, "out of device or pinned memory"),
             AccelError::TimedOut => write!(f, "no result before the deadline"),
+            AccelError::OverLimit => write!(
+                f,
+                "the remote daemon refused the op: past its per-client in-flight bound"
+            ),
         }
     }
 }

@@ -19,14 +19,13 @@ const KEY_B: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789a
 fn only_clients_with_their_key_are_served() {
     let dir = TempDir::new("psk");
     let daemon_keys = dir.path().join("daemon.psk");
-    std::fs::write(
+    write_secret(
         &daemon_keys,
         format!("# identity key\nweb-1 {KEY_A}\nweb-2 {KEY_B}\n"),
-    )
-    .unwrap();
+    );
     let file = |name: &str, text: String| {
         let p = dir.path().join(name);
-        std::fs::write(&p, text).unwrap();
+        write_secret(&p, text);
         p
     };
     let good = file("good.psk", format!("web-2 {KEY_B}\n"));
@@ -125,9 +124,17 @@ fn bad_key_files_are_refused_with_the_reason() {
     let mut all: Vec<(std::path::PathBuf, &str)> = vec![(missing, "No such file")];
     for (name, text, want) in &cases {
         let p = dir.path().join(name);
-        std::fs::write(&p, text).unwrap();
+        write_secret(&p, text);
         all.push((p, want));
     }
+    // A good key in a file others may read: refused before it is parsed.
+    let open = dir.path().join("open.psk");
+    std::fs::write(&open, format!("web-1 {KEY_A}\n")).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    all.push((open, "open to group or others (mode 0644)"));
     for (p, want) in &all {
         // The daemon: exits at start, saying which file and what is wrong.
         let out = Command::new(DAEMON)
@@ -159,7 +166,7 @@ fn bad_key_files_are_refused_with_the_reason() {
     }
     // A daemon file may list many clients; a client's holds exactly one.
     let two = dir.path().join("two.psk");
-    std::fs::write(&two, format!("a {KEY_A}\nb {KEY_B}\n")).unwrap();
+    write_secret(&two, format!("a {KEY_A}\nb {KEY_B}\n"));
     let e = Remote::new(RemoteConfig {
         endpoints: vec!["127.0.0.1:9".into()],
         psk: Some(two),

@@ -7,6 +7,7 @@ mod build;
 mod demo;
 mod docs_cover;
 mod ebpf;
+mod fuzz;
 mod gpu_check;
 mod paths;
 mod proc;
@@ -32,12 +33,15 @@ enum Cmd {
     Build,
     /// Build the eBPF programs (ebpf/, nightly), installing rust-src and bpf-linker if missing.
     BuildEbpf,
-    /// Build everything and run every test (the README's test command).
+    /// Build everything and run every test, then the fuzz targets for a bounded time
+    /// (the README's test command).
     Test {
         /// Extra arguments passed to `cargo test` after `--`.
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Only the fuzz targets of backends/fuzz, TOFFLOAD_FUZZ_SECS each (as `test` ends).
+    Fuzz,
     /// Run a benchmark and write its table under tests/results/.
     Bench {
         #[command(subcommand)]
@@ -57,6 +61,7 @@ fn main() -> ExitCode {
         Cmd::Build => build::all().map(|_| ()),
         Cmd::BuildEbpf => ebpf::build(),
         Cmd::Test { args } => test::run(&args),
+        Cmd::Fuzz => fuzz::run(test::under_ci()),
         Cmd::Bench { which } => bench::run(which),
         Cmd::Demo(args) => demo::run(&args),
         Cmd::Setup => setup::system_packages(),

@@ -1,6 +1,7 @@
 //! `cargo xtask test`: build everything, then run every test of the workspace against
-//! the freshly built dist folder. Under CI (CI=true) tests that would skip for want of
-//! root, BPF or a server fail instead (TOFFLOAD_NO_SKIP=1).
+//! the freshly built dist folder, then the fuzz targets for a bounded time each
+//! (fuzz.rs). Under CI (CI=true) tests that would skip for want of root, BPF, a server
+//! or cargo-fuzz fail instead (TOFFLOAD_NO_SKIP=1).
 
 use crate::proc::{self, Result};
 use std::io::{BufRead, BufReader, Write};
@@ -12,7 +13,8 @@ pub fn run(extra: &[String]) -> Result {
     // --no-fail-fast: one failing suite must not hide the others' results.
     cmd.args(["test", "--release", "--workspace", "--no-fail-fast"])
         .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist"));
-    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+    let ci = under_ci();
+    if ci {
         cmd.env("TOFFLOAD_NO_SKIP", "1");
     }
     if !extra.is_empty() {
@@ -37,11 +39,19 @@ pub fn run(extra: &[String]) -> Result {
     }
     let status = child.wait().map_err(|e| e.to_string())?;
     println!("tests: {passed} passed, {failed} failed");
-    if status.success() && failed == 0 {
-        Ok(())
-    } else {
-        Err(format!("cargo test failed ({status})"))
+    if !(status.success() && failed == 0) {
+        return Err(format!("cargo test failed ({status})"));
     }
+    // Fuzzing only with extra arguments absent: those pick some tests, not all.
+    if extra.is_empty() {
+        crate::fuzz::run(ci)?;
+    }
+    Ok(())
+}
+
+/// CI=true (or 1): what would skip fails instead.
+pub fn under_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
 /// "test result: ok. 14 passed; 0 failed; ..." -> (14, 0)

@@ -71,6 +71,10 @@ pub struct ClientStats {
     pub connect_failures: AtomicU64,
     pub disconnects: AtomicU64,
     pub duplicate_results: AtomicU64,
+    /// Refusals from a daemon (a hello or a frame), reason in `last_refusal`.
+    pub refusals: AtomicU64,
+    /// Ops a daemon answered ENOBUFS: past its per-client bounds (not run).
+    pub over_limit: AtomicU64,
 }
 
 /// A snapshot of [`ClientStats`].
@@ -93,6 +97,8 @@ pub struct ClientCounters {
     pub connect_failures: u64,
     pub disconnects: u64,
     pub duplicate_results: u64,
+    pub refusals: u64,
+    pub over_limit: u64,
     /// Ops placed on each endpoint.
     pub per_endpoint: Vec<u64>,
 }
@@ -120,6 +126,8 @@ struct Shared {
     stats: ClientStats,
     placed: Box<[AtomicU64]>,
     tls: Option<SslConnector>,
+    /// The last reason a daemon gave for refusing us (`host:port: reason`).
+    last_refusal: Mutex<Option<String>>,
 }
 
 /// The remote backend.
@@ -130,6 +138,22 @@ pub struct Remote {
 
 fn ioerr(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
+}
+
+/// A daemon's `Refused` frame (at hello or later): its reason, kept for the caller.
+#[derive(Debug)]
+struct Refusal(String);
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "daemon refused: {}", self.0)
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+fn refused(reason: &str) -> io::Error {
+    io::Error::other(Refusal(reason.to_string()))
 }
 
 impl Remote {
@@ -163,10 +187,11 @@ impl Remote {
             done: EventFd::new()?,
             bytes_in_flight: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
-            client_id: conn::random_u64(),
+            client_id: conn::random_u64()?,
             stats: ClientStats::default(),
             placed: (0..n).map(|_| AtomicU64::new(0)).collect(),
             tls,
+            last_refusal: Mutex::new(None),
             cfg,
         });
         let io_sh = Arc::clone(&sh);
@@ -185,6 +210,16 @@ impl Remote {
 
     pub fn client_id(&self) -> u64 {
         self.sh.client_id
+    }
+
+    /// Why a daemon last refused us, as `host:port: reason` (a client id owned by
+    /// another identity, a frame past its bounds, a protocol version), if one has.
+    pub fn last_refusal(&self) -> Option<String> {
+        self.sh
+            .last_refusal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn counters(&self) -> ClientCounters {
@@ -208,6 +243,8 @@ impl Remote {
             connect_failures: l(&s.connect_failures),
             disconnects: l(&s.disconnects),
             duplicate_results: l(&s.duplicate_results),
+            refusals: l(&s.refusals),
+            over_limit: l(&s.over_limit),
             per_endpoint: self.sh.placed.iter().map(l).collect(),
         }
     }
@@ -292,6 +329,7 @@ impl Drop for Remote {
 fn errno_error(errno: i32) -> AccelError {
     match errno {
         libc::ETIMEDOUT => AccelError::TimedOut,
+        libc::ENOBUFS => AccelError::OverLimit,
         libc::EMSGSIZE => AccelError::TooLarge {
             len: 0,
             max: MAX_OP_BYTES,
@@ -542,7 +580,9 @@ impl Io {
                         ep.busy_bytes = 0;
                     }
                 }
-                Err(_) => {
+                Err(e) => {
+                    self.note_refusal(c.ep, &e);
+                    let ep = &mut self.eps[c.ep];
                     self.sh.stats.connect_failures.fetch_add(1, Relaxed);
                     ep.failures += 1;
                     ep.retry_at = now + jitter(ep.backoff);
@@ -582,7 +622,21 @@ impl Io {
         }
     }
 
-    fn disconnect(&mut self, i: usize, _why: &io::Error) {
+    /// Keeps a daemon's refusal reason, if `e` is one.
+    fn note_refusal(&self, i: usize, e: &io::Error) {
+        if let Some(Refusal(reason)) = e.get_ref().and_then(|x| x.downcast_ref::<Refusal>()) {
+            self.sh.stats.refusals.fetch_add(1, Relaxed);
+            *self
+                .sh
+                .last_refusal
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) =
+                Some(format!("{}: {reason}", self.sh.cfg.endpoints[i]));
+        }
+    }
+
+    fn disconnect(&mut self, i: usize, why: &io::Error) {
+        self.note_refusal(i, why);
         let now = Instant::now();
         let ep = &mut self.eps[i];
         if ep.conn.take().is_some() {
@@ -761,7 +815,7 @@ impl Io {
                 self.eps[i].load = load;
                 Ok(())
             }
-            Msg::Refused { reason } => Err(ioerr(format!("daemon refused: {reason}"))),
+            Msg::Refused { reason } => Err(refused(reason)),
             Msg::Stats { .. } => Ok(()),
             m => Err(ioerr(format!("unexpected frame from daemon: {m:?}"))),
         }
@@ -830,6 +884,9 @@ impl Io {
             // SAFETY: the submitter guaranteed buf[0..len) valid until done or
             // released; release waits while we are RUNNING.
             unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), rec.buf as *mut u8, data.len()) };
+        }
+        if status == -libc::ENOBUFS {
+            sh.stats.over_limit.fetch_add(1, Relaxed);
         }
         let errno = if ok {
             0
@@ -1094,7 +1151,8 @@ impl Io {
 }
 
 fn jitter(d: Duration) -> Duration {
-    let r = conn::random_u64() % 1000;
+    // Jitter needs no secrecy: without random bytes, none.
+    let r = conn::random_u64().unwrap_or(0) % 1000;
     d + d * r as u32 / 2000
 }
 
@@ -1141,7 +1199,7 @@ fn connect(
                 "daemon speaks protocol {version}, we {VERSION}"
             )))
         }
-        Msg::Refused { reason } => return Err(ioerr(format!("refused: {reason}"))),
+        Msg::Refused { reason } => return Err(refused(reason)),
         m => return Err(ioerr(format!("unexpected reply to hello: {m:?}"))),
     };
     conn.stream.tcp().set_read_timeout(None)?;
@@ -1152,7 +1210,7 @@ fn connect(
 
 /// Asks a daemon for its counters (a separate, short connection).
 pub fn query_stats(addr: &str, tls: Option<&SslConnector>) -> io::Result<Vec<(String, u64)>> {
-    let (mut conn, _, _) = connect(addr, tls, conn::random_u64())?;
+    let (mut conn, _, _) = connect(addr, tls, conn::random_u64()?)?;
     conn.stream.tcp().set_nonblocking(false)?;
     conn.stream.tcp().set_write_timeout(Some(CONNECT_TIMEOUT))?;
     conn.send_blocking(&Msg::StatsQuery)?;

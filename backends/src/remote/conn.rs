@@ -225,15 +225,11 @@ impl EventFd {
     }
 }
 
-/// A random 64-bit id (client ids, daemon incarnations).
-pub fn random_u64() -> u64 {
+/// A random 64-bit id (client ids, daemon incarnations) from openssl's CSPRNG. Its
+/// failure is an error: an id others could guess would let them claim a session.
+pub fn random_u64() -> io::Result<u64> {
     let mut b = [0u8; 8];
-    if openssl::rand::rand_bytes(&mut b).is_err() {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        return t ^ ((std::process::id() as u64) << 32);
-    }
-    u64::from_le_bytes(b)
+    openssl::rand::rand_bytes(&mut b)
+        .map_err(|e| io::Error::other(format!("no random bytes from openssl: {e}")))?;
+    Ok(u64::from_le_bytes(b))
 }

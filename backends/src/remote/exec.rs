@@ -1,8 +1,9 @@
-//! The daemon's executors: AES-128-CTR on the local emulated device (the same code
-//! and key as TOFFLOAD_BACKEND=emulated, so results are bit-identical) and RSA-2048
-//! signing with openssl on a few worker threads.
+//! The daemon's executors: AES-128-CTR on a local device (emulated or cuda, the same
+//! key and counter as TOFFLOAD_BACKEND=emulated, so results are bit-identical) and
+//! RSA-2048 signing with openssl on a few worker threads.
 
 use super::conn::{self, EventFd};
+use crate::cuda::{Cuda, CudaConfig};
 use crate::{AccelError, Accelerator, EmuConfig, Emulated, OpId, OpState};
 use openssl::hash::MessageDigest;
 use openssl::pkey::{PKey, Private};
@@ -27,16 +28,46 @@ pub struct Finished {
 
 pub type Sink = Arc<dyn Fn(Vec<Finished>) + Send + Sync>;
 
-/// AES jobs go to the emulated device, at most its in-flight bound at once; the rest
+/// AES jobs go to the local device, at most its in-flight bound at once; the rest
 /// wait here (the queue depth the daemon reports).
 pub struct AesExec {
     queue: Mutex<VecDeque<Job>>,
     wake: EventFd,
 }
 
+/// A local device and its bounds: ops in flight, bytes per op, ops served at once.
+pub struct Device {
+    pub dev: Box<dyn Accelerator>,
+    pub max_inflight: usize,
+    pub max_bytes: usize,
+    pub lanes: usize,
+}
+
+impl Device {
+    pub fn emulated(cfg: EmuConfig) -> std::io::Result<Device> {
+        let (max_inflight, max_bytes, lanes) = (cfg.max_inflight, cfg.max_bytes, cfg.lanes);
+        Ok(Device {
+            dev: Box::new(Emulated::new(cfg)?),
+            max_inflight,
+            max_bytes,
+            lanes,
+        })
+    }
+
+    pub fn cuda(cfg: CudaConfig) -> std::io::Result<Device> {
+        let dev = Cuda::new(cfg.clone())
+            .map_err(|e| std::io::Error::other(format!("--backend cuda: {e}")))?;
+        Ok(Device {
+            dev: Box::new(dev),
+            max_inflight: cfg.max_inflight,
+            max_bytes: cfg.max_bytes,
+            lanes: cfg.streams,
+        })
+    }
+}
+
 impl AesExec {
-    pub fn start(cfg: EmuConfig, sink: Sink) -> std::io::Result<Arc<AesExec>> {
-        let dev = Emulated::new(cfg)?;
+    pub fn start(dev: Device, sink: Sink) -> std::io::Result<Arc<AesExec>> {
         let ex = Arc::new(AesExec {
             queue: Mutex::new(VecDeque::new()),
             wake: EventFd::new()?,
@@ -56,9 +87,8 @@ impl AesExec {
         self.wake.signal();
     }
 
-    fn run(&self, dev: Emulated, sink: Sink) {
-        let cap = dev.config().max_inflight;
-        let max = dev.config().max_bytes;
+    fn run(&self, d: Device, sink: Sink) {
+        let (cap, max, dev) = (d.max_inflight, d.max_bytes, d.dev);
         let mut waiting: VecDeque<Job> = VecDeque::new();
         let mut inflight: Vec<(OpId, Job, Instant)> = Vec::new();
         let mut out: Vec<Finished> = Vec::new();

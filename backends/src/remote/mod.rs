@@ -3,13 +3,19 @@
 
 pub mod cache;
 pub mod chunk;
+pub mod cli;
 pub mod client;
 pub mod config;
 pub mod conn;
 pub mod daemon;
 pub mod exec;
+pub mod files;
 pub mod frame;
+pub mod identity;
 pub mod journal;
+pub mod limits;
+pub mod startup;
+pub mod state;
 pub mod tls;
 
 pub use client::{query_stats, ClientCounters, Remote};

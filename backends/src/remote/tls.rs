@@ -4,8 +4,14 @@
 //! dialled. Pre-shared keys: each client has an identity and a secret key the daemon
 //! also holds; the TLS 1.3 handshake proves both sides have it (see `psk_acceptor`).
 
-use openssl::ssl::{SslAcceptor, SslConnector, SslFiletype, SslMethod, SslVerifyMode, SslVersion};
+use openssl::ssl::{
+    ErrorCode, HandshakeError, SslAcceptor, SslConnector, SslFiletype, SslMethod, SslStream,
+    SslVerifyMode, SslVersion,
+};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 /// The three PEM files of one side.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,8 +135,10 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// Reads and parses a PSK file; every error names the file.
+/// Reads and parses a PSK file; every error names the file. A file open to group or
+/// others is refused: its keys are the only secret of PSK mode.
 pub fn read_psk(path: &Path) -> Result<Vec<Psk>, String> {
+    super::files::check_secret(path, "PSK file")?;
     let text = std::fs::read_to_string(path).map_err(|e| err("PSK file", path, e))?;
     parse_psk(&text).map_err(|e| err("PSK file", path, e))
 }
@@ -164,11 +172,15 @@ pub fn psk_acceptor(keys: Vec<Psk>) -> Result<SslAcceptor, String> {
         .into_iter()
         .map(|p| (p.identity.into_bytes(), p.key))
         .collect();
-    b.set_psk_server_callback(move |_, identity, out| {
+    b.set_psk_server_callback(move |ssl, identity, out| {
         // An unknown identity: 0 bytes = no key; the handshake then fails.
-        match identity.and_then(|i| by_id.get(i)) {
-            Some(k) if k.len() <= out.len() => {
+        match identity.and_then(|i| by_id.get_key_value(i)) {
+            Some((id, k)) if k.len() <= out.len() => {
                 out[..k.len()].copy_from_slice(k);
+                // The session is bound to it once the handshake (the binder) proves
+                // the client holds the key (identity.rs).
+                let id = String::from_utf8_lossy(id).into_owned();
+                ssl.set_ex_data(super::identity::psk_index(), id);
                 Ok(k.len())
             }
             _ => Ok(0),
@@ -194,6 +206,50 @@ pub fn psk_connector(p: Psk) -> Result<SslConnector, String> {
         Ok(p.key.len())
     });
     Ok(b.build())
+}
+
+/// Why a daemon-side handshake did not finish.
+#[derive(Debug)]
+pub enum AcceptError {
+    /// Not done by the deadline.
+    TimedOut,
+    Failed(String),
+}
+
+/// The daemon's side of a handshake, finished by `deadline` however slowly the peer
+/// sends (a socket timeout alone is reset by every byte a peer trickles). The stream
+/// comes back blocking.
+pub fn accept_by(
+    a: &SslAcceptor,
+    tcp: TcpStream,
+    deadline: Instant,
+) -> Result<SslStream<TcpStream>, AcceptError> {
+    let failed = |e: &dyn std::fmt::Display| AcceptError::Failed(e.to_string());
+    tcp.set_nonblocking(true).map_err(|e| failed(&e))?;
+    let mut r = a.accept(tcp);
+    loop {
+        match r {
+            Ok(s) => {
+                s.get_ref().set_nonblocking(false).map_err(|e| failed(&e))?;
+                return Ok(s);
+            }
+            Err(HandshakeError::WouldBlock(mid)) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(AcceptError::TimedOut);
+                }
+                let ev = if mid.error().code() == ErrorCode::WANT_WRITE {
+                    libc::POLLOUT
+                } else {
+                    libc::POLLIN
+                };
+                let mut fds = [super::conn::pollfd(mid.get_ref().as_raw_fd(), ev)];
+                super::conn::poll(&mut fds, Some(left)).map_err(|e| failed(&e))?;
+                r = mid.handshake();
+            }
+            Err(e) => return Err(failed(&e)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -241,6 +297,10 @@ mod tests {
         assert!(e.contains("PSK file") && e.contains("missing"), "{e}");
         let two = dir.join("two");
         std::fs::write(&two, format!("a {K1}\nb {K1}\n")).unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&two, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
         let e = read_client_psk(&two).unwrap_err();
         assert!(e.contains("holds one key"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);

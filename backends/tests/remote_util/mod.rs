@@ -6,6 +6,7 @@
 pub mod conn_server;
 pub mod netns;
 pub mod pki;
+pub mod raw;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -39,6 +40,13 @@ impl Drop for TempDir {
     }
 }
 
+/// Writes a secret (a PSK file) the way its owner must: mode 0600.
+pub fn write_secret(p: &Path, text: impl AsRef<[u8]>) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(p, text).unwrap();
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
 /// A toffload-remoted child, killed on drop.
 pub struct Daemon {
     pub child: Child,
@@ -46,6 +54,8 @@ pub struct Daemon {
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     pub prefix: Vec<String>,
+    /// Where its stderr (the log) goes, appended; None: the test's stderr.
+    pub log: Option<PathBuf>,
 }
 
 impl Daemon {
@@ -56,6 +66,20 @@ impl Daemon {
 
     /// As `start`, run through `prefix` (e.g. `ip netns exec NS`).
     pub fn start_in(prefix: &[&str], args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        Self::start_full(prefix, args, env, None)
+    }
+
+    /// As `start`, its log appended to `log`.
+    pub fn start_logged(args: &[&str], env: &[(&str, &str)], log: &Path) -> Daemon {
+        Self::start_full(&[], args, env, Some(log.to_path_buf()))
+    }
+
+    fn start_full(
+        prefix: &[&str],
+        args: &[&str],
+        env: &[(&str, &str)],
+        log: Option<PathBuf>,
+    ) -> Daemon {
         let mut d = Daemon {
             child: Command::new("true").spawn().unwrap(),
             port: 0,
@@ -65,6 +89,7 @@ impl Daemon {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             prefix: prefix.iter().map(|s| s.to_string()).collect(),
+            log,
         };
         let _ = d.child.wait();
         d.spawn();
@@ -90,7 +115,16 @@ impl Daemon {
             .arg("--port-file")
             .arg(&pf)
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
+            .stderr(match &self.log {
+                Some(p) => Stdio::from(
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(p)
+                        .unwrap(),
+                ),
+                None => Stdio::inherit(),
+            });
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
