@@ -82,7 +82,15 @@ pub fn run(which: Which) -> Result {
             // Defaults first: a later flag in `args` overrides (clap keeps the last).
             proc::run(
                 Command::new(dist.bin.join("toffload-demo"))
-                    .args(["--runs", "5", "--secs", "1.5", "--switch", "--idle", "--syscalls"])
+                    .args([
+                        "--runs",
+                        "5",
+                        "--secs",
+                        "1.5",
+                        "--switch",
+                        "--idle",
+                        "--syscalls",
+                    ])
                     .arg("--out")
                     .arg(&out)
                     .args(&args)
