@@ -414,6 +414,7 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     let nr = nr as u64;
+    // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let Some(t) = current_thread(tid, tgid, now) else {
         return 0;
@@ -471,6 +472,7 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
             // is walked, which keeps a futex-heavy server's overhead down.
             let seen = COUNTERS.get_ptr_mut(C_FUTEX_SEEN);
             let sample = match seen {
+                // SAFETY: per-CPU value.
                 Some(p) => unsafe {
                     *p += 1;
                     *p & 63 == 1
@@ -502,6 +504,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     if !watched(tgid) || !tracing_on() {
         return 0;
     }
+    // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let Some(t) = current_thread(tid, tgid, now) else {
         return 0;
@@ -575,6 +578,7 @@ fn on_switch(prev_pid: u32, involuntary: bool, next_pid: u32) -> u32 {
     if !tracing_on() {
         return 0;
     }
+    // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     // The hook runs in prev's context, so the current tgid is prev's.
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
@@ -659,6 +663,7 @@ fn on_wakeup(pid: u32) -> u32 {
         // SAFETY: a live map value; a racing second wake-up only moves the timestamp.
         let t = unsafe { &mut *t };
         if t.wake_ts == 0 {
+            // SAFETY: a helper without arguments.
             t.wake_ts = unsafe { bpf_ktime_get_ns() };
         }
     }
@@ -682,6 +687,7 @@ fn on_fork(child: u32) -> u32 {
         return 0;
     }
     add(C_THREADS_CREATED, 1);
+    // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     // Registered now so that its first run is seen; a forked process (not a thread)
     // is registered under its parent's tgid and corrected at its first event.
@@ -756,12 +762,14 @@ static TASK_PID_OFF: u32 = 0;
 
 #[inline(always)]
 fn task_pid(task: u64) -> u32 {
-    // SAFETY: a volatile read of a load-time global, then one kernel read helper.
+    // SAFETY: a volatile read of a load-time global.
     let off = unsafe { core::ptr::read_volatile(&TASK_PID_OFF) } as u64;
     if task == 0 || off == 0 {
         return 0;
     }
     let mut pid = 0i32;
+    // SAFETY: the helper copies 4 bytes into the local pid, and checks the kernel
+    // address itself (a bad one fails, leaving pid 0).
     unsafe {
         gen::bpf_probe_read_kernel(
             (&mut pid as *mut i32).cast(),
@@ -830,6 +838,7 @@ pub fn offload_enter(_ctx: ProbeContext) -> u32 {
     if !tracing_on() || !watched(tgid) {
         return 0;
     }
+    // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(t) = current_thread(tid, tgid, now) {
         // SAFETY: own thread's entry.
@@ -869,6 +878,7 @@ pub fn offload_exit(_ctx: RetProbeContext) -> u32 {
     if t.offload_depth != 0 {
         return 0;
     }
+    // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     split_on_cpu(t, now, C_ON_IN_NS);
     t.out_ns = 0;
