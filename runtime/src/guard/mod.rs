@@ -261,11 +261,11 @@ pub fn arm() {
     let pages: usize = ranges.iter().map(|r| (r.end - r.start) / PAGE).sum();
     crate::stats::COUNTERS.guard_pages.store(pages, Relaxed);
     let m = if cfg.guard == GuardMode::Enforce {
-        2
+        toffload_abi::runtime::GuardMode::Enforce
     } else {
-        1
+        toffload_abi::runtime::GuardMode::Detect
     };
-    crate::stats::COUNTERS.guard_mode.store(m, Relaxed);
+    crate::stats::COUNTERS.guard_mode.store(m as usize, Relaxed);
     *RANGES.lock() = ranges.clone();
     crate::signals::install();
     match cfg.guard {
