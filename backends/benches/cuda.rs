@@ -136,6 +136,7 @@ fn correctness(dev: &Cuda, md: &mut String) -> bool {
         .collect();
     let ids: Vec<_> = bufs
         .iter_mut()
+        // SAFETY: each buffer stays alive and untouched until its op is released below.
         .map(|b| unsafe { dev.submit(b.as_mut_ptr(), b.len()) })
         .collect();
     let mut batch_ok = ids.iter().all(|r| r.is_ok());
@@ -177,6 +178,7 @@ fn latency(dev: &Cuda, secs: f64, md: &mut String) {
             while Instant::now() < end || lats.len() < 20 {
                 drain(fd);
                 let t = Instant::now();
+                // SAFETY: buf stays alive and untouched until the op is released below.
                 let id = unsafe { dev.submit(buf.as_mut_ptr(), n) }.unwrap();
                 match m {
                     0 => spin(dev, id),
@@ -187,6 +189,7 @@ fn latency(dev: &Cuda, secs: f64, md: &mut String) {
                             events: libc::POLLIN,
                             revents: 0,
                         };
+                        // SAFETY: a local pollfd.
                         unsafe { libc::poll(&mut p, 1, 10_000) };
                         spin(dev, id);
                     }
@@ -214,6 +217,7 @@ fn latency(dev: &Cuda, secs: f64, md: &mut String) {
 
 fn drain(fd: i32) {
     let mut v = 0u64;
+    // SAFETY: 8 bytes into a local u64.
     unsafe { libc::read(fd, &mut v as *mut u64 as *mut libc::c_void, 8) };
 }
 
@@ -240,6 +244,8 @@ fn throughput(dev: &Cuda, secs: f64, md: &mut String) {
                 .iter_mut()
                 .map(|b| {
                     (
+                        // SAFETY: each buffer stays alive and untouched until its op is
+                        // released below.
                         unsafe { dev.submit(b.as_mut_ptr(), n) }.unwrap(),
                         Instant::now(),
                     )
@@ -254,6 +260,8 @@ fn throughput(dev: &Cuda, secs: f64, md: &mut String) {
                         lats.push(op.1.elapsed().as_secs_f64() * 1e6);
                         dev.release(op.0).unwrap();
                         *op = (
+                            // SAFETY: bufs[i] stays alive and untouched until this op is
+                            // released.
                             unsafe { dev.submit(bufs[i].as_mut_ptr(), n) }.unwrap(),
                             Instant::now(),
                         );

@@ -73,6 +73,7 @@ fn single(dev: &Emulated, size: usize, secs: f64) -> Vec<f64> {
     let end = Instant::now() + Duration::from_secs_f64(secs);
     while Instant::now() < end || lats.len() < 20 {
         let t = Instant::now();
+        // SAFETY: buf stays alive and untouched until the op is released below.
         let id = unsafe { dev.submit(buf.as_mut_ptr(), size) }.unwrap();
         while dev.done(id).unwrap() == OpState::Pending {
             std::hint::spin_loop();
@@ -96,6 +97,8 @@ fn concurrent(
         .iter_mut()
         .map(|b| {
             (
+                // SAFETY: each buffer stays alive and untouched until its op is released
+                // below.
                 unsafe { dev.submit(b.as_mut_ptr(), size) }.unwrap(),
                 Instant::now(),
             )
@@ -111,6 +114,7 @@ fn concurrent(
                 lats.push(op.1.elapsed().as_secs_f64() * 1e6);
                 dev.release(op.0).unwrap();
                 *op = (
+                    // SAFETY: bufs[i] stays alive and untouched until this op is released.
                     unsafe { dev.submit(bufs[i].as_mut_ptr(), size) }.unwrap(),
                     Instant::now(),
                 );

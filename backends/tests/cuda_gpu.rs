@@ -157,6 +157,7 @@ fn gpu_many_in_flight_signal_the_completion_fd() {
         .collect();
     let ids: Vec<OpId> = bufs
         .iter_mut()
+        // SAFETY: each buffer stays alive and untouched until its op is released below.
         .map(|b| unsafe { dev.submit(b.as_mut_ptr(), b.len()) }.unwrap())
         .collect();
     let mut p = libc::pollfd {
@@ -182,6 +183,8 @@ fn gpu_release_cancels_without_touching_the_buffer() {
     let Some(dev) = gpu(8) else { return };
     let input = pattern(8 << 20, 7);
     let mut buf = input.clone();
+    // SAFETY: buf stays alive; the op is released (cancelled) next, and buf only read
+    // after.
     let id = unsafe { dev.submit(buf.as_mut_ptr(), buf.len()) }.unwrap();
     dev.release(id).unwrap();
     assert_eq!(dev.done(id), Err(AccelError::BadHandle));
@@ -203,6 +206,7 @@ fn gpu_release_cancels_without_touching_the_buffer() {
         let mut small: Vec<[u8; 16]> = vec![[0; 16]; 9];
         let ids: Vec<_> = small
             .iter_mut()
+            // SAFETY: each buffer stays alive and untouched until its op is released below.
             .map(|b| unsafe { dev.submit(b.as_mut_ptr(), 16) })
             .collect();
         let all = ids[..8].iter().all(|r| r.is_ok());
@@ -235,6 +239,7 @@ fn gpu_completed_ops_free_their_slot_at_release() {
     for round in 0..50 {
         let ids: Vec<OpId> = bufs
             .iter_mut()
+            // SAFETY: each buffer stays alive and untouched until its op is released below.
             .map(|b| unsafe { dev.submit(b.as_mut_ptr(), b.len()) })
             .collect::<Result<_, _>>()
             .unwrap_or_else(|e| panic!("round {round}: {e}"));
@@ -255,6 +260,7 @@ fn wait_for_all_slots(dev: &Cuda, n: usize) -> bool {
         let mut small: Vec<[u8; 16]> = vec![[0; 16]; n + 1];
         let ids: Vec<_> = small
             .iter_mut()
+            // SAFETY: each buffer stays alive and untouched until its op is released below.
             .map(|b| unsafe { dev.submit(b.as_mut_ptr(), 16) })
             .collect();
         let all = ids[..n].iter().all(|r| r.is_ok());
@@ -288,6 +294,8 @@ fn gpu_cancel_storm_leaks_no_slot() {
             }
             dev.release(id).unwrap();
         }
+        // SAFETY: bufs[i] stays alive; its previous op was released above, this one is
+        // later.
         match unsafe { dev.submit(bufs[i].as_mut_ptr(), bufs[i].len()) } {
             Ok(id) => live[i] = Some(id),
             // Cancelled ops not yet past their stream still hold their slot.
@@ -305,11 +313,13 @@ fn gpu_cancel_storm_leaks_no_slot() {
 fn gpu_bad_inputs() {
     let Some(dev) = gpu(8) else { return };
     assert_eq!(
+        // SAFETY: a null buffer is rejected before use.
         unsafe { dev.submit(std::ptr::null_mut(), 16) },
         Err(AccelError::NullBuffer)
     );
     let mut b = [0u8; 16];
     assert!(matches!(
+        // SAFETY: rejected on its length before the buffer is used.
         unsafe { dev.submit(b.as_mut_ptr(), MAX_BYTES + 1) },
         Err(AccelError::TooLarge { .. })
     ));

@@ -4,8 +4,8 @@
 //! histogram bucket, so the hot paths are a few map lookups and adds; userspace reads
 //! the maps once per window and works out the differences.
 //!
-//! The layouts below (ThreadInfo, the counter indices, the histogram geometry) are
-//! mirrored in userspace/src/abi.rs; change both together.
+//! The layouts userspace reads (ThreadInfo, Site, the counter indices, the histogram
+//! geometry) are toffload-abi's (ebpf/abi), shared with the watcher.
 
 #![no_std]
 #![no_main]
@@ -21,140 +21,37 @@ use aya_ebpf::{
     },
     EbpfContext,
 };
+use toffload_abi::hist::{fine_bucket, log2_bucket};
+use toffload_abi::watch::*;
 
-/// x86_64 syscall number of futex.
-const NR_FUTEX: u64 = 202;
-/// Syscalls numbered below this get per-syscall counts and histograms.
-const NR_MAX: u64 = 512;
-/// Buckets of a per-syscall log2 histogram (2^63 ns is far beyond any syscall).
-const SYS_BUCKETS: u64 = 64;
-/// Log-linear histogram: 16 linear sub-buckets per power of two, so a percentile read
-/// from it is within about 3% after interpolation (a pure log2 bucket is 2x wide).
-const FINE_BUCKETS: u32 = 1024;
-
-// Counter indices (COUNTERS).
-const C_ON_NS: u32 = 0;
-const C_OFF_NS: u32 = 1;
-const C_VOL: u32 = 2;
-const C_INVOL: u32 = 3;
-const C_WAKEUPS: u32 = 4;
-const C_WAKE_NS: u32 = 5;
-const C_THREADS_CREATED: u32 = 6;
-const C_THREADS_EXITED: u32 = 7;
-const C_OFFLOAD_CALLS: u32 = 8;
-const C_OFFLOAD_NS: u32 = 9;
-const C_OFFLOAD_OFF_NS: u32 = 10;
-const C_FUTEX_IN_OFFLOAD: u32 = 11;
-const C_FUTEX_NOSTACK: u32 = 12;
-const C_FUTEX_TOTAL: u32 = 13;
-const C_THREADS_MISSED: u32 = 15;
-const C_OFFLOAD_WAKE_NS: u32 = 16;
-const C_FUTEX_SEEN: u32 = 17;
-/// Voluntary switches (sleeps) during offload calls: a blocking wait sleeps, a spin
-/// never does, however long the scheduler keeps it off the CPU.
-const C_OFFLOAD_SLEEPS: u32 = 18;
-/// On-CPU time inside offload calls and outside them, split at the probes: the CPU a
-/// request costs besides its wait, measured within the window (a stall's on-CPU
-/// total, taken at its end, may have begun windows earlier).
-const C_ON_IN_NS: u32 = 19;
-const C_ON_OUT_NS: u32 = 20;
-/// Syscalls outside offload calls that slept (a read waiting for the next request),
-/// and their on-CPU time: what such a sleep costs the thread (the call, the switch
-/// out, the switch back in), which fibers replace with a yield.
-const C_SLEPT_SYSCALLS: u32 = 21;
-const C_SLEPT_SYSCALL_ON_NS: u32 = 22;
-/// The same inside offload calls (a blocking wait's futex): the sleep's own cost,
-/// without the submit around it, which fibers pay too.
-const C_SLEPT_IN_SYSCALLS: u32 = 23;
-const C_SLEPT_IN_SYSCALL_ON_NS: u32 = 24;
-/// The time those sleeps outside the offload waited before their wake-up: for a
-/// connection thread's read, the time the next request took to come (the client's
-/// share of the loop, Z), without the wake-up delay (the server's own).
-const C_SLEPT_SYSCALL_BLOCKED_NS: u32 = 25;
-const N_COUNTERS: u32 = 32;
-
-/// Thread flags.
-const F_EXITED: u32 = 1;
-/// An outside part is being timed: the thread's last offload returned while tracing,
-/// and `out_ns` sums its on-CPU time since.
-const F_OUT_OPEN: u32 = 2;
-
-/// Per-thread state, keyed by tid. Written only from the thread's own context or by
-/// the scheduler tracepoints that serialize on it, so plain stores are enough.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct ThreadInfo {
-    pub tgid: u32,
-    pub flags: u32,
-    /// When the thread last went on CPU (0: off CPU or unknown).
-    pub on_since: u64,
-    /// When it last went off CPU (0: unknown).
-    pub off_since: u64,
-    /// When it was last woken (0: no wake-up pending).
-    pub wake_ts: u64,
-    pub on_ns: u64,
-    pub off_ns: u64,
-    pub vol: u64,
-    pub invol: u64,
-    /// Offload nesting depth, its start time and off_ns when it started.
-    pub offload_depth: u64,
-    pub offload_start: u64,
-    pub offload_off0: u64,
-    /// The syscall in progress and when it began.
-    pub sys_nr: u64,
-    pub sys_ts: u64,
-    pub offload_calls: u64,
-    pub futex_calls: u64,
-    /// Wake-up-to-run delay accumulated during the current offload (the scheduler's
-    /// share of a blocking stall).
-    pub offload_wake_ns: u64,
-    /// The attach epoch the timestamps above belong to (see CONFIG).
-    pub epoch: u64,
-    /// On-CPU time since the last offload returned (see F_OUT_OPEN).
-    pub out_ns: u64,
-    /// The thread's on-CPU clock and voluntary switches when its syscall began.
-    pub sys_on0: u64,
-    pub sys_vol0: u64,
-    /// Switch-out-to-wake-up time in the current syscall, outside offload calls.
-    pub sys_blocked: u64,
-    /// Read-family syscalls (read, readv, recvfrom, recvmsg, recvmmsg) and
-    /// multiplexing waits (epoll, poll, select): per thread, so that a service's
-    /// processes and threads can be told apart by who serves and how.
-    pub reads: u64,
-    pub mux_waits: u64,
-    /// The offload calls' stalls summed (a process's mean stall, processes.rs).
-    pub stall_ns: u64,
-}
-
-impl ThreadInfo {
-    const fn new(tgid: u32, now: u64, on_cpu: bool, epoch: u64) -> Self {
-        ThreadInfo {
-            tgid,
-            flags: 0,
-            on_since: if on_cpu { now } else { 0 },
-            off_since: if on_cpu { 0 } else { now },
-            wake_ts: 0,
-            on_ns: 0,
-            off_ns: 0,
-            vol: 0,
-            invol: 0,
-            offload_depth: 0,
-            offload_start: 0,
-            offload_off0: 0,
-            sys_nr: 0,
-            sys_ts: 0,
-            offload_calls: 0,
-            futex_calls: 0,
-            offload_wake_ns: 0,
-            epoch,
-            out_ns: 0,
-            sys_on0: 0,
-            sys_vol0: 0,
-            sys_blocked: 0,
-            reads: 0,
-            mux_waits: 0,
-            stall_ns: 0,
-        }
+/// A thread's first record: on or off CPU since `now`, in attach epoch `epoch`.
+const fn new_thread(tgid: u32, now: u64, on_cpu: bool, epoch: u64) -> ThreadInfo {
+    ThreadInfo {
+        tgid,
+        flags: 0,
+        on_since: if on_cpu { now } else { 0 },
+        off_since: if on_cpu { 0 } else { now },
+        wake_ts: 0,
+        on_ns: 0,
+        off_ns: 0,
+        vol: 0,
+        invol: 0,
+        offload_depth: 0,
+        offload_start: 0,
+        offload_off0: 0,
+        sys_nr: 0,
+        sys_ts: 0,
+        offload_calls: 0,
+        futex_calls: 0,
+        offload_wake_ns: 0,
+        epoch,
+        out_ns: 0,
+        sys_on0: 0,
+        sys_vol0: 0,
+        sys_blocked: 0,
+        reads: 0,
+        mux_waits: 0,
+        stall_ns: 0,
     }
 }
 
@@ -214,16 +111,6 @@ static STACKS: StackTrace = StackTrace::with_max_entries(2048, 0);
 /// the count, which FUTEX_SITES keeps).
 #[map]
 static FUTEX_STACKS: PerCpuHashMap<u32, u64> = PerCpuHashMap::with_max_entries(2048, 0);
-/// A futex call site: the user address of the syscall instruction (top frame), and
-/// the word at the user stack pointer, which is the return address into the caller
-/// when the instruction is in libc's syscall() (a leaf that pushes nothing).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Site {
-    pub ip: u64,
-    pub caller: u64,
-}
-
 /// Futex calls per site.
 #[map]
 static FUTEX_SITES: PerCpuHashMap<Site, u64> = PerCpuHashMap::with_max_entries(4096, 0);
@@ -264,60 +151,6 @@ fn bump(map: &PerCpuArray<u64>, idx: u32) {
     if let Some(p) = map.get_ptr_mut(idx) {
         // SAFETY: as in add().
         unsafe { *p += 1 };
-    }
-}
-
-/// Index of the highest set bit (v > 0), without loops for the verifier.
-#[inline(always)]
-fn msb(mut v: u64) -> u32 {
-    let mut r = 0;
-    if v >> 32 != 0 {
-        v >>= 32;
-        r += 32;
-    }
-    if v >> 16 != 0 {
-        v >>= 16;
-        r += 16;
-    }
-    if v >> 8 != 0 {
-        v >>= 8;
-        r += 8;
-    }
-    if v >> 4 != 0 {
-        v >>= 4;
-        r += 4;
-    }
-    if v >> 2 != 0 {
-        v >>= 2;
-        r += 2;
-    }
-    if v >> 1 != 0 {
-        r += 1;
-    }
-    r
-}
-
-#[inline(always)]
-fn log2_bucket(v: u64) -> u64 {
-    if v == 0 {
-        0
-    } else {
-        msb(v) as u64
-    }
-}
-
-/// Log-linear bucket: values below 16 are exact, above that 16 buckets per octave.
-#[inline(always)]
-fn fine_bucket(v: u64) -> u32 {
-    if v < 16 {
-        return v as u32;
-    }
-    let m = msb(v);
-    let idx = (m - 3) * 16 + ((v >> (m - 4)) & 15) as u32;
-    if idx >= FINE_BUCKETS {
-        FINE_BUCKETS - 1
-    } else {
-        idx
     }
 }
 
@@ -389,7 +222,7 @@ fn current_thread(tid: u32, tgid: u32, now: u64) -> Option<*mut ThreadInfo> {
         return Some(p);
     }
     if THREADS
-        .insert(tid, ThreadInfo::new(tgid, now, true, epoch()), 0)
+        .insert(tid, new_thread(tgid, now, true, epoch()), 0)
         .is_err()
     {
         add(C_THREADS_MISSED, 1);
@@ -414,6 +247,7 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     let nr = nr as u64;
+    // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let Some(t) = current_thread(tid, tgid, now) else {
         return 0;
@@ -471,6 +305,7 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
             // is walked, which keeps a futex-heavy server's overhead down.
             let seen = COUNTERS.get_ptr_mut(C_FUTEX_SEEN);
             let sample = match seen {
+                // SAFETY: per-CPU value.
                 Some(p) => unsafe {
                     *p += 1;
                     *p & 63 == 1
@@ -502,6 +337,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     if !watched(tgid) || !tracing_on() {
         return 0;
     }
+    // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let Some(t) = current_thread(tid, tgid, now) else {
         return 0;
@@ -575,6 +411,7 @@ fn on_switch(prev_pid: u32, involuntary: bool, next_pid: u32) -> u32 {
     if !tracing_on() {
         return 0;
     }
+    // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     // The hook runs in prev's context, so the current tgid is prev's.
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
@@ -659,6 +496,7 @@ fn on_wakeup(pid: u32) -> u32 {
         // SAFETY: a live map value; a racing second wake-up only moves the timestamp.
         let t = unsafe { &mut *t };
         if t.wake_ts == 0 {
+            // SAFETY: a helper without arguments.
             t.wake_ts = unsafe { bpf_ktime_get_ns() };
         }
     }
@@ -682,11 +520,12 @@ fn on_fork(child: u32) -> u32 {
         return 0;
     }
     add(C_THREADS_CREATED, 1);
+    // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     // Registered now so that its first run is seen; a forked process (not a thread)
     // is registered under its parent's tgid and corrected at its first event.
     if THREADS
-        .insert(child, ThreadInfo::new(tgid, now, false, epoch()), 0)
+        .insert(child, new_thread(tgid, now, false, epoch()), 0)
         .is_err()
     {
         add(C_THREADS_MISSED, 1);
@@ -756,12 +595,14 @@ static TASK_PID_OFF: u32 = 0;
 
 #[inline(always)]
 fn task_pid(task: u64) -> u32 {
-    // SAFETY: a volatile read of a load-time global, then one kernel read helper.
+    // SAFETY: a volatile read of a load-time global.
     let off = unsafe { core::ptr::read_volatile(&TASK_PID_OFF) } as u64;
     if task == 0 || off == 0 {
         return 0;
     }
     let mut pid = 0i32;
+    // SAFETY: the helper copies 4 bytes into the local pid, and checks the kernel
+    // address itself (a bad one fails, leaving pid 0).
     unsafe {
         gen::bpf_probe_read_kernel(
             (&mut pid as *mut i32).cast(),
@@ -830,6 +671,7 @@ pub fn offload_enter(_ctx: ProbeContext) -> u32 {
     if !tracing_on() || !watched(tgid) {
         return 0;
     }
+    // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(t) = current_thread(tid, tgid, now) {
         // SAFETY: own thread's entry.
@@ -869,6 +711,7 @@ pub fn offload_exit(_ctx: RetProbeContext) -> u32 {
     if t.offload_depth != 0 {
         return 0;
     }
+    // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     split_on_cpu(t, now, C_ON_IN_NS);
     t.out_ns = 0;

@@ -63,7 +63,8 @@ impl Allocator {
     /// Only in a forked child.
     pub unsafe fn after_fork_child(&self) {
         for c in &self.classes {
-            c.force_unlock();
+            // SAFETY: in a forked child (our contract) no other thread can hold it.
+            unsafe { c.force_unlock() };
         }
     }
 }
@@ -114,7 +115,9 @@ unsafe impl GlobalAlloc for Allocator {
                 let mut g = self.classes[c].lock();
                 if g.free != 0 {
                     let b = g.free;
-                    g.free = *(b as *const usize);
+                    // SAFETY: a free block of this class holds the next free one in its
+                    // first word (dealloc wrote it); the class lock is held.
+                    g.free = unsafe { *(b as *const usize) };
                     return b as *mut u8;
                 }
                 if g.bump + size > g.end {
@@ -141,11 +144,14 @@ unsafe impl GlobalAlloc for Allocator {
         match class_of(&l) {
             Some(c) if l.align() <= 4096 => {
                 let mut g = self.classes[c].lock();
-                *(p as *mut usize) = g.free;
+                // SAFETY: p is a block of this class (GlobalAlloc's contract: same layout),
+                // at least a word, no longer the caller's; the class lock is held.
+                unsafe { *(p as *mut usize) = g.free };
                 g.free = p as usize;
             }
             _ => {
-                libc::munmap(p as *mut libc::c_void, page_round(l.size().max(1)));
+                // SAFETY: alloc mapped exactly this many pages at p for this layout.
+                unsafe { libc::munmap(p as *mut libc::c_void, page_round(l.size().max(1))) };
             }
         }
     }
@@ -158,6 +164,7 @@ mod tests {
     #[test]
     fn blocks_are_aligned_distinct_and_reused() {
         let a = Allocator::new();
+        // SAFETY: non-zero layouts; each block is freed once, with its own layout.
         unsafe {
             let l = Layout::from_size_align(24, 8).unwrap();
             let x = a.alloc(l);

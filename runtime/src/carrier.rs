@@ -52,6 +52,8 @@ pub struct Carrier {
 // the fork child handler, when no other thread exists); cross-thread fields are atomics
 // or locked.
 unsafe impl Sync for Carrier {}
+// SAFETY: nothing in a carrier is tied to the thread that built it (fds, atomics, cells
+// of plain data); it is built on the spawning thread, then run by its own.
 unsafe impl Send for Carrier {}
 
 thread_local! {
@@ -421,13 +423,20 @@ impl Carrier {
     /// # Safety
     /// Only in a forked child, on this carrier's thread.
     pub unsafe fn reset_in_child(&self, keep: Option<&Fiber>) {
-        self.inject.force_unlock();
+        // SAFETY: in a forked child (our contract) this is the only thread, so no one
+        // holds the lock and the carrier-local lists have no other user.
+        unsafe {
+            self.inject.force_unlock();
+        }
         self.inject.lock().clear();
         self.inject_len.store(0, SeqCst);
-        (*self.runq.get()).clear();
-        (*self.timers.get()).clear();
-        (*self.fdwait.get()).clear();
-        (*self.offloads.get()).clear();
+        // SAFETY: as above.
+        unsafe {
+            (*self.runq.get()).clear();
+            (*self.timers.get()).clear();
+            (*self.fdwait.get()).clear();
+            (*self.offloads.get()).clear();
+        }
         // Not closed: the parent still uses them; ours are fresh.
         if let Some((ep, wake)) = new_fds() {
             self.epfd.set(ep);
@@ -560,12 +569,14 @@ pub fn all() -> Vec<&'static Carrier> {
 pub unsafe fn after_fork_child() {
     // The child's carriers have new epolls: no remembered registration holds.
     crate::fd_facts::new_epoch();
-    CARRIERS.force_unlock();
+    // SAFETY: in a forked child (our contract) no other thread can hold it.
+    unsafe { CARRIERS.force_unlock() };
     let mut list = CARRIERS.lock();
     list.clear();
     if let Some(c) = this() {
         let keep = crate::fiber::current();
-        c.reset_in_child(keep);
+        // SAFETY: a forked child, and c is this thread's own carrier.
+        unsafe { c.reset_in_child(keep) };
         list.push(c as *const Carrier as usize);
     }
     stats::COUNTERS.carriers.store(list.len(), Relaxed);

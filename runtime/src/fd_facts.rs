@@ -214,8 +214,8 @@ mod tests {
     fn facts_are_learnt_then_forgotten() {
         let (a, b) = {
             let mut sv = [0; 2];
-            // SAFETY: a valid out-array of two fds.
             assert_eq!(
+                // SAFETY: a valid out-array of two fds.
                 unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, sv.as_mut_ptr()) },
                 0
             );

@@ -79,6 +79,9 @@ pub struct Fiber {
 // SAFETY: cross-thread access is limited to `state`, `join` (locked), `exited` and
 // `carrier` reads; everything else is touched by the owning carrier only.
 unsafe impl Sync for Fiber {}
+// SAFETY: a fiber is built on the creating thread and then run by its carrier's; its
+// coroutine holds the C start routine and argument, which pthread_create already lets
+// run on another thread.
 unsafe impl Send for Fiber {}
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -141,7 +144,8 @@ impl Fiber {
     /// # Safety
     /// `h` must be a handle of a live fiber (checked against the registry by callers).
     pub unsafe fn from_handle<'a>(h: libc::pthread_t) -> &'a Fiber {
-        &*(h as *const Fiber)
+        // SAFETY: a live fiber's handle is its address (handle()), per our contract.
+        unsafe { &*(h as *const Fiber) }
     }
 
     pub fn carrier(&self) -> &Carrier {
@@ -187,7 +191,9 @@ impl Fiber {
     /// # Safety
     /// The fiber has finished and nothing refers to it any more.
     pub unsafe fn free(f: *const Fiber) {
-        drop(Box::from_raw(f as *mut Fiber));
+        // SAFETY: Fiber::new made it with Box::into_raw, and our contract says no one
+        // refers to it any more.
+        drop(unsafe { Box::from_raw(f as *mut Fiber) });
     }
 }
 

@@ -85,6 +85,7 @@ pub fn patch_extra_rows() -> usize {
     if names.is_empty() {
         return 0;
     }
+    // SAFETY: an all-zero Dl_info is valid (null pointers, zero addresses).
     let mut own: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: dladdr on one of our own functions.
     unsafe { libc::dladdr(patch_extra_rows as *const c_void, &mut own) };
@@ -104,20 +105,23 @@ unsafe extern "C" fn each_object(
     _: usize,
     data: *mut c_void,
 ) -> c_int {
-    let p = &mut *(data as *mut Patch);
-    let info = &*info;
+    // SAFETY: data is the &mut Patch that patch_extra_rows passed, alive and unshared
+    // for the whole dl_iterate_phdr call; info is ld.so's, valid during the callback.
+    let (p, info) = unsafe { (&mut *(data as *mut Patch), &*info) };
     let base = info.dlpi_addr as usize;
     let name = if info.dlpi_name.is_null() {
         ""
     } else {
-        std::ffi::CStr::from_ptr(info.dlpi_name)
+        // SAFETY: ld.so's object name, NUL-terminated.
+        unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }
             .to_str()
             .unwrap_or("")
     };
     if name.contains("linux-vdso") || (base == p.own_base && base != 0) {
         return 0;
     }
-    let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
+    // SAFETY: ld.so's program headers of the loaded object, dlpi_phnum of them.
+    let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
     let Some(dynph) = phdrs.iter().find(|ph| ph.p_type == libc::PT_DYNAMIC) else {
         return 0;
     };
@@ -132,8 +136,10 @@ unsafe extern "C" fn each_object(
         }
     };
     let (mut symtab, mut strtab, mut jmprel, mut pltsz, mut rela, mut relasz) = (0, 0, 0, 0, 0, 0);
-    while (*dynp).d_tag != DT_NULL {
-        let d = &*dynp;
+    // SAFETY: the mapped dynamic section, read up to its DT_NULL terminator.
+    while unsafe { (*dynp).d_tag } != DT_NULL {
+        // SAFETY: as above, an entry before DT_NULL.
+        let d = unsafe { &*dynp };
         match d.d_tag {
             DT_SYMTAB => symtab = fix(d.d_un),
             DT_STRTAB => strtab = fix(d.d_un),
@@ -143,7 +149,8 @@ unsafe extern "C" fn each_object(
             DT_RELASZ => relasz = d.d_un as usize,
             _ => {}
         }
-        dynp = dynp.add(1);
+        // SAFETY: d was not DT_NULL, so the next entry is still in the section.
+        dynp = unsafe { dynp.add(1) };
     }
     if symtab == 0 || strtab == 0 {
         return 0;
@@ -153,15 +160,19 @@ unsafe extern "C" fn each_object(
             continue;
         }
         let n = size / std::mem::size_of::<libc::Elf64_Rela>();
-        let relocs = std::slice::from_raw_parts(start as *const libc::Elf64_Rela, n);
+        // SAFETY: the object's relocation table of `size` bytes, mapped by ld.so.
+        let relocs = unsafe { std::slice::from_raw_parts(start as *const libc::Elf64_Rela, n) };
         for r in relocs {
             let ty = (r.r_info & 0xffff_ffff) as u32;
             if ty != R_X86_64_JUMP_SLOT && ty != R_X86_64_GLOB_DAT {
                 continue;
             }
-            let sym = &*((symtab as *const libc::Elf64_Sym).add((r.r_info >> 32) as usize));
-            let sname =
-                std::ffi::CStr::from_ptr((strtab + sym.st_name as usize) as *const libc::c_char);
+            // SAFETY: a relocation's symbol index is within the object's symtab, and a
+            // symbol's st_name is a NUL-terminated string in its strtab.
+            let sname = unsafe {
+                let sym = &*((symtab as *const libc::Elf64_Sym).add((r.r_info >> 32) as usize));
+                std::ffi::CStr::from_ptr((strtab + sym.st_name as usize) as *const libc::c_char)
+            };
             let Some((_, tramp)) = p
                 .names
                 .iter()
@@ -172,12 +183,17 @@ unsafe extern "C" fn each_object(
             let slot = (base + r.r_offset as usize) as *mut usize;
             // The GOT may be read-only after relocation (RELRO): open the page briefly.
             let page = (slot as usize) & !4095;
-            libc::mprotect(
-                page as *mut c_void,
-                4096,
-                libc::PROT_READ | libc::PROT_WRITE,
-            );
-            std::ptr::write_volatile(slot, *tramp);
+            // SAFETY: slot is a JUMP_SLOT/GLOB_DAT entry of a mapped object, a pointer-
+            // sized GOT word; the trampoline has the row function's signature, so a call
+            // through the slot stays valid whenever it reads it.
+            unsafe {
+                libc::mprotect(
+                    page as *mut c_void,
+                    4096,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                );
+                std::ptr::write_volatile(slot, *tramp);
+            }
             p.patched += 1;
         }
     }

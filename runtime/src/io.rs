@@ -123,11 +123,13 @@ unsafe fn nonsocket_write(
     call: impl Fn(usize) -> isize,
     total: usize,
 ) -> isize {
-    let fl = libc::fcntl(fd, libc::F_GETFL);
+    // SAFETY: F_GETFL takes no pointer.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     if fl < 0 || fl & libc::O_NONBLOCK != 0 {
         return call(0);
     }
-    libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+    // SAFETY: F_SETFL takes an integer; the old flags are restored on every way out.
+    unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) };
     let mut put = 0usize;
     let r = loop {
         let r = call(put);
@@ -143,7 +145,8 @@ unsafe fn nonsocket_write(
         }
         if wait_fd(f, fd, OUT, None).is_err() {
             // Cannot watch it: finish the blocking way.
-            libc::fcntl(fd, libc::F_SETFL, fl);
+            // SAFETY: F_SETFL takes an integer: the application's own flags back.
+            unsafe { libc::fcntl(fd, libc::F_SETFL, fl) };
             let r = call(put);
             return if r < 0 && put > 0 {
                 put as isize
@@ -153,7 +156,8 @@ unsafe fn nonsocket_write(
         }
     };
     let e = real::errno();
-    libc::fcntl(fd, libc::F_SETFL, fl);
+    // SAFETY: F_SETFL takes an integer: the application's own flags back.
+    unsafe { libc::fcntl(fd, libc::F_SETFL, fl) };
     real::set_errno(e);
     r
 }
@@ -194,9 +198,10 @@ pub unsafe fn read(f: &Fiber, fd: c_int, buf: *mut c_void, n: usize) -> isize {
         return unsafe { (real::read())(fd, buf, n) };
     }
     crate::guard::handler_end(f);
-    // SAFETY (all calls below): caller's arguments, forwarded.
+    // SAFETY: the caller's buf of n bytes; MSG_DONTWAIT only makes it return early.
     let r = unsafe { (real::recv())(fd, buf, n, libc::MSG_DONTWAIT) };
     if r < 0 && real::errno() == libc::ENOTSOCK {
+        // SAFETY: the caller's buf of n bytes.
         return nonsocket(f, fd, IN, || unsafe { (real::read())(fd, buf, n) });
     }
     if !would_block(r) {
@@ -207,7 +212,9 @@ pub unsafe fn read(f: &Fiber, fd: c_int, buf: *mut c_void, n: usize) -> isize {
         fd,
         IN,
         Some(r),
+        // SAFETY: the caller's buf of n bytes.
         || unsafe { (real::recv())(fd, buf, n, libc::MSG_DONTWAIT) },
+        // SAFETY: the caller's buf of n bytes.
         || unsafe { (real::read())(fd, buf, n) },
     )
 }
@@ -222,7 +229,7 @@ pub unsafe fn recvfrom(
     alen: *mut socklen_t,
 ) -> isize {
     crate::guard::handler_end(f);
-    // SAFETY (all calls below): caller's arguments, forwarded.
+    // SAFETY: the caller's buf (n bytes), addr and alen, forwarded.
     let call = |fl: c_int| unsafe { (real::recvfrom())(fd, buf, n, fl, addr, alen) };
     if flags & libc::MSG_DONTWAIT != 0 {
         return call(flags);
@@ -231,14 +238,17 @@ pub unsafe fn recvfrom(
         // MSG_WAITALL with MSG_DONTWAIT returns what is there: keep collecting.
         let mut got = 0usize;
         while got < n {
+            // SAFETY: got < n: inside the caller's buf.
             let b = unsafe { (buf as *mut u8).add(got) } as *mut c_void;
             let r = retry(
                 f,
                 fd,
                 IN,
+                // SAFETY: b has n - got bytes left of the caller's buf.
                 || unsafe {
                     (real::recvfrom())(fd, b, n - got, flags | libc::MSG_DONTWAIT, addr, alen)
                 },
+                // SAFETY: b has n - got bytes left of the caller's buf.
                 || unsafe { (real::recvfrom())(fd, b, n - got, flags, addr, alen) },
             );
             if r <= 0 {
@@ -268,18 +278,21 @@ pub unsafe fn sendto(
     alen: socklen_t,
 ) -> isize {
     crate::guard::handler_end(f);
-    // SAFETY (all calls below): caller's arguments, forwarded.
     if flags & libc::MSG_DONTWAIT != 0 {
+        // SAFETY: the caller's buf (n bytes) and addr (alen bytes), forwarded.
         return unsafe { (real::sendto())(fd, buf, n, flags, addr, alen) };
     }
     let mut put = 0usize;
     loop {
+        // SAFETY: put < n (the loop returns once put >= n), or put = n = 0: the end.
         let b = unsafe { (buf as *const u8).add(put) } as *const c_void;
         let r = retry(
             f,
             fd,
             OUT,
+            // SAFETY: b has n - put bytes left of the caller's buf; addr is the caller's.
             || unsafe { (real::sendto())(fd, b, n - put, flags | libc::MSG_DONTWAIT, addr, alen) },
+            // SAFETY: b has n - put bytes left of the caller's buf; addr is the caller's.
             || unsafe { (real::sendto())(fd, b, n - put, flags, addr, alen) },
         );
         if r < 0 {
@@ -298,29 +311,32 @@ pub unsafe fn write(f: &Fiber, fd: c_int, buf: *const c_void, n: usize) -> isize
         return unsafe { (real::write())(fd, buf, n) };
     }
     crate::guard::handler_end(f);
-    // SAFETY (all calls below): caller's arguments, forwarded.
+    // SAFETY: the caller's buf of n bytes.
     let r = unsafe { (real::send())(fd, buf, n, libc::MSG_DONTWAIT) };
     if r < 0 && real::errno() == libc::ENOTSOCK {
-        return nonsocket_write(
-            f,
-            fd,
-            |off| (real::write())(fd, (buf as *const u8).add(off) as *const c_void, n - off),
-            n,
-        );
+        // SAFETY: nonsocket_write passes off < n: the rest of the caller's buf.
+        let call = |off| unsafe {
+            (real::write())(fd, (buf as *const u8).add(off) as *const c_void, n - off)
+        };
+        // SAFETY: F_GETFL/F_SETFL on the caller's fd only.
+        return unsafe { nonsocket_write(f, fd, call, n) };
     }
     if r >= 0 && r as usize == n || (r < 0 && !would_block(r)) {
         return r;
     }
     let done = r.max(0) as usize;
-    let rest = sendto(
-        f,
-        fd,
-        unsafe { (buf as *const u8).add(done) } as *const c_void,
-        n - done,
-        0,
-        std::ptr::null(),
-        0,
-    );
+    // SAFETY: done < n (r < n here): the rest of the caller's buf; no address.
+    let rest = unsafe {
+        sendto(
+            f,
+            fd,
+            (buf as *const u8).add(done) as *const c_void,
+            n - done,
+            0,
+            std::ptr::null(),
+            0,
+        )
+    };
     if rest < 0 {
         if done > 0 {
             done as isize
@@ -334,6 +350,7 @@ pub unsafe fn write(f: &Fiber, fd: c_int, buf: *const c_void, n: usize) -> isize
 
 pub unsafe fn recvmsg(f: &Fiber, fd: c_int, msg: *mut msghdr, flags: c_int) -> isize {
     crate::guard::handler_end(f);
+    // SAFETY: m is the caller's msghdr, or a copy of it over the rest of its iovecs.
     let call = |m: *mut msghdr, fl: c_int| unsafe { (real::recvmsg())(fd, m, fl) };
     if flags & libc::MSG_DONTWAIT != 0 {
         return call(msg, flags);
@@ -348,12 +365,15 @@ pub unsafe fn recvmsg(f: &Fiber, fd: c_int, msg: *mut msghdr, flags: c_int) -> i
         );
     }
     // MSG_WAITALL: keep receiving into what is left of the iovecs.
-    let iov: Vec<iovec> = std::slice::from_raw_parts((*msg).msg_iov, (*msg).msg_iovlen).to_vec();
+    // SAFETY: the caller's msghdr, whose msg_iov holds msg_iovlen iovecs.
+    let iov: Vec<iovec> =
+        unsafe { std::slice::from_raw_parts((*msg).msg_iov, (*msg).msg_iovlen) }.to_vec();
     let total: usize = iov.iter().map(|x| x.iov_len).sum();
     let mut got = 0usize;
     while got < total {
         let rest = advance(&iov, got);
-        let mut m = *msg;
+        // SAFETY: the caller's msghdr, readable.
+        let mut m = unsafe { *msg };
         m.msg_iov = rest.as_ptr() as *mut iovec;
         m.msg_iovlen = rest.len();
         let mp: *mut msghdr = &mut m;
@@ -366,9 +386,12 @@ pub unsafe fn recvmsg(f: &Fiber, fd: c_int, msg: *mut msghdr, flags: c_int) -> i
         );
         if got == 0 {
             // The control data and flags are the first call's.
-            (*msg).msg_controllen = m.msg_controllen;
-            (*msg).msg_flags = m.msg_flags;
-            (*msg).msg_namelen = m.msg_namelen;
+            // SAFETY: the caller's msghdr, which recvmsg(2) may write.
+            unsafe {
+                (*msg).msg_controllen = m.msg_controllen;
+                (*msg).msg_flags = m.msg_flags;
+                (*msg).msg_namelen = m.msg_namelen;
+            }
         }
         if r <= 0 {
             return if got > 0 { got as isize } else { r };
@@ -381,16 +404,20 @@ pub unsafe fn recvmsg(f: &Fiber, fd: c_int, msg: *mut msghdr, flags: c_int) -> i
 /// Blocking stream semantics: everything is sent (datagrams go whole or not at all).
 pub unsafe fn sendmsg(f: &Fiber, fd: c_int, msg: *const msghdr, flags: c_int) -> isize {
     crate::guard::handler_end(f);
+    // SAFETY: m is the caller's msghdr, or a copy of it over the rest of its iovecs.
     let call = |m: *const msghdr, fl: c_int| unsafe { (real::sendmsg())(fd, m, fl) };
     if flags & libc::MSG_DONTWAIT != 0 {
         return call(msg, flags);
     }
-    let iov: Vec<iovec> = std::slice::from_raw_parts((*msg).msg_iov, (*msg).msg_iovlen).to_vec();
+    // SAFETY: the caller's msghdr, whose msg_iov holds msg_iovlen iovecs.
+    let iov: Vec<iovec> =
+        unsafe { std::slice::from_raw_parts((*msg).msg_iov, (*msg).msg_iovlen) }.to_vec();
     let total: usize = iov.iter().map(|x| x.iov_len).sum();
     let mut put = 0usize;
     loop {
         let rest = advance(&iov, put);
-        let mut m = *msg;
+        // SAFETY: the caller's msghdr, readable.
+        let mut m = unsafe { *msg };
         m.msg_iov = rest.as_ptr() as *mut iovec;
         m.msg_iovlen = rest.len();
         if put > 0 {
@@ -430,9 +457,10 @@ pub unsafe fn readv(f: &Fiber, fd: c_int, iov: *const iovec, cnt: c_int) -> isiz
     }
     crate::guard::handler_end(f);
     let mut m = iov_msg(iov, cnt);
-    // SAFETY (all calls below): caller's arguments, forwarded.
+    // SAFETY: m points at the caller's cnt iovecs.
     let r = unsafe { (real::recvmsg())(fd, &mut m, libc::MSG_DONTWAIT) };
     if r < 0 && real::errno() == libc::ENOTSOCK {
+        // SAFETY: the caller's cnt iovecs.
         return nonsocket(f, fd, IN, || unsafe { (real::readv())(fd, iov, cnt) });
     }
     if !would_block(r) {
@@ -444,7 +472,9 @@ pub unsafe fn readv(f: &Fiber, fd: c_int, iov: *const iovec, cnt: c_int) -> isiz
         fd,
         IN,
         Some(r),
+        // SAFETY: mp is m, alive until retry_after returns, over the caller's iovecs.
         || unsafe { (real::recvmsg())(fd, mp, libc::MSG_DONTWAIT) },
+        // SAFETY: the caller's cnt iovecs.
         || unsafe { (real::readv())(fd, iov, cnt) },
     )
 }
@@ -462,15 +492,13 @@ pub unsafe fn writev(f: &Fiber, fd: c_int, iov: *const iovec, cnt: c_int) -> isi
     // SAFETY: a valid msghdr over the caller's buffers.
     let r = unsafe { (real::sendmsg())(fd, &m, libc::MSG_DONTWAIT) };
     if r < 0 && real::errno() == libc::ENOTSOCK {
-        return nonsocket_write(
-            f,
-            fd,
-            |off| {
-                let rest = advance(&v, off);
-                (real::writev())(fd, rest.as_ptr(), rest.len() as c_int)
-            },
-            total,
-        );
+        let call = |off| {
+            let rest = advance(&v, off);
+            // SAFETY: rest lies inside the caller's buffers.
+            unsafe { (real::writev())(fd, rest.as_ptr(), rest.len() as c_int) }
+        };
+        // SAFETY: F_GETFL/F_SETFL on the caller's fd only.
+        return unsafe { nonsocket_write(f, fd, call, total) };
     }
     if (r >= 0 && r as usize == total) || (r < 0 && !would_block(r)) {
         return r;
@@ -480,7 +508,8 @@ pub unsafe fn writev(f: &Fiber, fd: c_int, iov: *const iovec, cnt: c_int) -> isi
     let mut rest = advance(&v, put);
     loop {
         let m = iov_msg(rest.as_ptr(), rest.len() as c_int);
-        let r = sendmsg(f, fd, &m, 0);
+        // SAFETY: m is over rest, which lies inside the caller's buffers.
+        let r = unsafe { sendmsg(f, fd, &m, 0) };
         if r < 0 {
             return if put > 0 { put as isize } else { r };
         }
@@ -517,6 +546,7 @@ pub unsafe fn accept4(
     alen: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
+    // SAFETY: the caller's addr and alen (or nulls), forwarded.
     let call = || unsafe { (real::accept4())(fd, addr, alen, flags) };
     if fd_facts::nonblocking(fd) {
         return call();
@@ -529,7 +559,8 @@ pub unsafe fn accept4(
             events: libc::POLLIN,
             revents: 0,
         };
-        if (real::poll())(&mut p, 1, 0) != 0 {
+        // SAFETY: one local pollfd.
+        if unsafe { (real::poll())(&mut p, 1, 0) } != 0 {
             return call();
         }
         match wait_fd(f, fd, IN, deadline) {
@@ -544,12 +575,15 @@ pub unsafe fn accept4(
 }
 
 pub unsafe fn connect(f: &Fiber, fd: c_int, addr: *const sockaddr, alen: socklen_t) -> c_int {
-    // SAFETY (all calls below): caller's fd; flags restored before returning.
+    // SAFETY: F_GETFL takes no pointer.
     let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     if fl < 0 || fl & libc::O_NONBLOCK != 0 {
+        // SAFETY: the caller's addr of alen bytes.
         return unsafe { (real::connect())(fd, addr, alen) };
     }
+    // SAFETY: F_SETFL takes an integer; the old flags are restored below.
     unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) };
+    // SAFETY: the caller's addr of alen bytes.
     let mut r = unsafe { (real::connect())(fd, addr, alen) };
     let mut err = real::errno();
     if r < 0 && err == libc::EINPROGRESS {
@@ -562,6 +596,7 @@ pub unsafe fn connect(f: &Fiber, fd: c_int, addr: *const sockaddr, alen: socklen
             Ok(false) => {
                 let mut so: c_int = 0;
                 let mut len = std::mem::size_of::<c_int>() as socklen_t;
+                // SAFETY: so and len are locals of the size len says.
                 unsafe {
                     libc::getsockopt(
                         fd,
@@ -581,11 +616,13 @@ pub unsafe fn connect(f: &Fiber, fd: c_int, addr: *const sockaddr, alen: socklen
                     events: libc::POLLOUT,
                     revents: 0,
                 };
+                // SAFETY: one local pollfd.
                 unsafe { (real::poll())(&mut p, 1, -1) };
                 r = 0;
             }
         }
     }
+    // SAFETY: F_SETFL takes an integer: the application's own flags back.
     unsafe { libc::fcntl(fd, libc::F_SETFL, fl) };
     if r < 0 {
         real::set_errno(err);
@@ -675,7 +712,8 @@ pub unsafe fn select(
             });
         }
     }
-    let n = poll(f, pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, deadline);
+    // SAFETY: pfds is a local array of pfds.len() entries.
+    let n = unsafe { poll(f, pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, deadline) };
     if n < 0 {
         return n;
     }
@@ -727,7 +765,8 @@ pub unsafe fn epoll_wait(
     deadline: Option<u64>,
 ) -> c_int {
     loop {
-        let r = (real::epoll_wait())(ep, evs, max, 0);
+        // SAFETY: the caller's evs has room for max events.
+        let r = unsafe { (real::epoll_wait())(ep, evs, max, 0) };
         if r != 0 || deadline.is_some_and(|d| time::now_ns() >= d) {
             return r;
         }
@@ -737,7 +776,8 @@ pub unsafe fn epoll_wait(
                 let ms = deadline.map_or(-1, |d| {
                     (d.saturating_sub(time::now_ns()) / 1_000_000) as c_int
                 });
-                return (real::epoll_wait())(ep, evs, max, ms);
+                // SAFETY: the caller's evs has room for max events.
+                return unsafe { (real::epoll_wait())(ep, evs, max, ms) };
             }
         }
     }

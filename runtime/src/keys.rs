@@ -88,6 +88,7 @@ pub fn run_destructors(f: &Fiber) {
         // SAFETY: as in get; re-borrowed each time since destructors may set keys.
         let n = unsafe { (*f.keys.get()).len() };
         for k in 0..n {
+            // SAFETY: as in get; k < n and destructors only add keys, never remove.
             let v = unsafe {
                 let keys = &mut *f.keys.get();
                 std::mem::replace(&mut keys[k], std::ptr::null_mut())
@@ -113,5 +114,6 @@ pub fn run_destructors(f: &Fiber) {
 /// # Safety
 /// Only in a forked child.
 pub unsafe fn after_fork_child() {
-    DTORS.force_unlock();
+    // SAFETY: in a forked child (our contract) no other thread can hold it.
+    unsafe { DTORS.force_unlock() };
 }

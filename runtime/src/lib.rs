@@ -48,6 +48,7 @@ pub static ALLOC: alloc::Allocator = alloc::Allocator::new();
 use config::{Config, Fiberize};
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::OnceLock;
+use toffload_abi::runtime::RuntimeState;
 
 struct Settings {
     cfg: Config,
@@ -63,9 +64,12 @@ fn load() -> &'static Settings {
         Ok(cfg) => {
             log::set_level(cfg.log);
             let active = cfg.fiberize != Fiberize::Off;
-            stats::COUNTERS
-                .state
-                .store(if active { 1 } else { 2 }, Relaxed);
+            let state = if active {
+                RuntimeState::Active
+            } else {
+                RuntimeState::Disabled
+            };
+            stats::COUNTERS.state.store(state as usize, Relaxed);
             Settings { cfg, active }
         }
         Err(e) => {
@@ -73,7 +77,9 @@ fn load() -> &'static Settings {
             log::line(format_args!(
                 "{e}; the runtime stays disabled in this process"
             ));
-            stats::COUNTERS.state.store(2, Relaxed);
+            stats::COUNTERS
+                .state
+                .store(RuntimeState::Disabled as usize, Relaxed);
             Settings {
                 cfg: Config::default(),
                 active: false,

@@ -121,6 +121,7 @@ impl Row {
             if f != 0 {
                 // SAFETY: int accel_completion_fd(void).
                 let g: unsafe extern "C" fn() -> c_int = unsafe { std::mem::transmute(f) };
+                // SAFETY: it takes no arguments.
                 let r = unsafe { g() };
                 fd = if r >= 0 { r } else { -1 };
             }
@@ -155,8 +156,12 @@ pub unsafe fn call_blocking(row: usize, a: Args) -> c_long {
     if r.blocking == 0 {
         return -(libc::ENOSYS as c_long);
     }
-    let f: BlockingFn = std::mem::transmute(r.blocking);
-    f(a[0], a[1], a[2], a[3], a[4], a[5])
+    // SAFETY: a row's blocking function takes six word-sized arguments (the offload
+    // table's C ABI), and `a` are the application's own for it.
+    unsafe {
+        let f: BlockingFn = std::mem::transmute(r.blocking);
+        f(a[0], a[1], a[2], a[3], a[4], a[5])
+    }
 }
 
 /// The offload on a fiber: submit, park until done, release. Returns what the blocking
@@ -168,15 +173,22 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
     let rows = rows();
     let r = &rows[row];
     if !r.usable() {
-        return call_blocking(row, a);
+        // SAFETY: `a` are the caller's arguments for this row (our own contract).
+        return unsafe { call_blocking(row, a) };
     }
-    let submit: SubmitFn = std::mem::transmute(r.submit);
-    let done: DoneFn = std::mem::transmute(r.done);
-    let release: ReleaseFn = std::mem::transmute(r.release);
+    // SAFETY: usable(): all three resolved, to the backend's functions of these types.
+    let (submit, done, release) = unsafe {
+        (
+            std::mem::transmute::<usize, SubmitFn>(r.submit),
+            std::mem::transmute::<usize, DoneFn>(r.done),
+            std::mem::transmute::<usize, ReleaseFn>(r.release),
+        )
+    };
     stats::COUNTERS.offloads.fetch_add(1, Relaxed);
     let t0 = time::now_ns();
     let h = loop {
-        let h = submit(a[0], a[1], a[2], a[3], a[4], a[5]);
+        // SAFETY: submit takes the blocking function's arguments, the caller's.
+        let h = unsafe { submit(a[0], a[1], a[2], a[3], a[4], a[5]) };
         if h == -(libc::EAGAIN as c_long) {
             // The device is full: let the others finish something first.
             fiber::yield_now(f);
@@ -193,7 +205,8 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
         // Cheaper to wait than to switch away and back.
         stats::COUNTERS.offloads_inline.fetch_add(1, Relaxed);
         loop {
-            result.set(done(h));
+            // SAFETY: h is live: submitted above and not yet released.
+            result.set(unsafe { done(h) });
             if result.get() != 0 {
                 break;
             }
@@ -201,7 +214,8 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
         }
     } else {
         stats::COUNTERS.offloads_parked.fetch_add(1, Relaxed);
-        result.set(done(h));
+        // SAFETY: h is live: submitted above and not yet released.
+        result.set(unsafe { done(h) });
         if result.get() == 0 {
             let c = f.carrier();
             let fd = r.completion_fd(row);
@@ -210,14 +224,17 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
             } else {
                 POLLED_INFLIGHT.fetch_add(1, Relaxed);
             }
-            // SAFETY: carrier-local list; we are on the carrier's thread.
-            (*c.offloads.get()).push(OffloadWait {
-                fiber: f,
-                row,
-                handle: h,
-                submitted: t0,
-                result: &result,
-            });
+            // SAFETY: carrier-local list; we are on the carrier's thread, and the scan
+            // that reads it runs between fibers, not now.
+            unsafe {
+                (*c.offloads.get()).push(OffloadWait {
+                    fiber: f,
+                    row,
+                    handle: h,
+                    submitted: t0,
+                    result: &result,
+                })
+            };
             c.idle_poll.parked_offload();
             crate::guard::offload_park(f);
             while result.get() == 0 {
@@ -232,11 +249,14 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
     r.observe(time::now_ns().saturating_sub(t0));
     if result.get() == DONE_ASK_BLOCKING {
         // The operation is complete: the real call returns its exact result at once.
-        let rv = call_blocking(row, a);
-        release(h);
+        // SAFETY: `a` are the caller's arguments for this row.
+        let rv = unsafe { call_blocking(row, a) };
+        // SAFETY: h is live, released once, here.
+        unsafe { release(h) };
         return rv;
     }
-    let rel = release(h);
+    // SAFETY: h is live, released once, here.
+    let rel = unsafe { release(h) };
     if result.get() < 0 {
         result.get() as c_long
     } else {
@@ -255,6 +275,7 @@ pub fn scan(c: &Carrier, completion_seen: bool) {
     let rows = rows();
     let before = list.len();
     list.retain(|w| {
+        // SAFETY: only usable rows park waiters, and their done is this type.
         let done: DoneFn = unsafe { std::mem::transmute(rows[w.row].done) };
         // SAFETY: the handle is live until its fiber releases it, after this wake.
         let r = unsafe { done(w.handle) };
@@ -271,6 +292,7 @@ pub fn scan(c: &Carrier, completion_seen: bool) {
                 r
             })
         };
+        // SAFETY: the fiber is parked on this wait, so it is alive.
         fiber::wake(unsafe { &*w.fiber });
         false
     });
@@ -311,8 +333,10 @@ pub fn poll_interval(c: &Carrier, now: u64) -> Option<u64> {
 pub unsafe fn interposed(row: usize, a: Args) -> c_long {
     let saved = real::errno();
     let r = match fiber::current() {
-        Some(f) if !crate::settings().disabled.offload => offload(f, row, a),
-        _ => return call_blocking(row, a),
+        // SAFETY: `a` are the caller's arguments for this row (our own contract).
+        Some(f) if !crate::settings().disabled.offload => unsafe { offload(f, row, a) },
+        // SAFETY: as above.
+        _ => return unsafe { call_blocking(row, a) },
     };
     real::set_errno(saved);
     r

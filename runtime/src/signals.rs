@@ -46,10 +46,12 @@ pub fn installed() -> bool {
 pub unsafe fn app_sigaction(act: *const SigAction, old: *mut SigAction) -> c_int {
     let mut g = APP.lock();
     if !old.is_null() {
-        *old = g.unwrap_or_else(|| std::mem::zeroed());
+        // SAFETY: old is the caller's writable sigaction; all-zero is SIG_DFL, no flags.
+        unsafe { *old = g.unwrap_or_else(|| std::mem::zeroed()) };
     }
     if !act.is_null() {
-        *g = Some(*act);
+        // SAFETY: act is the caller's readable sigaction.
+        *g = Some(unsafe { *act });
     }
     0
 }
@@ -58,6 +60,7 @@ extern "C" fn on_fault(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
     let saved = crate::real::errno();
     // SAFETY: the kernel passes a valid siginfo and ucontext for SA_SIGINFO handlers.
     let addr = unsafe { (*info).si_addr() } as usize;
+    // SAFETY: this is the SIGSEGV handler, and ctx the kernel's ucontext.
     if unsafe { crate::guard::on_fault(addr, ctx) } {
         crate::real::set_errno(saved);
         return;

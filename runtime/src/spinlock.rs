@@ -13,6 +13,7 @@ pub struct SpinLock<T> {
 
 // SAFETY: access to `value` is serialized by `locked`.
 unsafe impl<T: Send> Sync for SpinLock<T> {}
+// SAFETY: T is Send, and the lock word is an atomic.
 unsafe impl<T: Send> Send for SpinLock<T> {}
 
 pub struct Guard<'a, T> {

@@ -106,7 +106,8 @@ unsafe impl Stack for FiberStack {
 /// # Safety
 /// Only in a forked child, before any other thread exists.
 pub unsafe fn after_fork_child() {
-    POOL.force_unlock();
+    // SAFETY: in a forked child (our contract) no other thread can hold it.
+    unsafe { POOL.force_unlock() };
 }
 
 /// Gives the calling carrier thread an alternate signal stack, so that the SIGSEGV

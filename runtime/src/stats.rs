@@ -4,68 +4,14 @@
 //! runtime engaged and what it did.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use toffload_abi::runtime::Counters;
 
-/// The counters, in one exported, C-laid-out block: a watcher (toffload-watch) reads
-/// it from the target's memory (process_vm_readv at the address of the
-/// `toffload_counters` symbol), so the runtime's numbers are visible without any
+/// The counters, in one exported, C-laid-out block (toffload-abi's layout): a watcher
+/// (toffload-watch) reads it from the target's memory at the address of the
+/// `toffload_counters` symbol, so the runtime's numbers are visible without any
 /// environment variable or file.
-#[repr(C)]
-pub struct Counters {
-    /// COUNTERS_MAGIC: says the block is what the watcher expects.
-    pub magic: AtomicU64,
-    pub version: AtomicU64,
-    pub fibers_created: AtomicUsize,
-    pub fibers_live: AtomicUsize,
-    pub carriers: AtomicUsize,
-    pub parks: AtomicUsize,
-    pub offloads: AtomicUsize,
-    pub offloads_parked: AtomicUsize,
-    pub offloads_inline: AtomicUsize,
-    pub io_parks: AtomicUsize,
-    /// 0 off, 1 detect, 2 enforce.
-    pub guard_mode: AtomicUsize,
-    pub guard_pages: AtomicUsize,
-    pub guard_faults: AtomicUsize,
-    pub guard_conflicts: AtomicUsize,
-    pub guard_serialized: AtomicUsize,
-    pub guard_released: AtomicUsize,
-    /// 0 knobs not read yet, 1 active, 2 disabled (a malformed knob or
-    /// TOFFLOAD_FIBERIZE=off): lets an injector tell a runtime that loaded but stays
-    /// out of the way from one that will fiberize.
-    pub state: AtomicUsize,
-    /// Detect's TOFFLOAD_GUARD_SAMPLE (percent of the time watched; 100 exact, and
-    /// for enforce); 0 while the guard is off or not armed. (Layout version 3.)
-    pub guard_sample: AtomicUsize,
-    /// Milliseconds the guard has watched since it armed (up to date within 50 ms
-    /// while watching).
-    pub guard_watched_ms: AtomicUsize,
-}
-
-/// "TOFFLOAD" in little-endian ASCII.
-pub const COUNTERS_MAGIC: u64 = u64::from_le_bytes(*b"TOFFLOAD");
-
 #[export_name = "toffload_counters"]
-pub static COUNTERS: Counters = Counters {
-    magic: AtomicU64::new(COUNTERS_MAGIC),
-    version: AtomicU64::new(3),
-    fibers_created: AtomicUsize::new(0),
-    fibers_live: AtomicUsize::new(0),
-    carriers: AtomicUsize::new(0),
-    parks: AtomicUsize::new(0),
-    offloads: AtomicUsize::new(0),
-    offloads_parked: AtomicUsize::new(0),
-    offloads_inline: AtomicUsize::new(0),
-    io_parks: AtomicUsize::new(0),
-    guard_mode: AtomicUsize::new(0),
-    guard_pages: AtomicUsize::new(0),
-    guard_faults: AtomicUsize::new(0),
-    guard_conflicts: AtomicUsize::new(0),
-    guard_serialized: AtomicUsize::new(0),
-    guard_released: AtomicUsize::new(0),
-    state: AtomicUsize::new(0),
-    guard_sample: AtomicUsize::new(0),
-    guard_watched_ms: AtomicUsize::new(0),
-};
+pub static COUNTERS: Counters = Counters::new();
 
 /// Of guard_released, the pages a real (non-fiber) thread touched: released because a
 /// thread cannot be parked (a server's own thread reading the counters at exit, say),

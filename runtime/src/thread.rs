@@ -105,41 +105,48 @@ pub unsafe fn create(
     caller: usize,
 ) -> c_int {
     if !crate::active() || !should_fiberize(caller) {
-        return (real::pthread_create())(out, attr, start, arg);
+        // SAFETY: the caller's pthread_create arguments, unchanged.
+        return unsafe { (real::pthread_create())(out, attr, start, arg) };
     }
     let cfg = crate::settings();
     let mut stack = cfg.stack_kb << 10;
     let mut detached = false;
     if !attr.is_null() {
         let mut sz: usize = 0;
-        if libc::pthread_attr_getstacksize(attr, &mut sz) == 0 {
+        // SAFETY: attr is the caller's initialized attribute object (non-null here).
+        if unsafe { libc::pthread_attr_getstacksize(attr, &mut sz) } == 0 {
             stack = stack.max(sz);
         }
         let mut ds: c_int = 0;
-        if pthread_attr_getdetachstate(attr, &mut ds) == 0 {
+        // SAFETY: as above; ds is a local.
+        if unsafe { pthread_attr_getdetachstate(attr, &mut ds) } == 0 {
             detached = ds == libc::PTHREAD_CREATE_DETACHED;
         }
     }
     let Some(c) = carrier::pick() else {
         // No carrier could start: a real thread is still better than failing.
-        return (real::pthread_create())(out, attr, start, arg);
+        // SAFETY: the caller's pthread_create arguments, unchanged.
+        return unsafe { (real::pthread_create())(out, attr, start, arg) };
     };
     let Some(f) = Fiber::new(start, arg, stack, detached) else {
         return libc::EAGAIN;
     };
-    (*f).carrier.set(c);
+    // SAFETY: Fiber::new returned a fresh, live allocation that nothing else sees yet.
+    let f = unsafe { &*f };
+    f.carrier.set(c);
     FIBERS
         .lock()
         .get_or_insert_with(HashSet::new)
-        .insert(f as usize);
+        .insert(f as *const Fiber as usize);
     if !out.is_null() {
-        *out = (*f).handle();
+        // SAFETY: out is the caller's pthread_t slot.
+        unsafe { *out = f.handle() };
     }
     crate::engage();
     stats::COUNTERS.fibers_created.fetch_add(1, Relaxed);
     stats::COUNTERS.fibers_live.fetch_add(1, Relaxed);
     c.live.fetch_add(1, Relaxed);
-    c.enqueue(&*f);
+    c.enqueue(f);
     0
 }
 
@@ -361,8 +368,11 @@ pub unsafe fn getname(h: pthread_t, out: *mut libc::c_char, len: usize) -> Optio
 /// # Safety
 /// Only in a forked child: the parent's fibers other than the running one are gone.
 pub unsafe fn after_fork_child() {
-    FIBERS.force_unlock();
-    BACKEND_BASES.force_unlock();
+    // SAFETY: in a forked child (our contract) no other thread can hold them.
+    unsafe {
+        FIBERS.force_unlock();
+        BACKEND_BASES.force_unlock();
+    }
     let keep = fiber::current().map(|f| f as *const Fiber as usize);
     let mut s = FIBERS.lock();
     if let Some(set) = s.as_mut() {

@@ -74,29 +74,28 @@ mod tests {
 
     #[test]
     fn deadlines() {
-        // SAFETY: valid timespecs throughout.
-        unsafe { deadlines_inner() }
-    }
-
-    unsafe fn deadlines_inner() {
         let bad = timespec {
             tv_sec: 1,
             tv_nsec: 2_000_000_000,
         };
-        assert_eq!(rel_deadline(&bad), Err(libc::EINVAL));
+        // SAFETY: a local timespec.
+        assert_eq!(unsafe { rel_deadline(&bad) }, Err(libc::EINVAL));
         let ten_ms = timespec {
             tv_sec: 0,
             tv_nsec: 10_000_000,
         };
-        let d = rel_deadline(&ten_ms).unwrap();
+        // SAFETY: a local timespec.
+        let d = unsafe { rel_deadline(&ten_ms) }.unwrap();
         let now = now_ns();
         assert!(d > now && d <= now + 10_000_000);
         // An absolute realtime deadline 10 ms ahead maps about 10 ms ahead.
         let rt = clock_ns(libc::CLOCK_REALTIME) + 10_000_000;
         let abs = to_timespec(rt);
-        let d = abs_deadline(libc::CLOCK_REALTIME, &abs).unwrap();
+        // SAFETY: a local timespec.
+        let d = unsafe { abs_deadline(libc::CLOCK_REALTIME, &abs) }.unwrap();
         let now = now_ns();
         assert!(d > now + 5_000_000 && d <= now + 10_000_000, "{}", d - now);
-        assert_eq!(abs_deadline(12345, &abs), Err(libc::EINVAL));
+        // SAFETY: a local timespec.
+        assert_eq!(unsafe { abs_deadline(12345, &abs) }, Err(libc::EINVAL));
     }
 }

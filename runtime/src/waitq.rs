@@ -160,7 +160,8 @@ impl WaitQueues {
     /// Only in a forked child.
     pub unsafe fn reset_in_child(&self) {
         for s in &self.shards {
-            s.force_unlock();
+            // SAFETY: in a forked child (our contract) no other thread can hold it.
+            unsafe { s.force_unlock() };
             *s.lock() = None;
         }
         self.waiting.store(0, SeqCst);

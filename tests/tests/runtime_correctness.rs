@@ -1724,6 +1724,7 @@ fn idle_poller_spins_only_while_offloads_are_in_flight() {
     if !ready(&["conn_server"]) {
         return;
     }
+    // SAFETY: sysconf takes only a name.
     let hz = (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).max(1) as f64;
     let auto = host_halts_idle_vcpu();
     println!("host halts idle vCPUs (auto turns the poller on): {auto}");

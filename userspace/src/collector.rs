@@ -45,8 +45,9 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    pub fn counter(&self, i: usize) -> u64 {
-        self.counters.get(i).copied().unwrap_or(0)
+    /// Counter `i` (a C_* index of toffload-abi).
+    pub fn counter(&self, i: u32) -> u64 {
+        self.counters.get(i as usize).copied().unwrap_or(0)
     }
 
     pub fn calls(&self, nr: usize) -> u64 {
@@ -60,13 +61,13 @@ impl Snapshot {
     /// An empty snapshot of the right shape (the baseline of a fresh watch).
     pub fn zero() -> Snapshot {
         Snapshot {
-            counters: vec![0; abi::N_COUNTERS],
-            syscalls: vec![0; abi::NR_MAX * 2],
-            stall: Hist::fine(vec![0; abi::FINE_BUCKETS]),
-            done: Hist::fine(vec![0; abi::FINE_BUCKETS]),
-            outside: Hist::fine(vec![0; abi::FINE_BUCKETS]),
+            counters: vec![0; abi::N_COUNTERS as usize],
+            syscalls: vec![0; abi::NR_MAX as usize * 2],
+            stall: Hist::fine(vec![0; abi::FINE_BUCKETS as usize]),
+            done: Hist::fine(vec![0; abi::FINE_BUCKETS as usize]),
+            outside: Hist::fine(vec![0; abi::FINE_BUCKETS as usize]),
             spin_tenths: vec![0; 11],
-            wake: Hist::fine(vec![0; abi::FINE_BUCKETS]),
+            wake: Hist::fine(vec![0; abi::FINE_BUCKETS as usize]),
             ..Default::default()
         }
     }
@@ -124,7 +125,7 @@ impl Collector {
             stack_frames: BTreeMap::new(),
             seen_threads: BTreeMap::new(),
             sys_hists: BTreeMap::new(),
-            last_calls: vec![0; abi::NR_MAX],
+            last_calls: vec![0; abi::NR_MAX as usize],
         })
     }
 
@@ -138,15 +139,15 @@ impl Collector {
     /// count: every thread in the kernel's table belongs to one of them, or to one
     /// forked since); `layout` judges futex sites.
     pub fn snapshot(&mut self, t: f64, pids: &[u32], layout: &Layout) -> Snapshot {
-        let counters = Self::array(&self.counters, abi::N_COUNTERS);
-        let syscalls = Self::array(&self.syscalls, abi::NR_MAX * 2);
+        let counters = Self::array(&self.counters, abi::N_COUNTERS as usize);
+        let syscalls = Self::array(&self.syscalls, abi::NR_MAX as usize * 2);
         // Histograms only of syscalls called since the last read: the others are
         // unchanged, and reading all 32768 buckets every window would cost.
-        for nr in 0..abi::NR_MAX {
+        for nr in 0..abi::NR_MAX as usize {
             let calls = syscalls[nr * 2];
             if calls != self.last_calls[nr] {
                 self.last_calls[nr] = calls;
-                let base = (nr * abi::SYS_BUCKETS) as u32;
+                let base = (nr * abi::SYS_BUCKETS as usize) as u32;
                 let counts = (0..abi::SYS_BUCKETS as u32)
                     .map(|b| {
                         self.sys_hist
@@ -158,11 +159,11 @@ impl Collector {
                 self.sys_hists.insert(nr, Hist::log2(counts));
             }
         }
-        let stall = Hist::fine(Self::array(&self.stall, abi::FINE_BUCKETS));
-        let done = Hist::fine(Self::array(&self.done, abi::FINE_BUCKETS));
-        let outside = Hist::fine(Self::array(&self.outside, abi::FINE_BUCKETS));
+        let stall = Hist::fine(Self::array(&self.stall, abi::FINE_BUCKETS as usize));
+        let done = Hist::fine(Self::array(&self.done, abi::FINE_BUCKETS as usize));
+        let outside = Hist::fine(Self::array(&self.outside, abi::FINE_BUCKETS as usize));
         let spin_tenths = Self::array(&self.spin_hist, 11);
-        let wake = Hist::fine(Self::array(&self.wake, abi::FINE_BUCKETS));
+        let wake = Hist::fine(Self::array(&self.wake, abi::FINE_BUCKETS as usize));
 
         // Threads: record, then drop exited ones from the kernel map (their final
         // numbers stay here).
@@ -203,8 +204,8 @@ impl Collector {
         let futex = futex::attribute(
             layout,
             &sites,
-            counters[abi::C_FUTEX_IN_OFFLOAD],
-            counters[abi::C_FUTEX_NOSTACK],
+            counters[abi::C_FUTEX_IN_OFFLOAD as usize],
+            counters[abi::C_FUTEX_NOSTACK as usize],
         );
         let live_threads = pids
             .iter()

@@ -7,6 +7,7 @@ use crate::metrics::Window;
 use crate::report::Header;
 use crate::sink::{Event, Sink, UserCmd};
 use std::time::Duration;
+use toffload_abi::runtime::GuardMode;
 use toffload_tui as tui;
 
 pub struct DashboardSink {
@@ -89,8 +90,8 @@ impl DashboardSink {
             });
         }
         self.state.guard = w.runtime_counters.as_ref().and_then(|r| {
-            (r.guard != "off").then(|| tui::GuardView {
-                mode: r.guard.to_string(),
+            (r.guard != GuardMode::Off).then(|| tui::GuardView {
+                mode: r.guard.name().to_string(),
                 faults: r.guard_faults,
                 conflicts: r.guard_conflicts,
                 serialized: r.guard_serialized,

@@ -28,11 +28,12 @@ impl Hist {
     }
 
     fn bounds(&self, i: usize) -> (f64, f64) {
-        if self.fine {
+        let (lo, w) = if self.fine {
             abi::fine_bounds(i)
         } else {
             abi::log2_bounds(i)
-        }
+        };
+        (lo as f64, w as f64)
     }
 
     /// The mean, each count taken at its bucket's middle (None when empty).
@@ -119,9 +120,9 @@ mod tests {
     use super::*;
 
     fn fine_of(values: &[u64]) -> Hist {
-        let mut counts = vec![0; abi::FINE_BUCKETS];
+        let mut counts = vec![0; abi::FINE_BUCKETS as usize];
         for &v in values {
-            counts[abi::fine_bucket(v)] += 1;
+            counts[abi::fine_bucket(v) as usize] += 1;
         }
         Hist::fine(counts)
     }

@@ -9,6 +9,7 @@ use crate::processes;
 use crate::syscalls;
 use crate::target::Runtime;
 use serde::Serialize;
+use toffload_abi::runtime::RuntimeState;
 
 /// What does not change between windows.
 #[derive(Clone, Debug)]
@@ -272,7 +273,7 @@ fn share_of(tenths: &[u64], range: std::ops::RangeInclusive<usize>) -> Option<f6
 
 /// The runtime's own account of the window, when it is loaded and active.
 fn fiber_runtime(prev: &Snapshot, cur: &Snapshot, secs: f64) -> Option<classifier::FiberRuntime> {
-    let c = cur.runtime.filter(|c| c.state == "active")?;
+    let c = cur.runtime.filter(|c| c.state == RuntimeState::Active)?;
     let d = match prev.runtime {
         Some(p) => c.events_minus(&p),
         None => c,
@@ -288,7 +289,7 @@ fn fiber_runtime(prev: &Snapshot, cur: &Snapshot, secs: f64) -> Option<classifie
 
 pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
     let secs = (cur.t - prev.t).max(1e-9);
-    let d = |i: usize| cur.counter(i).saturating_sub(prev.counter(i));
+    let d = |i: u32| cur.counter(i).saturating_sub(prev.counter(i));
     let offload_calls = d(abi::C_OFFLOAD_CALLS);
     // Under libtoffload.so the offloads go through the runtime, which the uprobes do
     // not time: its own counters count them (from zero when `prev` had none).
@@ -374,7 +375,7 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
     let (vol, invol) = (d(abi::C_VOL), d(abi::C_INVOL));
     let wake = cur.wake.minus(&prev.wake);
     let mut syscalls_total = 0;
-    let mut rows: Vec<SyscallRow> = (0..abi::NR_MAX)
+    let mut rows: Vec<SyscallRow> = (0..abi::NR_MAX as usize)
         .filter_map(|n| {
             let c = cur.calls(n).saturating_sub(prev.calls(n));
             if c == 0 || n == syscalls::URETPROBE {
@@ -527,13 +528,13 @@ mod tests {
         let prev = Snapshot::zero();
         let mut cur = Snapshot::zero();
         cur.t = 2.0;
-        cur.counters[abi::C_OFFLOAD_CALLS] = 1000;
-        cur.counters[abi::C_OFFLOAD_NS] = 1000 * 200_000;
-        cur.counters[abi::C_OFFLOAD_OFF_NS] = 1000 * 150_000;
-        cur.counters[abi::C_ON_NS] = 1000 * (50_000 + 10_000);
-        cur.counters[abi::C_VOL] = 1000;
-        cur.counters[abi::C_THREADS_CREATED] = 8;
-        cur.stall.counts[abi::fine_bucket(200_000)] = 1000;
+        cur.counters[abi::C_OFFLOAD_CALLS as usize] = 1000;
+        cur.counters[abi::C_OFFLOAD_NS as usize] = 1000 * 200_000;
+        cur.counters[abi::C_OFFLOAD_OFF_NS as usize] = 1000 * 150_000;
+        cur.counters[abi::C_ON_NS as usize] = 1000 * (50_000 + 10_000);
+        cur.counters[abi::C_VOL as usize] = 1000;
+        cur.counters[abi::C_THREADS_CREATED as usize] = 8;
+        cur.stall.counts[abi::fine_bucket(200_000) as usize] = 1000;
         cur.spin_tenths[2] = 750;
         cur.spin_tenths[10] = 250;
         let acc = syscalls::number("accept").unwrap();
@@ -571,7 +572,7 @@ mod tests {
         prev.threads.insert(2, t(1_000_000, 0));
         let mut cur = Snapshot::zero();
         cur.t = 1.0;
-        cur.counters[abi::C_OFFLOAD_CALLS] = 10;
+        cur.counters[abi::C_OFFLOAD_CALLS as usize] = 10;
         // Thread 1 calls the offload; 2 (old) and 3 (new) do not.
         cur.threads.insert(1, t(9_000_000, 15));
         cur.threads.insert(2, t(4_000_000, 0));

@@ -345,7 +345,7 @@ pub fn window_text(w: &Window, title: &str) -> String {
             r.offloads,
             r.offloads_parked,
             r.offloads_inline,
-            r.guard,
+            r.guard.name(),
             r.guard_conflicts,
             r.guard_serialized,
             r.guard_faults,

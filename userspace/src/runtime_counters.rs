@@ -1,21 +1,15 @@
 //! The fiber runtime's own counters, read from a watched process that runs under
-//! libtoffload.so: the runtime exports them as one C block (`toffload_counters`,
-//! runtime/src/stats.rs), which we read with process_vm_readv at the symbol's address
-//! in the target. No environment variable or file is needed, and a process without
-//! the runtime simply has none.
+//! libtoffload.so: the runtime exports them as one C block (`toffload_counters`, laid
+//! out by toffload-abi's `runtime::Counters`), which we read with process_vm_readv at
+//! the symbol's address in the target. No environment variable or file is needed, and
+//! a process without the runtime simply has none.
 
 use crate::target::{symbol, AddressSpace};
-use serde::Serialize;
-
-/// "TOFFLOAD" little-endian, and the layout versions this reader knows: 3 appends
-/// the sampled guard's two words to version 2's seventeen (a version-2 runtime is
-/// still read, without them).
-const MAGIC: u64 = u64::from_le_bytes(*b"TOFFLOAD");
-const VERSION: u64 = 3;
-const V2: u64 = 2;
-/// Version 2's words: every runtime's block has at least these.
-const WORDS_V2: usize = 17;
-const WORDS: usize = 19;
+use core::mem::offset_of;
+use serde::{Serialize, Serializer};
+use toffload_abi::runtime::{
+    word, Counters, GuardMode, RuntimeState, MAGIC, VERSION, VERSION_2, WORDS, WORDS_V2,
+};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct RuntimeCounters {
@@ -27,20 +21,30 @@ pub struct RuntimeCounters {
     pub offloads_parked: u64,
     pub offloads_inline: u64,
     pub io_parks: u64,
-    /// "off", "detect" or "enforce".
-    pub guard: &'static str,
+    /// "off", "detect" or "enforce" in JSON.
+    #[serde(serialize_with = "guard_name")]
+    pub guard: GuardMode,
     pub guard_pages: u64,
     pub guard_faults: u64,
     pub guard_conflicts: u64,
     pub guard_serialized: u64,
     pub guard_released: u64,
-    /// "loading", "active" or "disabled" (a malformed knob or TOFFLOAD_FIBERIZE=off).
-    pub state: &'static str,
+    /// "loading", "active" or "disabled" in JSON.
+    #[serde(serialize_with = "state_name")]
+    pub state: RuntimeState,
     /// Detect's sampled share of time, percent (100: exact); 0 when off or unknown
     /// (a version-2 runtime).
     pub guard_sample: u64,
     /// Milliseconds the guard watched.
     pub guard_watched_ms: u64,
+}
+
+fn guard_name<S: Serializer>(m: &GuardMode, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(m.name())
+}
+
+fn state_name<S: Serializer>(r: &RuntimeState, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(r.name())
 }
 
 impl RuntimeCounters {
@@ -123,36 +127,34 @@ impl TracedView {
 /// Decodes the block (version 2: its first 17 words are read); None unless the magic
 /// and version match.
 pub fn decode(w: &[u64; WORDS]) -> Option<RuntimeCounters> {
-    if w[0] != MAGIC || !(w[1] == VERSION || w[1] == V2) {
+    macro_rules! at {
+        ($field:ident) => {
+            w[word(offset_of!(Counters, $field))]
+        };
+    }
+    let version = at!(version);
+    if at!(magic) != MAGIC || !(version == VERSION || version == VERSION_2) {
         return None;
     }
-    let v3 = w[1] == VERSION;
+    let v3 = version == VERSION;
     Some(RuntimeCounters {
-        fibers_created: w[2],
-        fibers_live: w[3],
-        carriers: w[4],
-        parks: w[5],
-        offloads: w[6],
-        offloads_parked: w[7],
-        offloads_inline: w[8],
-        io_parks: w[9],
-        guard: match w[10] {
-            1 => "detect",
-            2 => "enforce",
-            _ => "off",
-        },
-        guard_pages: w[11],
-        guard_faults: w[12],
-        guard_conflicts: w[13],
-        guard_serialized: w[14],
-        guard_released: w[15],
-        state: match w[16] {
-            1 => "active",
-            2 => "disabled",
-            _ => "loading",
-        },
-        guard_sample: if v3 { w[17] } else { 0 },
-        guard_watched_ms: if v3 { w[18] } else { 0 },
+        fibers_created: at!(fibers_created),
+        fibers_live: at!(fibers_live),
+        carriers: at!(carriers),
+        parks: at!(parks),
+        offloads: at!(offloads),
+        offloads_parked: at!(offloads_parked),
+        offloads_inline: at!(offloads_inline),
+        io_parks: at!(io_parks),
+        guard: GuardMode::from_word(at!(guard_mode)),
+        guard_pages: at!(guard_pages),
+        guard_faults: at!(guard_faults),
+        guard_conflicts: at!(guard_conflicts),
+        guard_serialized: at!(guard_serialized),
+        guard_released: at!(guard_released),
+        state: RuntimeState::from_word(at!(state)),
+        guard_sample: if v3 { at!(guard_sample) } else { 0 },
+        guard_watched_ms: if v3 { at!(guard_watched_ms) } else { 0 },
     })
 }
 
@@ -189,7 +191,9 @@ pub fn read(pid: u32, addr: u64) -> Option<RuntimeCounters> {
     if !read_words(pid, addr, &mut w[..WORDS_V2]) {
         return None;
     }
-    if w[1] == VERSION && !read_words(pid, addr + WORDS_V2 as u64 * 8, &mut w[WORDS_V2..]) {
+    if w[word(offset_of!(Counters, version))] == VERSION
+        && !read_words(pid, addr + WORDS_V2 as u64 * 8, &mut w[WORDS_V2..])
+    {
         return None;
     }
     decode(&w)
@@ -211,7 +215,7 @@ mod tests {
         let c = decode(&w).unwrap();
         assert_eq!(
             (c.fibers_created, c.guard, c.guard_conflicts),
-            (64, "enforce", 5)
+            (64, GuardMode::Enforce, 5)
         );
         assert_eq!(c.guard_sample, 0);
         w[17] = 25;
@@ -219,7 +223,7 @@ mod tests {
         let c = decode(&w).unwrap();
         assert_eq!((c.guard_sample, c.guard_watched_ms), (25, 1234));
         // A version-2 runtime: its first 17 words, whatever follows them.
-        w[1] = V2;
+        w[1] = VERSION_2;
         let c = decode(&w).unwrap();
         assert_eq!(
             (c.guard_conflicts, c.guard_sample, c.guard_watched_ms),
@@ -227,6 +231,21 @@ mod tests {
         );
         w[1] = VERSION + 1;
         assert_eq!(decode(&w), None, "an unknown version is not guessed at");
+    }
+
+    /// The states are enums here and the same strings as ever in the JSON.
+    #[test]
+    fn states_serialize_as_their_names() {
+        let c = RuntimeCounters {
+            guard: GuardMode::Detect,
+            state: RuntimeState::Active,
+            ..Default::default()
+        };
+        let j = serde_json::to_value(c).unwrap();
+        assert_eq!(
+            (&j["guard"], &j["state"]),
+            (&"detect".into(), &"active".into())
+        );
     }
 
     /// Events counted while the probes were off are left out of the traced view, and

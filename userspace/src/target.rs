@@ -50,6 +50,7 @@ impl Liveness {
         // SAFETY: pidfd_open takes a pid and flags; a non-negative result is a new fd
         // owned here.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        // SAFETY: as just said: a fresh fd, owned by nothing else.
         let fd = (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) });
         Liveness { pid, fd }
     }

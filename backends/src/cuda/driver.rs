@@ -310,13 +310,14 @@ pub struct Context {
 
 // SAFETY: a CUcontext may be made current on any thread.
 unsafe impl Send for Context {}
+// SAFETY: the driver's context calls are thread-safe; a Context is never mutated.
 unsafe impl Sync for Context {}
 
 impl Context {
     pub fn retain(dev: sys::CUdevice) -> Result<Context, CuError> {
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: driver initialised by init(); out-pointer valid.
         check(
+            // SAFETY: driver initialised by init(); out-pointer valid.
             unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
             "creating the device context",
         )?;
@@ -335,8 +336,8 @@ impl Context {
         if CURRENT.with(|c| c.get()) == me {
             return Ok(());
         }
-        // SAFETY: a live context handle.
         check(
+            // SAFETY: a live context handle.
             unsafe { sys::cuCtxSetCurrent(self.ctx) },
             "making the context current",
         )?;

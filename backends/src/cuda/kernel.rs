@@ -186,6 +186,7 @@ pub struct Kernel {
 // SAFETY: CUDA module and function handles are usable from any thread that has the
 // context current.
 unsafe impl Send for Kernel {}
+// SAFETY: as for Send; the handles are only read after loading.
 unsafe impl Sync for Kernel {}
 
 /// Compiles aes_ctr.cu with NVRTC for compute capability `cc` (e.g. (9, 0)), loads it

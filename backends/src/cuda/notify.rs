@@ -20,8 +20,8 @@ impl Notifier {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: a fresh fd we own.
         Ok(Notifier {
+            // SAFETY: a fresh fd we own.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
         })
     }
@@ -56,10 +56,13 @@ unsafe extern "C" fn trampoline(user: *mut c_void) {
 /// The context must be current and `stream` live.
 pub unsafe fn after(stream: sys::CUstream, f: Callback) -> Result<(), CuError> {
     let user = Box::into_raw(Box::new(f)) as *mut c_void;
-    let r = sys::cuLaunchHostFunc(stream, Some(trampoline), user);
+    // SAFETY: context current and stream live (our contract); trampoline takes user,
+    // a leaked Box<Callback>, and the driver calls it at most once.
+    let r = unsafe { sys::cuLaunchHostFunc(stream, Some(trampoline), user) };
     if let Err(e) = check(r, "queueing the completion callback (cuLaunchHostFunc)") {
         // Not queued: reclaim it without running it.
-        drop(Box::from_raw(user as *mut Callback));
+        // SAFETY: the driver refused it, so trampoline will never take user: ours again.
+        drop(unsafe { Box::from_raw(user as *mut Callback) });
         return Err(e);
     }
     Ok(())

@@ -39,6 +39,8 @@ pub struct Lane {
 // allocation and publishing PENDING, with release ordering) and read after observing
 // that publication; see Lane::res_mut.
 unsafe impl Sync for Lane {}
+// SAFETY: its pinned buffer, device pointer and event belong to the context, not to a
+// thread: any thread with the context current may use them.
 unsafe impl Send for Lane {}
 
 impl Lane {
@@ -65,34 +67,44 @@ impl Lane {
     /// call this, with the context current.
     #[allow(clippy::mut_from_ref)]
     unsafe fn res_mut(&self) -> &mut LaneRes {
-        &mut *self.res.get()
+        // SAFETY: the caller owns the lane's slot (our contract): no other reference.
+        unsafe { &mut *self.res.get() }
     }
 
     /// # Safety
     /// Caller owns the lane (its slot is allocated to the caller's op, not yet published).
     pub unsafe fn ensure(&self, len: usize) -> Result<&LaneRes, CuError> {
-        let r = self.res_mut();
+        // SAFETY: the caller owns the lane (our contract).
+        let r = unsafe { self.res_mut() };
         if r.event.is_null() {
             // Blocking sync: a waiter in cuEventSynchronize sleeps instead of spinning;
             // no timing: recording is cheaper.
             let flags = sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32
                 | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-            check(sys::cuEventCreate(&mut r.event, flags), "creating an event")?;
+            check(
+                // SAFETY: the context is current; r.event is ours to fill.
+                unsafe { sys::cuEventCreate(&mut r.event, flags) },
+                "creating an event",
+            )?;
         }
         if r.cap < len {
             let cap = len.next_power_of_two().max(MIN_CAP);
-            free_buffers(r);
+            // SAFETY: the lane is ours and its previous op has drained: nothing uses them.
+            unsafe { free_buffers(r) };
             let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
             check(
-                sys::cuMemHostAlloc(&mut host, cap, 0),
+                // SAFETY: the context is current; host is a local out-pointer.
+                unsafe { sys::cuMemHostAlloc(&mut host, cap, 0) },
                 &format!("allocating {cap} bytes of pinned host memory"),
             )?;
             let mut dev: sys::CUdeviceptr = 0;
             if let Err(e) = check(
-                sys::cuMemAlloc_v2(&mut dev, cap),
+                // SAFETY: the context is current; dev is a local out-pointer.
+                unsafe { sys::cuMemAlloc_v2(&mut dev, cap) },
                 &format!("allocating {cap} bytes of device memory"),
             ) {
-                sys::cuMemFreeHost(host);
+                // SAFETY: allocated just above, shared with no one.
+                unsafe { sys::cuMemFreeHost(host) };
                 return Err(e);
             }
             r.host = host as *mut u8;
@@ -104,22 +116,29 @@ impl Lane {
 
     /// Frees everything. # Safety: no op in flight on this lane; context current.
     pub unsafe fn destroy(&self) {
-        let r = self.res_mut();
-        free_buffers(r);
+        // SAFETY: no op in flight on this lane (our contract): no other reference.
+        let r = unsafe { self.res_mut() };
+        // SAFETY: no op in flight uses them; the context is current.
+        unsafe { free_buffers(r) };
         if !r.event.is_null() {
-            sys::cuEventDestroy_v2(r.event);
+            // SAFETY: our event, no op in flight records it; the context is current.
+            unsafe { sys::cuEventDestroy_v2(r.event) };
             r.event = std::ptr::null_mut();
         }
     }
 }
 
+/// # Safety
+/// The context is current and nothing uses the buffers any more.
 unsafe fn free_buffers(r: &mut LaneRes) {
     if !r.host.is_null() {
-        sys::cuMemFreeHost(r.host as *mut std::ffi::c_void);
+        // SAFETY: from cuMemHostAlloc, unused (our contract), then forgotten.
+        unsafe { sys::cuMemFreeHost(r.host as *mut std::ffi::c_void) };
         r.host = std::ptr::null_mut();
     }
     if r.dev != 0 {
-        sys::cuMemFree_v2(r.dev);
+        // SAFETY: from cuMemAlloc_v2, unused (our contract), then forgotten.
+        unsafe { sys::cuMemFree_v2(r.dev) };
         r.dev = 0;
     }
     r.cap = 0;
@@ -134,6 +153,7 @@ pub struct Streams {
 
 // SAFETY: CUDA streams may be used from any thread with the context current.
 unsafe impl Send for Streams {}
+// SAFETY: as for Send; the round-robin cursor is an atomic.
 unsafe impl Sync for Streams {}
 
 impl Streams {
@@ -147,7 +167,11 @@ impl Streams {
         for _ in 0..n {
             let mut st: sys::CUstream = std::ptr::null_mut();
             let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-            check(sys::cuStreamCreate(&mut st, flags), "creating a stream")?;
+            check(
+                // SAFETY: the context is current (our contract); st is a local out-pointer.
+                unsafe { sys::cuStreamCreate(&mut st, flags) },
+                "creating a stream",
+            )?;
             s.list.push(st);
         }
         Ok(s)

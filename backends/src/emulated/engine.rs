@@ -78,6 +78,7 @@ impl Engine {
                 libc::TFD_CLOEXEC,
             ))?)
         };
+        // SAFETY: as above.
         let event = unsafe {
             OwnedFd::from_raw_fd(cvt(libc::eventfd(
                 0,

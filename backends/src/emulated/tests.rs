@@ -38,6 +38,7 @@ fn never_completes_before_its_latency() {
     let d = dev(20_000.0, 4, 64);
     let mut buf = pattern(64);
     let t = Instant::now();
+    // SAFETY: buf outlives the op, which is waited for and released below.
     let id = unsafe { d.submit(buf.as_mut_ptr(), buf.len()) }.unwrap();
     assert_eq!(d.done(id).unwrap(), OpState::Pending);
     d.wait(id).unwrap();
@@ -55,6 +56,7 @@ fn ops_beyond_lanes_queue_in_order() {
     let t = Instant::now();
     let ids: Vec<OpId> = bufs
         .iter_mut()
+        // SAFETY: each b outlives its op (released below) and is not touched meanwhile.
         .map(|b| unsafe { d.submit(b.as_mut_ptr(), b.len()) }.unwrap())
         .collect();
     d.wait(ids[0]).unwrap();
@@ -72,11 +74,13 @@ fn ops_beyond_lanes_queue_in_order() {
 fn bad_inputs_are_errors_not_crashes() {
     let d = dev(100.0, 4, 2);
     assert_eq!(
+        // SAFETY: a null buffer is rejected before use.
         unsafe { d.submit(std::ptr::null_mut(), 16) },
         Err(AccelError::NullBuffer)
     );
     let mut big = vec![0u8; 1];
     assert!(matches!(
+        // SAFETY: rejected on its length before the buffer is used.
         unsafe { d.submit(big.as_mut_ptr(), MAX_BYTES + 1) },
         Err(AccelError::TooLarge { .. })
     ));
@@ -87,9 +91,12 @@ fn bad_inputs_are_errors_not_crashes() {
     let mut a = pattern(8);
     let mut b = pattern(8);
     let mut c = pattern(8);
+    // SAFETY: a outlives its op, released below.
     let ia = unsafe { d.submit(a.as_mut_ptr(), 8) }.unwrap();
+    // SAFETY: b outlives its op, released below.
     let ib = unsafe { d.submit(b.as_mut_ptr(), 8) }.unwrap();
     assert_eq!(
+        // SAFETY: refused (table full): c is not used.
         unsafe { d.submit(c.as_mut_ptr(), 8) },
         Err(AccelError::TooManyInFlight { max: 2 })
     );
@@ -98,6 +105,7 @@ fn bad_inputs_are_errors_not_crashes() {
     assert_eq!(d.release(ia), Err(AccelError::BadHandle), "double release");
     assert_eq!(d.done(ia), Err(AccelError::BadHandle), "stale handle");
     // The freed slot is reused under a new generation; the old handle stays dead.
+    // SAFETY: c outlives its op, released below.
     let ic = unsafe { d.submit(c.as_mut_ptr(), 8) }.unwrap();
     assert_ne!(ic, ia);
     assert_eq!(d.done(ia), Err(AccelError::BadHandle));
@@ -106,6 +114,7 @@ fn bad_inputs_are_errors_not_crashes() {
     d.release(ib).unwrap();
     d.release(ic).unwrap();
     // Zero-length ops with a null buffer are legal no-ops.
+    // SAFETY: a null buffer with length 0 is never touched.
     let iz = unsafe { d.submit(std::ptr::null_mut(), 0) }.unwrap();
     d.wait(iz).unwrap();
     d.release(iz).unwrap();
@@ -116,6 +125,7 @@ fn release_of_pending_op_cancels_it() {
     let d = dev(5_000.0, 4, 8);
     let mut buf = pattern(256);
     let orig = buf.clone();
+    // SAFETY: buf outlives the op: released (cancelled) next, then only read.
     let id = unsafe { d.submit(buf.as_mut_ptr(), buf.len()) }.unwrap();
     d.release(id).unwrap();
     // Let its completion time pass: the device must leave the buffer alone and
@@ -132,6 +142,7 @@ fn release_of_pending_op_cancels_it() {
     let ids: Vec<OpId> = others
         .iter_mut()
         .map(|b| loop {
+            // SAFETY: each b outlives its op, released below.
             match unsafe { d.submit(b.as_mut_ptr(), 4) } {
                 Err(crate::AccelError::TooManyInFlight { .. }) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(1))
@@ -156,16 +167,20 @@ fn completion_fd_becomes_readable() {
         revents: 0,
     };
     assert_eq!(
+        // SAFETY: a local pollfd.
         unsafe { libc::poll(&mut pfd, 1, 0) },
         0,
         "nothing completed yet"
     );
     let mut buf = pattern(32);
+    // SAFETY: buf outlives the op, released below.
     let id = unsafe { d.submit(buf.as_mut_ptr(), 32) }.unwrap();
+    // SAFETY: a local pollfd.
     assert_eq!(unsafe { libc::poll(&mut pfd, 1, 5_000) }, 1);
     assert_eq!(d.done(id).unwrap(), OpState::Done);
     let mut v = 0u64;
     assert_eq!(
+        // SAFETY: 8 bytes into a local u64.
         unsafe { libc::read(fd, &mut v as *mut u64 as *mut _, 8) },
         8
     );

@@ -221,6 +221,7 @@ fn on_uffd_write(page: usize, tid: i32) {
         .and_then(|c| {
             // SAFETY: the carrier is blocked in this very fault; `current` is stable.
             let p = unsafe { std::ptr::read_volatile(c.current.as_ptr()) };
+            // SAFETY: a carrier's current fiber is alive while it runs on it.
             (!p.is_null()).then(|| unsafe { &*p })
         });
     record_write(page, fiber);
@@ -260,11 +261,11 @@ pub fn arm() {
     let pages: usize = ranges.iter().map(|r| (r.end - r.start) / PAGE).sum();
     crate::stats::COUNTERS.guard_pages.store(pages, Relaxed);
     let m = if cfg.guard == GuardMode::Enforce {
-        2
+        toffload_abi::runtime::GuardMode::Enforce
     } else {
-        1
+        toffload_abi::runtime::GuardMode::Detect
     };
-    crate::stats::COUNTERS.guard_mode.store(m, Relaxed);
+    crate::stats::COUNTERS.guard_mode.store(m as usize, Relaxed);
     *RANGES.lock() = ranges.clone();
     crate::signals::install();
     match cfg.guard {
@@ -655,7 +656,8 @@ pub unsafe fn on_fault(addr: usize, ctx: *mut libc::c_void) -> bool {
     }
     let page = addr & !(PAGE - 1);
     match mode() {
-        GuardMode::Enforce => own::on_fault(page, ctx),
+        // SAFETY: from the SIGSEGV handler with the kernel's context (our contract).
+        GuardMode::Enforce => unsafe { own::on_fault(page, ctx) },
         GuardMode::Detect => {
             if !MPROTECT_RANGES.lock().iter().any(|r| r.contains(page)) {
                 return false;
@@ -663,7 +665,8 @@ pub unsafe fn on_fault(addr: usize, ctx: *mut libc::c_void) -> bool {
             record_write(page, crate::fiber::current());
             DIRTY.lock().push(page);
             DIRTY_N.fetch_add(1, Relaxed);
-            libc::mprotect(page as *mut _, PAGE, libc::PROT_READ | libc::PROT_WRITE);
+            // SAFETY: a page of a guarded range, which the guard itself protected.
+            unsafe { libc::mprotect(page as *mut _, PAGE, libc::PROT_READ | libc::PROT_WRITE) };
             true
         }
         GuardMode::Off => false,

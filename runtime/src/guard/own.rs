@@ -71,7 +71,8 @@ pub fn arm(ranges: &[Range]) {
 pub unsafe fn on_fault(page: usize, ctx: *mut libc::c_void) -> bool {
     let uc = ctx as *mut libc::ucontext_t;
     // x86 page-fault error code: bit 1 = write access.
-    let write = (*uc).uc_mcontext.gregs[libc::REG_ERR as usize] & 2 != 0;
+    // SAFETY: the kernel's ucontext of this fault (our contract).
+    let write = unsafe { (*uc).uc_mcontext.gregs[libc::REG_ERR as usize] } & 2 != 0;
     crate::stats::COUNTERS.guard_faults.fetch_add(1, Relaxed);
     let mut g = PAGES.lock();
     let Some(st) = g.as_mut().and_then(|m| m.get_mut(&page)) else {
@@ -99,8 +100,9 @@ pub unsafe fn on_fault(page: usize, ctx: *mut libc::c_void) -> bool {
     if st.owner == 0 || st.owner == me {
         st.owner = me;
         st.written |= write;
-        // SAFETY: the running fiber's own list.
-        let owned = &mut *f.guard.owned.get();
+        // SAFETY: the running fiber's own list, touched only on its carrier's thread,
+        // and no other borrow of it is alive in this handler.
+        let owned = unsafe { &mut *f.guard.owned.get() };
         match owned.iter_mut().find(|(p, _)| *p == page) {
             Some(e) => e.1 |= write,
             None => owned.push((page, write)),
@@ -122,7 +124,8 @@ pub unsafe fn on_fault(page: usize, ctx: *mut libc::c_void) -> bool {
         .fetch_add(1, Relaxed);
     super::toffload_guard_serialized(page, f.id);
     f.guard.wait_page.set(page);
-    super::trampoline::redirect(uc);
+    // SAFETY: uc is the ucontext of this fault on the running fiber f.
+    unsafe { super::trampoline::redirect(uc) };
     true
 }
 
@@ -218,7 +221,8 @@ pub fn wait_for_page(f: &Fiber) {
 /// Only on the fiber's own carrier thread, with no other borrow of the list alive.
 #[allow(clippy::mut_from_ref)]
 unsafe fn owned(f: &Fiber) -> &mut Vec<(usize, bool)> {
-    &mut *f.guard.owned.get()
+    // SAFETY: exclusive by our contract.
+    unsafe { &mut *f.guard.owned.get() }
 }
 
 /// The fiber stops running: its pages become inaccessible to whoever runs next.
@@ -290,7 +294,9 @@ pub fn release_all(f: &Fiber) {
 /// # Safety
 /// Only in a forked child.
 pub unsafe fn after_fork_child() {
-    PAGES.force_unlock();
+    // SAFETY: in a forked child (our contract) no other thread can hold it.
+    unsafe { PAGES.force_unlock() };
     *PAGES.lock() = None;
-    WAITERS.reset_in_child();
+    // SAFETY: a forked child, as above.
+    unsafe { WAITERS.reset_in_child() };
 }

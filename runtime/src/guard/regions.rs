@@ -42,10 +42,17 @@ unsafe extern "C" fn first_object(
     _: usize,
     data: *mut c_void,
 ) -> i32 {
-    let out = &mut *(data as *mut Found);
-    let info = &*info;
+    // SAFETY: data is the caller's &mut Found, alive and unshared for the whole
+    // dl_iterate_phdr call; info and its program headers are ld.so's, valid during it.
+    let (out, info, phdrs) = unsafe {
+        let info = &*info;
+        (
+            &mut *(data as *mut Found),
+            info,
+            std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize),
+        )
+    };
     let base = info.dlpi_addr as usize;
-    let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
     for ph in phdrs {
         let (s, e) = (
             base + ph.p_vaddr as usize,
@@ -56,18 +63,22 @@ unsafe extern "C" fn first_object(
             libc::PT_GNU_RELRO => out.relro = Some((s, e)),
             libc::PT_DYNAMIC => {
                 let mut d = s as *const [u64; 2];
-                while (*d)[0] != 0 {
-                    match (*d)[0] {
-                        // DT_PLTGOT
-                        3 => {
-                            let v = (*d)[1] as usize;
-                            out.pltgot = if v < base { v + base } else { v };
+                // SAFETY: the mapped dynamic section of the object, (tag, value) pairs
+                // read up to its DT_NULL terminator.
+                unsafe {
+                    while (*d)[0] != 0 {
+                        match (*d)[0] {
+                            // DT_PLTGOT
+                            3 => {
+                                let v = (*d)[1] as usize;
+                                out.pltgot = if v < base { v + base } else { v };
+                            }
+                            // DT_PLTRELSZ
+                            2 => out.pltrelsz = (*d)[1] as usize,
+                            _ => {}
                         }
-                        // DT_PLTRELSZ
-                        2 => out.pltrelsz = (*d)[1] as usize,
-                        _ => {}
+                        d = d.add(1);
                     }
-                    d = d.add(1);
                 }
             }
             _ => {}

@@ -101,10 +101,13 @@ pub fn init() {
 /// # Safety
 /// `uc` is the ucontext of a fault on the running fiber.
 pub unsafe fn redirect(uc: *mut libc::ucontext_t) {
-    let g = &mut (*uc).uc_mcontext.gregs;
+    // SAFETY: the kernel's ucontext of this fault (our contract), not aliased here.
+    let g = unsafe { &mut (*uc).uc_mcontext.gregs };
     let rip = g[libc::REG_RIP as usize] as usize;
     let rsp = g[libc::REG_RSP as usize] as usize - 128 - 8;
-    *(rsp as *mut usize) = rip;
+    // SAFETY: below the fiber's rsp past the 128-byte red zone: its own stack, unused
+    // by the interrupted code; the trampoline returns through this word.
+    unsafe { *(rsp as *mut usize) = rip };
     g[libc::REG_RSP as usize] = rsp as i64;
     g[libc::REG_RIP as usize] = toffload_guard_trampoline as *const () as usize as i64;
 }

@@ -246,9 +246,11 @@ unsafe fn retry_plain(fd: c_int) -> Result<c_int, c_int> {
         features: FEATURE_PAGEFAULT_FLAG_WP | FEATURE_THREAD_ID,
         ioctls: 0,
     };
-    if libc::ioctl(fd, UFFDIO_API as _, &mut api) < 0 {
+    // SAFETY: UFFDIO_API takes a uffdio_api, which Api mirrors; api is a local.
+    if unsafe { libc::ioctl(fd, UFFDIO_API as _, &mut api) } < 0 {
         let e = crate::real::errno();
-        libc::close(fd);
+        // SAFETY: our own fd, unused after this.
+        unsafe { libc::close(fd) };
         return Err(e);
     }
     Ok(fd)

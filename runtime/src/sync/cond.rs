@@ -101,7 +101,8 @@ pub unsafe fn wait(abi: Abi, c: *mut c_void, m: *mut pthread_mutex_t, timeout: T
     let deadline = match timeout {
         None => None,
         Some((clock, ts)) => {
-            match time::abs_deadline(clock.unwrap_or_else(|| clock_of(abi, c)), ts) {
+            // SAFETY: ts is the caller's timespec (non-null for a timed wait).
+            match unsafe { time::abs_deadline(clock.unwrap_or_else(|| clock_of(abi, c)), ts) } {
                 Ok(d) => Some(d),
                 Err(e) => return e,
             }
@@ -113,9 +114,12 @@ pub unsafe fn wait(abi: Abi, c: *mut c_void, m: *mut pthread_mutex_t, timeout: T
         None => Slot::thread(),
     };
     COND_WAITERS.push(c as usize, &slot);
-    let r = match f {
-        Some(f) => mutex::unlock_fiber(m, f),
-        None => mutex::unlock_thread(m),
+    // SAFETY: m is the caller's mutex, locked by it, as pthread_cond_wait requires.
+    let r = unsafe {
+        match f {
+            Some(f) => mutex::unlock_fiber(m, f),
+            None => mutex::unlock_thread(m),
+        }
     };
     if r != 0 {
         COND_WAITERS.remove(c as usize, &slot);
@@ -136,7 +140,8 @@ pub unsafe fn wait(abi: Abi, c: *mut c_void, m: *mut pthread_mutex_t, timeout: T
         }
     }
     let r = match f {
-        Some(f) => mutex::lock(m, f, None),
+        // SAFETY: the application's mutex.
+        Some(f) => unsafe { mutex::lock(m, f, None) },
         // SAFETY: the application's mutex.
         None => unsafe { (real::pthread_mutex_lock())(m) },
     };

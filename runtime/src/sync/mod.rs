@@ -27,7 +27,10 @@ pub const RECHECK_NS: u64 = 10_000_000;
 /// # Safety
 /// Only in a forked child.
 pub unsafe fn after_fork_child() {
-    LOCK_WAITERS.reset_in_child();
-    COND_WAITERS.reset_in_child();
-    mutex::after_fork_child();
+    // SAFETY: in a forked child, as our own contract requires.
+    unsafe {
+        LOCK_WAITERS.reset_in_child();
+        COND_WAITERS.reset_in_child();
+        mutex::after_fork_child();
+    }
 }

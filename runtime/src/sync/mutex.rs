@@ -166,5 +166,6 @@ fn wake_waiter(m: *mut pthread_mutex_t, r: c_int) {
 /// # Safety
 /// Only in a forked child.
 pub unsafe fn after_fork_child() {
-    OWNERS.force_unlock();
+    // SAFETY: in a forked child (our contract) no other thread can hold it.
+    unsafe { OWNERS.force_unlock() };
 }

@@ -21,7 +21,9 @@ const DONE: i32 = 2;
 const RECHECK_NS: u64 = 1_000_000;
 
 pub unsafe fn once(ctl: *mut c_int, init: unsafe extern "C" fn(), f: &Fiber) -> c_int {
-    let word = AtomicI32::from_ptr(ctl);
+    // SAFETY: ctl is the caller's pthread_once_t, an aligned int that glibc and other
+    // threads access atomically too, live for the whole call.
+    let word = unsafe { AtomicI32::from_ptr(ctl) };
     loop {
         let v = word.load(Acquire);
         if v & DONE != 0 {
@@ -33,10 +35,12 @@ pub unsafe fn once(ctl: *mut c_int, init: unsafe extern "C" fn(), f: &Fiber) -> 
                 .compare_exchange(v, (v & !3) | IN_PROGRESS, Acquire, Acquire)
                 .is_ok()
             {
-                init();
+                // SAFETY: the caller's init routine, run once, as pthread_once(3) does.
+                unsafe { init() };
                 word.store(DONE, Release);
                 // Real threads wait in glibc on the word itself; fibers in our queue.
-                futex_wake(AtomicU32::from_ptr(ctl as *mut u32));
+                // SAFETY: the same word, seen as the u32 a futex takes.
+                futex_wake(unsafe { AtomicU32::from_ptr(ctl as *mut u32) });
                 LOCK_WAITERS.wake_all(ctl as usize);
                 return 0;
             }

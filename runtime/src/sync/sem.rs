@@ -12,7 +12,8 @@ use libc::{c_int, sem_t};
 
 pub unsafe fn wait(s: *mut sem_t, f: &Fiber, deadline: Option<u64>) -> c_int {
     loop {
-        if (real::sem_trywait())(s) == 0 {
+        // SAFETY: s is the caller's initialized semaphore.
+        if unsafe { (real::sem_trywait())(s) } == 0 {
             return 0;
         }
         if real::errno() != libc::EAGAIN {
@@ -20,7 +21,8 @@ pub unsafe fn wait(s: *mut sem_t, f: &Fiber, deadline: Option<u64>) -> c_int {
         }
         let slot = Slot::fiber(f);
         LOCK_WAITERS.push(s as usize, &slot);
-        if (real::sem_trywait())(s) == 0 {
+        // SAFETY: as above.
+        if unsafe { (real::sem_trywait())(s) } == 0 {
             if !LOCK_WAITERS.remove(s as usize, &slot) {
                 LOCK_WAITERS.wake_one(s as usize);
             }
@@ -30,7 +32,8 @@ pub unsafe fn wait(s: *mut sem_t, f: &Fiber, deadline: Option<u64>) -> c_int {
         fiber::park_until(f, Some(deadline.map_or(recheck, |d| d.min(recheck))));
         LOCK_WAITERS.remove(s as usize, &slot);
         if deadline.is_some_and(|d| time::now_ns() >= d) {
-            if (real::sem_trywait())(s) == 0 {
+            // SAFETY: as above.
+            if unsafe { (real::sem_trywait())(s) } == 0 {
                 return 0;
             }
             real::set_errno(libc::ETIMEDOUT);
@@ -40,7 +43,8 @@ pub unsafe fn wait(s: *mut sem_t, f: &Fiber, deadline: Option<u64>) -> c_int {
 }
 
 pub unsafe fn post(s: *mut sem_t) -> c_int {
-    let r = (real::sem_post())(s);
+    // SAFETY: s is the caller's initialized semaphore.
+    let r = unsafe { (real::sem_post())(s) };
     if r == 0 && LOCK_WAITERS.anyone_waiting() {
         LOCK_WAITERS.wake_one(s as usize);
     }

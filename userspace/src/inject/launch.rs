@@ -10,6 +10,7 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use toffload_abi::runtime::RuntimeState;
 
 fn pidfd_open(pid: u32) -> Result<OwnedFd, String> {
     // SAFETY: plain syscall; the result is a new descriptor or -1.
@@ -156,8 +157,8 @@ pub fn wait_ready(child: &mut Child, r: &Ready) -> Result<(), String> {
                 .and_then(|at| crate::runtime_counters::read(pid, at))
                 .map(|c| c.state)
             {
-                Some("active") => return Ok(()),
-                Some("disabled") => {
+                Some(RuntimeState::Active) => return Ok(()),
+                Some(RuntimeState::Disabled) => {
                     return Err(
                         "the preloaded runtime disabled itself (a malformed TOFFLOAD_* \
                                 knob or TOFFLOAD_FIBERIZE=off: the server's stderr names it)"
@@ -171,7 +172,7 @@ pub fn wait_ready(child: &mut Child, r: &Ready) -> Result<(), String> {
                             .into(),
                     )
                 }
-                Some(_) => {}
+                Some(RuntimeState::Loading) => {}
             }
         }
         if t0.elapsed() > r.limit {

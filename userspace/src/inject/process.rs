@@ -220,6 +220,7 @@ mod tests {
         assert_eq!(me.exe, std::env::current_exe().unwrap());
         assert_eq!(me.cwd, std::env::current_dir().unwrap());
         assert!(!me.argv.is_empty());
+        // SAFETY: geteuid takes nothing and cannot fail.
         assert_eq!(me.uid, unsafe { libc::geteuid() });
         // The CPUs as /proc says them (the main thread's mask: tests run on others).
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
