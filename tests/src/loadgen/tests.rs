@@ -118,3 +118,15 @@ fn the_timeline_adds_up_to_the_count_and_gives_rates_over_any_span() {
     assert_eq!(r.rate_between(a, b + 1.0), None);
     assert_eq!(r.rate_between(b, a), None);
 }
+
+#[test]
+fn a_light_open_loop_leaves_the_generator_mostly_idle_and_counts_its_capacity() {
+    let mut c = quick(echo_server(256, false));
+    c.rate = Some(500.0);
+    c.duration = Duration::from_secs(1);
+    let r = run(&c).unwrap();
+    // 500 answers/s take a few ms of a second: most of the run is spent waiting.
+    assert!(r.busy_share > 0.0 && r.busy_share < 0.5, "{r:?}");
+    // Its capacity is the answers over busy time: far above what it was asked for.
+    assert!(r.answers_per_busy_s > 2000.0, "{r:?}");
+}
