@@ -3,6 +3,7 @@
 mod bench;
 mod bench_remote;
 mod build;
+mod chart;
 mod demo;
 mod ebpf;
 mod gpu_check;
@@ -41,6 +42,8 @@ enum Cmd {
         #[command(subcommand)]
         which: bench::Which,
     },
+    /// Redraw every benchmark's chart (tests/results/*.svg) from the results in the tree.
+    Charts,
     /// The main job on the bundled default: a demo server under load, measured.
     Demo(demo::Args),
     /// Install the system packages a fresh machine lacks (needs root).
@@ -56,6 +59,7 @@ fn main() -> ExitCode {
         Cmd::BuildEbpf => ebpf::build(),
         Cmd::Test { args } => test::run(&args),
         Cmd::Bench { which } => bench::run(which),
+        Cmd::Charts => chart::draw_all(),
         Cmd::Demo(args) => demo::run(&args),
         Cmd::Setup => setup::system_packages(),
         Cmd::GpuCheck(args) => gpu_check::run(&args),
