@@ -77,13 +77,14 @@ pub fn run(which: Which) -> Result {
         Which::Device { args } => {
             crate::setup::system_packages()?;
             let out = paths::results().join("device.md");
-            proc::run(
+            let run = proc::run(
                 proc::cargo()
                     .args(["bench", "-p", "toffload-accel", "--bench", "device", "--"])
                     .arg("--out")
                     .arg(&out)
                     .args(&args),
-            )
+            );
+            charted(Bench::Device, run)
         }
         Which::Guard { args } => {
             let dist = crate::build::all()?;

@@ -3,6 +3,7 @@
 //! SVG beside it. `cargo xtask bench X` draws X's chart after the run; `cargo xtask
 //! charts` redraws them all from the results in the tree.
 
+mod device;
 mod guard;
 mod model;
 mod openloop;
@@ -21,6 +22,7 @@ use crate::proc::Result;
 /// The benchmarks that have a chart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bench {
+    Device,
     Runtime,
     Openloop,
     Model,
@@ -29,7 +31,8 @@ pub enum Bench {
 }
 
 impl Bench {
-    pub const ALL: [Bench; 5] = [
+    pub const ALL: [Bench; 6] = [
+        Bench::Device,
         Bench::Runtime,
         Bench::Openloop,
         Bench::Model,
@@ -40,6 +43,7 @@ impl Bench {
     /// The results file the chart is drawn from.
     pub fn source(self) -> &'static str {
         match self {
+            Bench::Device => "device.md",
             Bench::Runtime => "runtime.md",
             Bench::Openloop => "openloop.csv",
             Bench::Model => "model.md",
@@ -50,6 +54,7 @@ impl Bench {
 
     pub fn svg_name(self) -> &'static str {
         match self {
+            Bench::Device => "device.svg",
             Bench::Runtime => "runtime.svg",
             Bench::Openloop => "openloop.svg",
             Bench::Model => "model.svg",
@@ -60,6 +65,7 @@ impl Bench {
 
     pub fn chart(self, source: &str) -> Result<plot::Chart> {
         match self {
+            Bench::Device => device::chart(source),
             Bench::Runtime => runtime::chart(source),
             Bench::Openloop => openloop::chart(source),
             Bench::Model => model::chart(source),

@@ -77,6 +77,8 @@ pub enum Guide {
     HLine { y: f64, label: String },
     /// The band between y = lo * x and y = hi * x, and the line y = x.
     RatioBand { lo: f64, hi: f64, label: String },
+    /// The line y = x.
+    Diagonal { label: String },
     /// A marker (a cross) on a point of series `series`, labelled.
     Mark {
         series: usize,

@@ -253,6 +253,12 @@ fn draw_panel(area: &DrawingArea<SVGBackend, Shift>, panel: &Panel) -> Result<()
                     .map_err(err)?;
                 }
             }
+            Guide::Diagonal { label } => {
+                c.draw_series(LineSeries::new(vec![(x0, x0), (x1, x1)], BLACK.mix(0.6)))
+                    .map_err(err)?
+                    .label(label.as_str())
+                    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 12, y)], BLACK));
+            }
             Guide::HLine { .. } | Guide::RatioBand { .. } => {}
         }
     }
