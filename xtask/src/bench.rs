@@ -146,14 +146,15 @@ pub fn run(which: Which) -> Result {
         Which::Demo { args } => {
             let dist = crate::build::all()?;
             // Defaults first: a later flag in `args` overrides (clap keeps the last).
-            proc::run(
+            let run = proc::run(
                 Command::new(dist.bin.join("toffload-story"))
                     .args(["--runs", "5"])
                     .arg("--out")
                     .arg(paths::results().join("demo.md"))
                     .args(&args)
                     .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist")),
-            )
+            );
+            charted(Bench::Demo, run)
         }
         Which::Openloop { quick, args } => {
             let dist = crate::build::all()?;
@@ -183,6 +184,6 @@ pub fn run(which: Which) -> Result {
                 ),
             )
         }
-        Which::Remote { args } => crate::bench_remote::run(args),
+        Which::Remote { args } => charted(Bench::Remote, crate::bench_remote::run(args)),
     }
 }

@@ -3,11 +3,13 @@
 //! SVG beside it. `cargo xtask bench X` draws X's chart after the run; `cargo xtask
 //! charts` redraws them all from the results in the tree.
 
+mod demo;
 mod device;
 mod guard;
 mod model;
 mod openloop;
 pub mod plot;
+mod remote;
 pub mod render;
 mod runtime;
 pub mod table;
@@ -22,55 +24,65 @@ use crate::proc::Result;
 /// The benchmarks that have a chart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bench {
+    Demo,
     Device,
     Runtime,
     Openloop,
     Model,
     Guard,
     Watch,
+    Remote,
 }
 
 impl Bench {
-    pub const ALL: [Bench; 6] = [
+    pub const ALL: [Bench; 8] = [
+        Bench::Demo,
         Bench::Device,
         Bench::Runtime,
         Bench::Openloop,
         Bench::Model,
         Bench::Guard,
         Bench::Watch,
+        Bench::Remote,
     ];
 
     /// The results file the chart is drawn from.
     pub fn source(self) -> &'static str {
         match self {
+            Bench::Demo => "demo.md",
             Bench::Device => "device.md",
             Bench::Runtime => "runtime.md",
             Bench::Openloop => "openloop.csv",
             Bench::Model => "model.md",
             Bench::Guard => "guard.md",
             Bench::Watch => "watch.md",
+            Bench::Remote => "remote.md",
         }
     }
 
     pub fn svg_name(self) -> &'static str {
         match self {
+            Bench::Demo => "demo.svg",
             Bench::Device => "device.svg",
             Bench::Runtime => "runtime.svg",
             Bench::Openloop => "openloop.svg",
             Bench::Model => "model.svg",
             Bench::Guard => "guard.svg",
             Bench::Watch => "watch.svg",
+            Bench::Remote => "remote.svg",
         }
     }
 
     pub fn chart(self, source: &str) -> Result<plot::Chart> {
         match self {
+            Bench::Demo => demo::chart(source),
             Bench::Device => device::chart(source),
             Bench::Runtime => runtime::chart(source),
             Bench::Openloop => openloop::chart(source),
             Bench::Model => model::chart(source),
             Bench::Guard => guard::chart(source),
             Bench::Watch => watch::chart(source),
+            Bench::Remote => remote::chart(source),
         }
     }
 }
