@@ -38,6 +38,10 @@ struct Args {
     /// Request size, bytes.
     #[arg(long, default_value_t = 1024)]
     size: usize,
+    /// Load generator threads, each with its share of the connections and the rate
+    /// (all on the load's core: more help only where one thread is the limit).
+    #[arg(long, default_value_t = 1)]
+    load_threads: usize,
     /// First offered load, requests/s.
     #[arg(long, default_value_t = 500.0)]
     start: f64,
@@ -210,7 +214,7 @@ fn run_once(a: &Args, mode: Mode, lat: u32, rate: f64) -> Result<Run, String> {
     // Past the knee answers are seconds late; a shorter limit only turns them into
     // errors, which the knee rule does not need.
     cfg.timeout = Duration::from_secs(5);
-    let r = load::run(&cfg).map_err(|e| e.to_string())?;
+    let r = load::run_threads(&cfg, a.load_threads).map_err(|e| e.to_string())?;
     if !server.alive() {
         return Err(format!(
             "conn_server ({}) died at {rate:.0}/s: {:?}",
@@ -552,11 +556,12 @@ fn report(a: &Args, sweeps: &[Sweep], gen: &GenLoad, cond: Conditions) -> String
     }
     let _ = writeln!(
         t,
-        "\nThe load generator (one epoll thread on core 1), in the run with the most \
+        "\nThe load generator ({} epoll thread(s) on core 1), in the run with the most \
          answers (offered {:.0}/s, achieved {:.0}/s): busy {:.0}% of the time (sending \
          and handling answers; wall time, so time lost to other work on its core counts \
          as busy), so {:.0} answers per busy second: about what it can offer on this \
          machine. The highest knee here is {}.",
+        a.load_threads,
         gen.offered,
         gen.achieved,
         gen.busy_share * 100.0,
@@ -606,9 +611,15 @@ fn set_nice(n: i32) -> i32 {
 }
 
 fn real_main(a: &Args) -> Result<(), String> {
-    if a.runs == 0 || a.conns == 0 || a.step <= 1.0 || a.start <= 0.0 || a.spin_start <= 0.0 {
+    if a.runs == 0
+        || a.conns == 0
+        || a.load_threads == 0
+        || a.step <= 1.0
+        || a.start <= 0.0
+        || a.spin_start <= 0.0
+    {
         return Err(
-            "--runs and --conns must be at least 1, --step above 1, the starts above 0".into(),
+            "--runs, --conns and --load-threads must be at least 1, --step above 1, the starts above 0".into(),
         );
     }
     if harness::cpus() >= 2 {

@@ -5,6 +5,7 @@ mod conn;
 pub mod payload;
 pub mod rng;
 mod stats;
+mod threads;
 
 use conn::{Conn, Progress};
 use serde::{Deserialize, Serialize};
@@ -13,6 +14,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 pub use stats::Latencies;
+pub use threads::run_threads;
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -167,6 +169,11 @@ fn now_ns(t0: Instant) -> u64 {
 }
 
 pub fn run(cfg: &Config) -> Result<Report, LoadError> {
+    run_with_latencies(cfg).map(|(r, _)| r)
+}
+
+/// A run, and the histogram its percentiles came from.
+fn run_with_latencies(cfg: &Config) -> Result<(Report, Latencies), LoadError> {
     if cfg.conns == 0 || cfg.size == 0 {
         return Err(LoadError::Config(
             "--conns and --size must be at least 1".into(),
@@ -207,7 +214,9 @@ pub fn run(cfg: &Config) -> Result<Report, LoadError> {
         busy_ns: 0,
         answered_all: 0,
     };
-    let result = run.drive(&mut rng);
+    let result = run
+        .drive(&mut rng)
+        .map(|r| (r, std::mem::take(&mut run.lat)));
     // SAFETY: our epoll fd.
     unsafe { libc::close(epfd) };
     result
