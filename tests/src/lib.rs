@@ -4,6 +4,7 @@
 
 pub mod harness;
 pub mod loadgen;
+pub mod openloop;
 pub mod preload;
 pub mod tmux;
 /// The load generator (short name).

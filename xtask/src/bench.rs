@@ -1,6 +1,8 @@
 //! `cargo xtask bench ...`: each benchmark prints its table and writes it under
-//! tests/results/ so that the numbers the README quotes are in the repository.
+//! tests/results/ so that the numbers the README quotes are in the repository, and
+//! those with a chart draw it beside the table (chart/).
 
+use crate::chart::{self, Bench};
 use crate::paths;
 use crate::proc::{self, Result};
 use clap::Subcommand;
@@ -46,6 +48,16 @@ pub enum Which {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Latency under offered load: conn_server stock (block, spin) and under the
+    /// runtime, open-loop Poisson load swept up to each knee -> openloop.md, .csv.
+    Openloop {
+        /// A shorter sweep (one 0.4 s run per point, 2 fine steps) for a first look.
+        #[arg(long)]
+        quick: bool,
+        /// Extra arguments for toffload-openloop (e.g. `-- --runs 3`; see its --help).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
     /// The remote backend over namespaced, shaped links (needs root) -> remote.md.
     Remote {
         #[arg(last = true)]
@@ -59,85 +71,134 @@ pub enum Which {
     },
 }
 
+/// Draws the chart after a run, also after one that failed its targets (the table
+/// was written); the run's own failure comes first.
+fn charted(b: Bench, run: Result) -> Result {
+    let drawn = chart::draw(b);
+    run.and(drawn)
+}
+
 pub fn run(which: Which) -> Result {
     match which {
         Which::Device { args } => {
             crate::setup::system_packages()?;
             let out = paths::results().join("device.md");
-            proc::run(
+            let run = proc::run(
                 proc::cargo()
                     .args(["bench", "-p", "toffload-accel", "--bench", "device", "--"])
                     .arg("--out")
                     .arg(&out)
                     .args(&args),
-            )
+            );
+            charted(Bench::Device, run)
         }
         Which::Guard { args } => {
             let dist = crate::build::all()?;
-            proc::run(
-                Command::new(dist.bin.join("toffload-guard-bench"))
-                    .arg("--out")
-                    .arg(paths::results().join("guard.md"))
-                    .args(&args)
-                    .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist")),
+            charted(
+                Bench::Guard,
+                proc::run(
+                    Command::new(dist.bin.join("toffload-guard-bench"))
+                        .arg("--out")
+                        .arg(paths::results().join("guard.md"))
+                        .args(&args)
+                        .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist")),
+                ),
             )
         }
         Which::Runtime { args } => {
             let dist = crate::build::all()?;
             let out = paths::results().join("runtime.md");
             // Defaults first: a later flag in `args` overrides (clap keeps the last).
-            proc::run(
-                Command::new(dist.bin.join("toffload-table"))
-                    .args([
-                        "--runs",
-                        "5",
-                        "--secs",
-                        "1.5",
-                        "--switch",
-                        "--idle",
-                        "--syscalls",
-                    ])
-                    .arg("--out")
-                    .arg(&out)
-                    .args(&args)
-                    .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist")),
+            charted(
+                Bench::Runtime,
+                proc::run(
+                    Command::new(dist.bin.join("toffload-table"))
+                        .args([
+                            "--runs",
+                            "5",
+                            "--secs",
+                            "1.5",
+                            "--switch",
+                            "--idle",
+                            "--syscalls",
+                        ])
+                        .arg("--out")
+                        .arg(&out)
+                        .args(&args)
+                        .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist")),
+                ),
             )
         }
         Which::Model { args } => {
             let dist = crate::build::all()?;
-            proc::run(
-                Command::new(dist.bin.join("toffload-model-bench"))
-                    .arg("--out")
-                    .arg(paths::results().join("model.md"))
-                    .args(&args)
-                    .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist")),
+            charted(
+                Bench::Model,
+                proc::run(
+                    Command::new(dist.bin.join("toffload-model-bench"))
+                        .arg("--out")
+                        .arg(paths::results().join("model.md"))
+                        .args(&args)
+                        .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist")),
+                ),
             )
         }
         Which::Watch { args } => {
             let dist = crate::build::all()?;
             let out = paths::results().join("watch.md");
-            proc::run(
-                proc::cargo()
-                    .args(["bench", "-p", "toffload-watch", "--bench", "watch", "--"])
-                    .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist"))
-                    .arg("--out")
-                    .arg(&out)
-                    .args(&args),
+            charted(
+                Bench::Watch,
+                proc::run(
+                    proc::cargo()
+                        .args(["bench", "-p", "toffload-watch", "--bench", "watch", "--"])
+                        .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist"))
+                        .arg("--out")
+                        .arg(&out)
+                        .args(&args),
+                ),
             )
         }
         Which::Demo { args } => {
             let dist = crate::build::all()?;
             // Defaults first: a later flag in `args` overrides (clap keeps the last).
-            proc::run(
+            let run = proc::run(
                 Command::new(dist.bin.join("toffload-demo"))
                     .args(["--runs", "5"])
                     .arg("--out")
                     .arg(paths::results().join("demo.md"))
                     .args(&args)
                     .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist")),
+            );
+            charted(Bench::Demo, run)
+        }
+        Which::Openloop { quick, args } => {
+            let dist = crate::build::all()?;
+            let mut cmd = Command::new(dist.bin.join("toffload-openloop"));
+            if quick {
+                cmd.args([
+                    "--runs",
+                    "1",
+                    "--secs",
+                    "0.4",
+                    "--min-samples",
+                    "600",
+                    "--fine",
+                    "2",
+                ]);
+            }
+            // A later flag in `args` overrides (clap keeps the last).
+            charted(
+                Bench::Openloop,
+                proc::run(
+                    cmd.arg("--out")
+                        .arg(paths::results().join("openloop.md"))
+                        .arg("--csv")
+                        .arg(paths::results().join("openloop.csv"))
+                        .args(&args)
+                        .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist")),
+                ),
             )
         }
-        Which::Remote { args } => crate::bench_remote::run(args),
+        Which::Remote { args } => charted(Bench::Remote, crate::bench_remote::run(args)),
         Which::Reroute { args } => crate::bench_reroute::run(args),
     }
 }

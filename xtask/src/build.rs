@@ -43,6 +43,7 @@ const RUST_BINS: &[&str] = &[
     "toffload-demo",
     "toffload-model-bench",
     "toffload-guard-bench",
+    "toffload-openloop",
     "toffload-watch",
 ];
 

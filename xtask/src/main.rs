@@ -4,6 +4,7 @@ mod bench;
 mod bench_remote;
 mod bench_reroute;
 mod build;
+mod chart;
 mod demo;
 mod docs_cover;
 mod ebpf;
@@ -47,6 +48,8 @@ enum Cmd {
         #[command(subcommand)]
         which: bench::Which,
     },
+    /// Redraw every benchmark's chart (tests/results/*.svg) from the results in the tree.
+    Charts,
     /// The main job on the bundled default: a demo server under load, measured.
     Demo(demo::Args),
     /// Install the system packages a fresh machine lacks (needs root).
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
         Cmd::Test { args } => test::run(&args),
         Cmd::Fuzz => fuzz::run(test::under_ci()),
         Cmd::Bench { which } => bench::run(which),
+        Cmd::Charts => chart::draw_all(),
         Cmd::Demo(args) => demo::run(&args),
         Cmd::Setup => setup::system_packages(),
         Cmd::GpuCheck(args) => gpu_check::run(&args),

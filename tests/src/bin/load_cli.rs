@@ -21,6 +21,9 @@ struct Args {
     /// Connections.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     conns: u64,
+    /// Generator threads, each with its share of the connections and of --rate.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
+    threads: u64,
     /// Measured time, e.g. 5s, 500ms.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     duration: Duration,
@@ -71,7 +74,7 @@ fn main() -> ExitCode {
     cfg.timeout = a.timeout;
     cfg.connect_timeout = a.connect_timeout;
     cfg.seed = a.seed;
-    let r = match load::run(&cfg) {
+    let r = match load::run_threads(&cfg, a.threads as usize) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("toffload-load: {e}");

@@ -5,6 +5,7 @@ mod conn;
 pub mod payload;
 pub mod rng;
 mod stats;
+mod threads;
 
 use conn::{Conn, Progress};
 use serde::{Deserialize, Serialize};
@@ -13,6 +14,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 pub use stats::Latencies;
+pub use threads::run_threads;
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -75,6 +77,15 @@ pub struct Report {
     pub timeline_start: f64,
     #[serde(default)]
     pub timeline: Vec<u64>,
+    /// Share of the whole run (warm-up included) the generator's thread spent sending
+    /// and handling answers rather than waiting or polling in vain: how close it came
+    /// to saturating (wall time, so time the thread lost to other work counts as busy).
+    #[serde(default)]
+    pub busy_share: f64,
+    /// Answers per second of that busy time: about the most this one thread could
+    /// drive against a server that answers at once.
+    #[serde(default)]
+    pub answers_per_busy_s: f64,
 }
 
 /// The timeline's step, seconds.
@@ -146,6 +157,11 @@ struct Run<'a> {
     wrong: u64,
     errors: BTreeMap<String, u64>,
     next_payload: usize,
+    /// Wall time spent sending arrivals and handling events (not waiting or polling
+    /// in vain), and answers over the whole run: the generator's own capacity
+    /// (Report::answers_per_busy_s).
+    busy_ns: u64,
+    answered_all: u64,
 }
 
 fn now_ns(t0: Instant) -> u64 {
@@ -153,6 +169,11 @@ fn now_ns(t0: Instant) -> u64 {
 }
 
 pub fn run(cfg: &Config) -> Result<Report, LoadError> {
+    run_with_latencies(cfg).map(|(r, _)| r)
+}
+
+/// A run, and the histogram its percentiles came from.
+fn run_with_latencies(cfg: &Config) -> Result<(Report, Latencies), LoadError> {
     if cfg.conns == 0 || cfg.size == 0 {
         return Err(LoadError::Config(
             "--conns and --size must be at least 1".into(),
@@ -190,8 +211,12 @@ pub fn run(cfg: &Config) -> Result<Report, LoadError> {
         wrong: 0,
         errors: BTreeMap::new(),
         next_payload: 0,
+        busy_ns: 0,
+        answered_all: 0,
     };
-    let result = run.drive(&mut rng);
+    let result = run
+        .drive(&mut rng)
+        .map(|r| (r, std::mem::take(&mut run.lat)));
     // SAFETY: our epoll fd.
     unsafe { libc::close(epfd) };
     result
@@ -301,6 +326,7 @@ impl Run<'_> {
                 if !ok {
                     self.wrong += 1;
                 }
+                self.answered_all += 1;
                 if now >= self.measure_from && now < self.measure_to {
                     self.completed += 1;
                     self.lat.record(now.saturating_sub(due));
@@ -367,9 +393,11 @@ impl Run<'_> {
                 self.measure_to = now.max(self.measure_from);
                 break;
             }
+            let mut dispatched = false;
             if let Some(rate) = cfg.rate {
                 // Hand every arrival that is due to the next connection in turn.
                 while next_arrival <= now {
+                    dispatched = true;
                     let i = next_conn;
                     next_conn = (next_conn + 1) % cfg.conns;
                     if let Some(c) = self.conns[i].as_mut() {
@@ -391,6 +419,10 @@ impl Run<'_> {
             }
             .min(self.measure_to - now);
             let timeout_ms = (wait_ns / 1_000_000) as i32;
+            let before_wait = now_ns(self.t0);
+            if dispatched {
+                self.busy_ns += before_wait - now;
+            }
             // SAFETY: events buffer sized as passed.
             let n = unsafe {
                 libc::epoll_wait(
@@ -400,11 +432,22 @@ impl Run<'_> {
                     timeout_ms,
                 )
             };
+            // Polls that found nothing and waits are not work; a call that returned
+            // events at once is.
+            let after_wait = now_ns(self.t0);
+            if n > 0 && timeout_ms == 0 {
+                self.busy_ns += after_wait - before_wait;
+            }
             for ev in events.iter().take(n.max(0) as usize).copied() {
                 self.on_event(ev.u64 as usize, ev.events);
             }
+            if n > 0 {
+                self.busy_ns += now_ns(self.t0) - after_wait;
+            }
         }
         let secs = (self.measure_to - self.measure_from) as f64 / 1e9;
+        let wall_ns = now_ns(self.t0).max(1);
+        let busy_ns = self.busy_ns.max(1);
         // Steps with no answer at the end count as such.
         let steps = (secs / TIMELINE_STEP_S).ceil() as usize;
         if self.timeline.len() < steps {
@@ -426,6 +469,8 @@ impl Run<'_> {
             size: cfg.size,
             timeline_start: self.unix_t0 + self.measure_from as f64 / 1e9,
             timeline: std::mem::take(&mut self.timeline),
+            busy_share: busy_ns as f64 / wall_ns as f64,
+            answers_per_busy_s: self.answered_all as f64 / (busy_ns as f64 / 1e9),
         })
     }
 

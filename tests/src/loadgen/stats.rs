@@ -74,6 +74,15 @@ impl Latencies {
     pub fn max_us(&self) -> f64 {
         self.max_ns as f64 / 1000.0
     }
+
+    /// Adds another histogram's samples to this one (threads of one run).
+    pub fn merge(&mut self, other: &Latencies) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.n += other.n;
+        self.max_ns = self.max_ns.max(other.max_ns);
+    }
 }
 
 #[cfg(test)]
@@ -92,6 +101,19 @@ mod tests {
         }
         assert_eq!(l.max_us(), 10_000.0);
         assert_eq!(l.count(), 10_000);
+    }
+
+    #[test]
+    fn merged_histograms_give_the_quantiles_of_all_samples() {
+        let (mut a, mut b) = (Latencies::new(), Latencies::new());
+        for us in 1..=5_000u64 {
+            a.record(us * 1000);
+            b.record((us + 5_000) * 1000);
+        }
+        a.merge(&b);
+        assert_eq!(a.count(), 10_000);
+        assert!((a.quantile_us(0.5) - 5000.0).abs() / 5000.0 < 0.02);
+        assert_eq!(a.max_us(), 10_000.0);
     }
 
     #[test]

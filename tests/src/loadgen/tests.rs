@@ -118,3 +118,33 @@ fn the_timeline_adds_up_to_the_count_and_gives_rates_over_any_span() {
     assert_eq!(r.rate_between(a, b + 1.0), None);
     assert_eq!(r.rate_between(b, a), None);
 }
+
+#[test]
+fn a_light_open_loop_leaves_the_generator_mostly_idle_and_counts_its_capacity() {
+    let mut c = quick(echo_server(256, false));
+    c.rate = Some(500.0);
+    c.duration = Duration::from_secs(1);
+    let r = run(&c).unwrap();
+    // 500 answers/s take a few ms of a second: most of the run is spent waiting.
+    assert!(r.busy_share > 0.0 && r.busy_share < 0.5, "{r:?}");
+    // Its capacity is the answers over busy time: far above what it was asked for.
+    assert!(r.answers_per_busy_s > 2000.0, "{r:?}");
+}
+
+#[test]
+fn two_generator_threads_offer_the_whole_rate_between_them() {
+    let mut c = quick(echo_server(256, false));
+    c.rate = Some(2000.0);
+    c.duration = Duration::from_secs(1);
+    let r = run_threads(&c, 2).unwrap();
+    assert_eq!((r.wrong, r.errors), (0, 0), "{r:?}");
+    assert_eq!(r.conns, 8);
+    assert_eq!(r.offered_rate, Some(2000.0));
+    // Both halves of the Poisson stream arrive: about 2000 answers in 1 s.
+    assert!((1500..2500).contains(&r.completed), "{r:?}");
+    assert!(r.p50_us > 0.0 && r.p99_us >= r.p50_us, "{r:?}");
+    assert!(
+        run_threads(&quick(1), 9).is_err(),
+        "more threads than connections"
+    );
+}
