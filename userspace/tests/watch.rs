@@ -272,8 +272,9 @@ fn outside_cpu_and_slept_syscalls_follow_the_program() {
         // that it and the stall fit in the loop's cycle (they overlapped by 220 us a
         // request when the futex counted too). The three are means over different
         // populations (offload calls, requests, traced seconds), so a busy host may
-        // put them a few percent apart (CI: 168 against a 162 us cycle); the double
-        // count this guards against is an overlap of the whole wait.
+        // put them apart by a tenth (CI: 168 against a 162 us cycle, and 295 against
+        // 267); the double count this guards against is an overlap of the whole wait,
+        // which puts the sum near twice the cycle.
         let z = total["outside_wait_us"].as_f64().expect("outside_wait_us");
         let stall = total["offload"]["stall_mean_us"]
             .as_f64()
@@ -282,7 +283,7 @@ fn outside_cpu_and_slept_syscalls_follow_the_program() {
         println!("  asleep outside {z:.1} us per request; stall {stall:.1}, cycle {cycle:.1} us");
         assert!(z >= 15.0, "{z} us asleep outside for a 20 us nanosleep");
         assert!(
-            z + stall <= cycle * 1.10,
+            z + stall <= cycle * 1.25,
             "asleep outside {z} + stall {stall} exceed the cycle {cycle} us"
         );
         let inside = total["offload"]["slept_syscall_us"].as_f64();
