@@ -1357,7 +1357,7 @@ impl Drop for Daemon {
 
 /// rt_forkd under the runtime: serve, fork, parent exits; returns the load run
 /// against the child.
-fn forking_daemon(disable: Option<&str>) -> Report {
+fn forking_daemon(disable: Option<&str>, env: &[(&str, &str)]) -> Report {
     let dir = TempDir::new("forkd");
     let pidfile = dir.join("daemon.pid");
     let mut spec = preload::server_under_runtime(
@@ -1369,6 +1369,9 @@ fn forking_daemon(disable: Option<&str>) -> Report {
     );
     if let Some(d) = disable {
         spec = spec.env("TOFFLOAD_TEST_DISABLE", d);
+    }
+    for (k, v) in env {
+        spec = spec.env(k, *v);
     }
     let mut s = start(spec);
     let port = s.port;
@@ -1452,15 +1455,22 @@ fn forking_daemon_keeps_serving() {
         return;
     }
     // Hazard: the child of fork() has no carrier threads: its fibers never run.
-    let r = forking_daemon(Some("fork"));
+    let r = forking_daemon(Some("fork"), &[]);
     assert_eq!(r.wrong, 0);
     assert_eq!(
         r.completed, 0,
         "the child served without re-established carriers"
     );
 
-    let r = forking_daemon(None);
+    let r = forking_daemon(None, &[]);
     assert_clean("rt_forkd child under the runtime", &r);
+
+    // With the guard armed in the parent: the child starts from a fresh guard state
+    // (its pages open again, no parent's lock or fd kept) and serves.
+    for mode in ["detect", "enforce"] {
+        let r = forking_daemon(None, &[("TOFFLOAD_GUARD", mode)]);
+        assert_clean(&format!("rt_forkd child, TOFFLOAD_GUARD={mode}"), &r);
+    }
 }
 
 // ---------------------------------------------------------------- foreign processes

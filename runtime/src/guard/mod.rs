@@ -46,43 +46,108 @@ use regions::{Range, PAGE};
 use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 
-/// How writes are seen in detect mode: 0 not armed, 1 userfaultfd, 2 mprotect,
-/// 3 userfaultfd async write-protect + PAGEMAP_SCAN.
-static MECH: AtomicU8 = AtomicU8::new(0);
-const MECH_UFFD: u8 = 1;
-const MECH_MPROTECT: u8 = 2;
-const MECH_UFFD_ASYNC: u8 = 3;
-static UFFD: AtomicI32 = AtomicI32::new(-1);
-/// /proc/self/pagemap (uffd-async).
-static PAGEMAP: AtomicI32 = AtomicI32::new(-1);
-/// uffd-async: the spans to scan (the registered ranges, touching ones merged).
-static SPANS: SpinLock<Vec<Range>> = SpinLock::new(Vec::new());
-static ARMED: AtomicBool = AtomicBool::new(false);
+/// How detect sees writes.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mech {
+    /// Not armed (or enforce, which has its own mechanism).
+    Unarmed = 0,
+    /// userfaultfd write-protect, faults served by the handler thread.
+    Uffd = 1,
+    /// mprotect + SIGSEGV.
+    Mprotect = 2,
+    /// userfaultfd asynchronous write-protect + PAGEMAP_SCAN.
+    UffdAsync = 3,
+}
 
-/// Guarded ranges (whole pages).
-static RANGES: SpinLock<Vec<Range>> = SpinLock::new(Vec::new());
-static LEDGER: SpinLock<Option<Ledger>> = SpinLock::new(None);
-/// Pages whose write protection was lifted since the last re-arm (detect).
-static DIRTY: SpinLock<Vec<usize>> = SpinLock::new(Vec::new());
-static DIRTY_N: AtomicUsize = AtomicUsize::new(0);
-/// Regions announced through toffload_guard_region() before the guard was armed.
-static PENDING: SpinLock<Vec<Range>> = SpinLock::new(Vec::new());
-/// Ranges registered with the uffd (either uffd mechanism), for the sampled on/off.
-static WP_RANGES: SpinLock<Vec<Range>> = SpinLock::new(Vec::new());
+impl Mech {
+    fn load(a: &AtomicU8) -> Mech {
+        match a.load(Relaxed) {
+            1 => Mech::Uffd,
+            2 => Mech::Mprotect,
+            3 => Mech::UffdAsync,
+            _ => Mech::Unarmed,
+        }
+    }
+}
 
-/// The sampled detect's phase (sample::phase_word): bit 0 on. Exact detect (and
-/// enforce) stays in epoch 0, on, for good.
-static PHASE: AtomicU64 = AtomicU64::new(sample::phase_word(0, true));
-/// When a carrier should next look at the phase (CLOCK_MONOTONIC ns): never unless
-/// sampled.
-static NEXT_TICK: AtomicU64 = AtomicU64::new(u64::MAX);
-/// The sampled detect's cycle and its start.
-static DUTY: SpinLock<Option<(sample::Duty, u64)>> = SpinLock::new(None);
-/// One carrier flips the phase at a time.
-static FLIPPING: AtomicBool = AtomicBool::new(false);
-/// Watched time so far, ns, up to ON_SINCE (the start of the current on phase, or 0).
-static WATCHED_NS: AtomicU64 = AtomicU64::new(0);
-static ON_SINCE: AtomicU64 = AtomicU64::new(0);
+/// Every piece of the guard's process-wide state, in one place, so that a fork child
+/// starts from a fresh one whole (after_fork_child) rather than field by field.
+struct State {
+    mech: AtomicU8,
+    uffd: AtomicI32,
+    /// /proc/self/pagemap (uffd-async).
+    pagemap: AtomicI32,
+    /// uffd-async: the spans to scan (the registered ranges, touching ones merged).
+    spans: SpinLock<Vec<Range>>,
+    armed: AtomicBool,
+    /// Guarded ranges (whole pages).
+    ranges: SpinLock<Vec<Range>>,
+    ledger: SpinLock<Option<Ledger>>,
+    /// Pages whose write protection was lifted since the last re-arm (detect).
+    dirty: SpinLock<Vec<usize>>,
+    dirty_n: AtomicUsize,
+    /// Regions announced through toffload_guard_region() before the guard was armed.
+    pending: SpinLock<Vec<Range>>,
+    /// Ranges registered with the uffd (either uffd mechanism), for the sampled on/off.
+    wp_ranges: SpinLock<Vec<Range>>,
+    /// Ranges whose writes the mprotect fallback watches (detect).
+    mprotect_ranges: SpinLock<Vec<Range>>,
+    /// The sampled detect's phase (sample::phase_word): bit 0 on. Exact detect (and
+    /// enforce) stays in epoch 0, on, for good.
+    phase: AtomicU64,
+    /// When a carrier should next look at the phase (CLOCK_MONOTONIC ns): never unless
+    /// sampled.
+    next_tick: AtomicU64,
+    /// The sampled detect's cycle and its start.
+    duty: SpinLock<Option<(sample::Duty, u64)>>,
+    /// One carrier flips the phase at a time.
+    flipping: AtomicBool,
+    /// Watched time so far, ns, up to on_since (the start of the current on phase, or 0).
+    watched_ns: AtomicU64,
+    on_since: AtomicU64,
+}
+
+impl State {
+    const fn new() -> State {
+        State {
+            mech: AtomicU8::new(Mech::Unarmed as u8),
+            uffd: AtomicI32::new(-1),
+            pagemap: AtomicI32::new(-1),
+            spans: SpinLock::new(Vec::new()),
+            armed: AtomicBool::new(false),
+            ranges: SpinLock::new(Vec::new()),
+            ledger: SpinLock::new(None),
+            dirty: SpinLock::new(Vec::new()),
+            dirty_n: AtomicUsize::new(0),
+            pending: SpinLock::new(Vec::new()),
+            wp_ranges: SpinLock::new(Vec::new()),
+            mprotect_ranges: SpinLock::new(Vec::new()),
+            phase: AtomicU64::new(sample::phase_word(0, true)),
+            next_tick: AtomicU64::new(u64::MAX),
+            duty: SpinLock::new(None),
+            flipping: AtomicBool::new(false),
+            watched_ns: AtomicU64::new(0),
+            on_since: AtomicU64::new(0),
+        }
+    }
+}
+
+/// The one State. In an UnsafeCell so that the fork child, the only thread of its
+/// process, can put a fresh one in its place.
+struct Global(UnsafeCell<State>);
+
+// SAFETY: every field of State is an atomic or a SpinLock; the cell is written only by
+// after_fork_child, when no other thread exists and no reference is held.
+unsafe impl Sync for Global {}
+
+static STATE: Global = Global(UnsafeCell::new(State::new()));
+
+#[inline]
+fn st() -> &'static State {
+    // SAFETY: see Global; replaced only in a single-threaded fork child.
+    unsafe { &*STATE.0.get() }
+}
 
 /// A fiber's guard state.
 #[derive(Default)]
@@ -109,7 +174,7 @@ impl FiberGuard {
     /// spans an off phase (writes went unseen in it) or ended before a new epoch
     /// began is not checked.
     fn window(&self) -> Option<ledger::Window> {
-        (self.win_open.load(Acquire) && self.win_phase.load(Acquire) == PHASE.load(Acquire))
+        (self.win_open.load(Acquire) && self.win_phase.load(Acquire) == st().phase.load(Acquire))
             .then(|| (self.win_start.load(Acquire), self.win_end.load(Acquire)))
     }
 }
@@ -117,7 +182,7 @@ impl FiberGuard {
 /// Whether detect watches now (always, unless sampled and in an off phase).
 #[inline]
 fn watching() -> bool {
-    PHASE.load(Relaxed) & 1 == 1
+    st().phase.load(Relaxed) & 1 == 1
 }
 
 pub fn mode() -> GuardMode {
@@ -126,11 +191,11 @@ pub fn mode() -> GuardMode {
 
 #[inline]
 fn on() -> bool {
-    ARMED.load(Relaxed)
+    st().armed.load(Relaxed)
 }
 
 pub fn in_guarded(addr: usize) -> bool {
-    RANGES.lock().iter().any(|r| r.contains(addr))
+    st().ranges.lock().iter().any(|r| r.contains(addr))
 }
 
 /// A marker the watcher can put a uprobe on: one call per conflict found.
@@ -159,7 +224,8 @@ pub extern "C" fn toffload_guard_serialized(page: usize, fiber: u64) {
 fn record_write(page: usize, f: Option<&Fiber>) {
     crate::stats::COUNTERS.guard_faults.fetch_add(1, Relaxed);
     let (writer, window) = f.map_or((0, None), |f| (f.id, f.guard.window()));
-    let conflict = LEDGER
+    let conflict = st()
+        .ledger
         .lock()
         .get_or_insert_with(Ledger::default)
         .write(page, writer, window);
@@ -176,16 +242,16 @@ fn record_write(page: usize, f: Option<&Fiber>) {
 /// uffd-async: collects the pages written since the last scan (by `f`: with one
 /// carrier, nothing else ran since) and records them with `f`'s window as it is now.
 fn collect(f: &Fiber) {
-    let pm = PAGEMAP.load(Relaxed);
-    let fd = UFFD.load(Relaxed);
+    let pm = st().pagemap.load(Relaxed);
+    let fd = st().uffd.load(Relaxed);
     let window = f.guard.window();
-    let spans = SPANS.lock();
+    let spans = st().spans.lock();
     let mut ledger = None;
     let mut seen = 0usize;
     for s in spans.iter() {
         uffd::scan_written(pm, fd, s.start, s.end, |page| {
             seen += 1;
-            let l = ledger.get_or_insert_with(|| LEDGER.lock());
+            let l = ledger.get_or_insert_with(|| st().ledger.lock());
             if l.get_or_insert_with(Ledger::default)
                 .write(page, f.id, window)
             {
@@ -206,11 +272,11 @@ fn collect(f: &Fiber) {
 
 #[inline]
 fn is_async() -> bool {
-    MECH.load(Relaxed) == MECH_UFFD_ASYNC
+    Mech::load(&st().mech) == Mech::UffdAsync
 }
 
 fn clock() -> u64 {
-    LEDGER.lock().as_ref().map_or(0, |l| l.clock())
+    st().ledger.lock().as_ref().map_or(0, |l| l.clock())
 }
 
 /// The uffd handler thread's view of a fault: which fiber was running on that thread.
@@ -225,12 +291,12 @@ fn on_uffd_write(page: usize, tid: i32) {
             (!p.is_null()).then(|| unsafe { &*p })
         });
     record_write(page, fiber);
-    DIRTY.lock().push(page);
-    DIRTY_N.fetch_add(1, Relaxed);
+    st().dirty.lock().push(page);
+    st().dirty_n.fetch_add(1, Relaxed);
 }
 
 extern "C" fn uffd_thread(_: *mut libc::c_void) -> *mut libc::c_void {
-    uffd::serve(UFFD.load(Acquire), on_uffd_write)
+    uffd::serve(st().uffd.load(Acquire), on_uffd_write)
 }
 
 fn protect_all(ranges: &[Range], prot: c_int) {
@@ -244,7 +310,7 @@ fn protect_all(ranges: &[Range], prot: c_int) {
 /// handlers' and are not watched).
 pub fn arm() {
     let cfg = crate::settings();
-    if cfg.guard == GuardMode::Off || ARMED.swap(true, AcqRel) {
+    if cfg.guard == GuardMode::Off || st().armed.swap(true, AcqRel) {
         return;
     }
     let (mut ranges, got) = regions::executable_data();
@@ -254,7 +320,7 @@ pub fn arm() {
             "TOFFLOAD_GUARD_REGIONS: {e}; guarding the rest"
         )),
     }
-    ranges.extend(PENDING.lock().drain(..));
+    ranges.extend(st().pending.lock().drain(..));
     // The page holding .got.plt is read by every PLT call and written by lazy binding:
     // neither is a handler's shared state.
     let ranges = split_out(ranges, &got);
@@ -266,7 +332,7 @@ pub fn arm() {
         toffload_abi::runtime::GuardMode::Detect
     };
     crate::stats::COUNTERS.guard_mode.store(m as usize, Relaxed);
-    *RANGES.lock() = ranges.clone();
+    *st().ranges.lock() = ranges.clone();
     crate::signals::install();
     match cfg.guard {
         GuardMode::Enforce => {
@@ -277,8 +343,8 @@ pub fn arm() {
                 );
             }
             let now = crate::time::now_ns();
-            ON_SINCE.store(now, Relaxed);
-            NEXT_TICK.store(now + STATS_EVERY_NS, Release);
+            st().on_since.store(now, Relaxed);
+            st().next_tick.store(now + STATS_EVERY_NS, Release);
             crate::stats::COUNTERS.guard_sample.store(100, Relaxed);
             own::arm(&ranges);
             crate::log_at!(
@@ -288,16 +354,16 @@ pub fn arm() {
         }
         GuardMode::Detect => {
             let (mech, mprotect_ranges) = arm_detect(cfg, &ranges);
-            MECH.store(mech, Release);
+            st().mech.store(mech as u8, Release);
             if !mprotect_ranges.is_empty() {
-                if mech != MECH_MPROTECT {
+                if mech != Mech::Mprotect {
                     crate::log_at!(
                         crate::log::INFO,
                         "guard: uffd-wp refused {} ranges; mprotect there",
                         mprotect_ranges.len()
                     );
                 }
-                MPROTECT_RANGES
+                st().mprotect_ranges
                     .lock()
                     .extend(mprotect_ranges.iter().copied());
                 protect_all(&mprotect_ranges, libc::PROT_READ);
@@ -323,10 +389,10 @@ fn register_all(fd: c_int, ranges: &[Range]) -> Vec<Range> {
         .collect()
 }
 
-/// Picks and arms detect's mechanism: (MECH_*, the ranges left to mprotect).
-fn arm_detect(cfg: &crate::config::Config, ranges: &[Range]) -> (u8, Vec<Range>) {
+/// Picks and arms detect's mechanism: (it, the ranges left to mprotect).
+fn arm_detect(cfg: &crate::config::Config, ranges: &[Range]) -> (Mech, Vec<Range>) {
     if cfg.guard_mech == GuardMech::Mprotect {
-        return (MECH_MPROTECT, ranges.to_vec());
+        return (Mech::Mprotect, ranges.to_vec());
     }
     let forced_async = cfg.guard_mech == GuardMech::UffdAsync;
     if matches!(cfg.guard_mech, GuardMech::Auto | GuardMech::UffdAsync) {
@@ -343,15 +409,15 @@ fn arm_detect(cfg: &crate::config::Config, ranges: &[Range]) -> (u8, Vec<Range>)
                 Ok((fd, pm)) => {
                     let refused = register_all(fd, ranges);
                     if refused.len() < ranges.len() {
-                        UFFD.store(fd, Release);
-                        PAGEMAP.store(pm, Release);
-                        *WP_RANGES.lock() = ranges
+                        st().uffd.store(fd, Release);
+                        st().pagemap.store(pm, Release);
+                        *st().wp_ranges.lock() = ranges
                             .iter()
                             .filter(|r| !refused.contains(r))
                             .copied()
                             .collect();
-                        *SPANS.lock() = spans(ranges.iter().filter(|r| !refused.contains(r)));
-                        return (MECH_UFFD_ASYNC, refused);
+                        *st().spans.lock() = spans(ranges.iter().filter(|r| !refused.contains(r)));
+                        return (Mech::UffdAsync, refused);
                     }
                     // SAFETY: our own fds, never published.
                     unsafe {
@@ -367,11 +433,11 @@ fn arm_detect(cfg: &crate::config::Config, ranges: &[Range]) -> (u8, Vec<Range>)
         }
     }
     let Ok(fd) = uffd::open() else {
-        return (MECH_MPROTECT, ranges.to_vec());
+        return (Mech::Mprotect, ranges.to_vec());
     };
-    UFFD.store(fd, Release);
+    st().uffd.store(fd, Release);
     let refused = register_all(fd, ranges);
-    *WP_RANGES.lock() = ranges
+    *st().wp_ranges.lock() = ranges
         .iter()
         .filter(|r| !refused.contains(r))
         .copied()
@@ -381,7 +447,7 @@ fn arm_detect(cfg: &crate::config::Config, ranges: &[Range]) -> (u8, Vec<Range>)
     unsafe {
         (crate::real::pthread_create())(&mut t, std::ptr::null(), uffd_thread, std::ptr::null_mut())
     };
-    (MECH_UFFD, refused)
+    (Mech::Uffd, refused)
 }
 
 /// The registered ranges, sorted, touching ones merged: one scan each. Never across a
@@ -399,9 +465,6 @@ fn spans<'a>(ranges: impl Iterator<Item = &'a Range>) -> Vec<Range> {
     }
     out
 }
-
-/// Ranges whose writes the mprotect fallback watches (detect).
-static MPROTECT_RANGES: SpinLock<Vec<Range>> = SpinLock::new(Vec::new());
 
 fn split_out(ranges: Vec<Range>, holes: &[usize]) -> Vec<Range> {
     let mut out = Vec::new();
@@ -429,7 +492,7 @@ fn split_out(ranges: Vec<Range>, holes: &[usize]) -> Vec<Range> {
 pub fn offload_park(f: &Fiber) {
     if on() {
         f.guard.win_open.store(false, Release);
-        let phase = PHASE.load(Acquire);
+        let phase = st().phase.load(Acquire);
         if phase & 1 == 0 {
             // Unwatched: this window is not checked, whatever comes after.
             f.guard.win_phase.store(sample::NO_PHASE, Release);
@@ -450,7 +513,7 @@ pub fn offload_park(f: &Fiber) {
 pub fn offload_resume(f: &Fiber) {
     if on() {
         f.guard.collected.set(false);
-        if f.guard.win_phase.load(Acquire) != PHASE.load(Acquire) {
+        if f.guard.win_phase.load(Acquire) != st().phase.load(Acquire) {
             return;
         }
         f.guard.win_end.store(clock(), Release);
@@ -484,17 +547,17 @@ pub fn switch_out(f: &Fiber) {
     f.guard.win_open.store(false, Release);
     if mode() == GuardMode::Enforce {
         own::switch_out(f);
-    } else if DIRTY_N.load(Relaxed) != 0 {
+    } else if st().dirty_n.load(Relaxed) != 0 {
         rearm();
     }
 }
 
 /// Write-protects again the pages that were opened for a write since the last time.
 fn rearm() {
-    let pages: Vec<usize> = std::mem::take(&mut *DIRTY.lock());
-    DIRTY_N.store(0, Relaxed);
-    let fd = UFFD.load(Acquire);
-    let mp = MPROTECT_RANGES.lock();
+    let pages: Vec<usize> = std::mem::take(&mut *st().dirty.lock());
+    st().dirty_n.store(0, Relaxed);
+    let fd = st().uffd.load(Acquire);
+    let mp = st().mprotect_ranges.lock();
     for p in pages {
         if mp.iter().any(|r| r.contains(p)) || fd < 0 {
             // SAFETY: one of our guarded pages.
@@ -508,18 +571,19 @@ fn rearm() {
 /// Sampled detect: starts the cycle, in an on phase (the ranges were just protected).
 fn start_sampling(pct: u8) {
     let now = crate::time::now_ns();
-    ON_SINCE.store(now, Relaxed);
+    st().on_since.store(now, Relaxed);
     crate::stats::COUNTERS
         .guard_sample
         .store(usize::from(pct), Relaxed);
     let Some(duty) = sample::Duty::new(pct) else {
         // Exact: always on; the ticks only keep the watched time up to date.
-        NEXT_TICK.store(now + STATS_EVERY_NS, Release);
+        st().next_tick.store(now + STATS_EVERY_NS, Release);
         return;
     };
-    *DUTY.lock() = Some((duty, now));
-    PHASE.store(sample::phase_word(1, true), Release);
-    NEXT_TICK.store(now + duty.phase_end(0).min(STATS_EVERY_NS), Release);
+    *st().duty.lock() = Some((duty, now));
+    st().phase.store(sample::phase_word(1, true), Release);
+    st().next_tick
+        .store(now + duty.phase_end(0).min(STATS_EVERY_NS), Release);
 }
 
 /// How often the watched-time counter is brought up to date while watching.
@@ -530,20 +594,21 @@ const STATS_EVERY_NS: u64 = 50_000_000;
 /// date every 50 ms). One load and a compare otherwise.
 #[inline]
 pub fn tick(now: u64) {
-    if now >= NEXT_TICK.load(Relaxed) {
+    if now >= st().next_tick.load(Relaxed) {
         flip(now);
     }
 }
 
 #[cold]
 fn flip(now: u64) {
-    if FLIPPING
+    if st()
+        .flipping
         .compare_exchange(false, true, Acquire, Relaxed)
         .is_err()
     {
         return; // another carrier is at it
     }
-    let duty = *DUTY.lock();
+    let duty = *st().duty.lock();
     let next = match duty {
         Some((duty, t0)) => {
             flip_to(duty, t0, now);
@@ -554,8 +619,8 @@ fn flip(now: u64) {
     crate::stats::COUNTERS
         .guard_watched_ms
         .store((watched_ns(now) / 1_000_000) as usize, Relaxed);
-    NEXT_TICK.store(next, Release);
-    FLIPPING.store(false, Release);
+    st().next_tick.store(next, Release);
+    st().flipping.store(false, Release);
 }
 
 /// Puts the guard in the phase `duty` (started at `t0`) says `now` is in.
@@ -568,16 +633,17 @@ fn flip_to(duty: sample::Duty, t0: u64, now: u64) {
         // will be seen. Pages a scan would call written are protected again too, so
         // nothing written in the off phase reads as a write of this one.
         set_protection(true);
-        ON_SINCE.store(now, Relaxed);
-        PHASE.store(sample::phase_word(k + 1, true), Release);
+        st().on_since.store(now, Relaxed);
+        st().phase.store(sample::phase_word(k + 1, true), Release);
     } else if !on && was_on {
         // Publish first: windows still open stop counting, nothing rearms.
-        PHASE.store(sample::phase_word(k + 1, false), Release);
-        let since = ON_SINCE.swap(0, Relaxed);
-        WATCHED_NS.fetch_add(now.saturating_sub(since), Relaxed);
+        st().phase.store(sample::phase_word(k + 1, false), Release);
+        let since = st().on_since.swap(0, Relaxed);
+        st().watched_ns
+            .fetch_add(now.saturating_sub(since), Relaxed);
         set_protection(false);
-        DIRTY.lock().clear();
-        DIRTY_N.store(0, Relaxed);
+        st().dirty.lock().clear();
+        st().dirty_n.store(0, Relaxed);
     }
     // An on phase that finds the guard still on (a carrier idle through the off
     // phase never opened anything) keeps its epoch: nothing went unwatched.
@@ -585,8 +651,8 @@ fn flip_to(duty: sample::Duty, t0: u64, now: u64) {
 
 /// Time watched so far, ns.
 fn watched_ns(now: u64) -> u64 {
-    let since = ON_SINCE.load(Relaxed);
-    WATCHED_NS.load(Relaxed)
+    let since = st().on_since.load(Relaxed);
+    st().watched_ns.load(Relaxed)
         + if since != 0 {
             now.saturating_sub(since)
         } else {
@@ -596,7 +662,7 @@ fn watched_ns(now: u64) -> u64 {
 
 /// Brings the watched-time counter up to date (for the stats).
 pub fn update_watched() {
-    if ARMED.load(Relaxed) {
+    if st().armed.load(Relaxed) {
         crate::stats::COUNTERS.guard_watched_ms.store(
             (watched_ns(crate::time::now_ns()) / 1_000_000) as usize,
             Relaxed,
@@ -620,8 +686,8 @@ fn snapshot(l: &SpinLock<Vec<Range>>) -> Vec<Range> {
 
 /// Sampled detect: protects (`on`) or opens every guarded range, one call per range.
 fn set_protection(on: bool) {
-    let fd = UFFD.load(Acquire);
-    let wp = snapshot(&WP_RANGES);
+    let fd = st().uffd.load(Acquire);
+    let wp = snapshot(&st().wp_ranges);
     if fd >= 0 {
         for r in &wp {
             // Opening does not wake a writer blocked in a fault (uffd): the handler
@@ -629,7 +695,7 @@ fn set_protection(on: bool) {
             uffd::protect_nowake(fd, r.start, r.end - r.start, on);
         }
     }
-    let mp = snapshot(&MPROTECT_RANGES);
+    let mp = snapshot(&st().mprotect_ranges);
     let prot = if on {
         libc::PROT_READ
     } else {
@@ -659,12 +725,12 @@ pub unsafe fn on_fault(addr: usize, ctx: *mut libc::c_void) -> bool {
         // SAFETY: from the SIGSEGV handler with the kernel's context (our contract).
         GuardMode::Enforce => unsafe { own::on_fault(page, ctx) },
         GuardMode::Detect => {
-            if !MPROTECT_RANGES.lock().iter().any(|r| r.contains(page)) {
+            if !st().mprotect_ranges.lock().iter().any(|r| r.contains(page)) {
                 return false;
             }
             record_write(page, crate::fiber::current());
-            DIRTY.lock().push(page);
-            DIRTY_N.fetch_add(1, Relaxed);
+            st().dirty.lock().push(page);
+            st().dirty_n.fetch_add(1, Relaxed);
             // SAFETY: a page of a guarded range, which the guard itself protected.
             unsafe { libc::mprotect(page as *mut _, PAGE, libc::PROT_READ | libc::PROT_WRITE) };
             true
@@ -682,19 +748,19 @@ pub fn add_region(start: usize, len: usize) -> c_int {
     if mode() == GuardMode::Off {
         return 0;
     }
-    if !ARMED.load(Acquire) {
-        PENDING.lock().push(r);
+    if !st().armed.load(Acquire) {
+        st().pending.lock().push(r);
         return 0;
     }
     // Armed already: guard it now with the mprotect mechanism of this mode.
-    RANGES.lock().push(r);
+    st().ranges.lock().push(r);
     crate::stats::COUNTERS
         .guard_pages
         .fetch_add((r.end - r.start) / PAGE, Relaxed);
     match mode() {
         GuardMode::Enforce => own::arm(&[r]),
         _ => {
-            MPROTECT_RANGES.lock().push(r);
+            st().mprotect_ranges.lock().push(r);
             protect_all(&[r], libc::PROT_READ);
         }
     }
@@ -702,46 +768,39 @@ pub fn add_region(start: usize, len: usize) -> c_int {
 }
 
 /// Fork child: the guard does not follow (uffd registrations do not, and the child's
-/// fibers are new): open every page again.
+/// fibers are new): open every page again and start from a fresh State.
 pub fn after_fork_child() {
-    if !ARMED.load(Acquire) {
+    if !st().armed.load(Acquire) {
         return;
     }
-    // SAFETY: only thread of the child.
+    // SAFETY: the only thread of the child; a lock a vanished thread held is free.
     unsafe {
-        RANGES.force_unlock();
-        MPROTECT_RANGES.force_unlock();
-        DIRTY.force_unlock();
-        LEDGER.force_unlock();
-        SPANS.force_unlock();
-        WP_RANGES.force_unlock();
-        DUTY.force_unlock();
+        st().ranges.force_unlock();
         own::after_fork_child();
     }
-    let r = RANGES.lock().clone();
+    let r = st().ranges.lock().clone();
     protect_all(&r, libc::PROT_READ | libc::PROT_WRITE);
-    RANGES.lock().clear();
-    *DUTY.lock() = None;
-    NEXT_TICK.store(u64::MAX, Relaxed);
-    FLIPPING.store(false, Relaxed);
-    PHASE.store(sample::phase_word(0, true), Relaxed);
-    ARMED.store(false, Release);
-    // The pagemap fd reads the parent's memory: of no use here.
-    let pm = PAGEMAP.swap(-1, AcqRel);
-    if pm >= 0 {
-        // SAFETY: our own fd.
-        unsafe { libc::close(pm) };
+    // The uffd and pagemap fds belong to the parent's memory: of no use here.
+    for fd in [st().pagemap.load(Acquire), st().uffd.load(Acquire)] {
+        if fd >= 0 {
+            // SAFETY: our own fds, which nothing in the child uses once replaced.
+            unsafe { libc::close(fd) };
+        }
     }
+    // SAFETY: the only thread of the child, and no reference into the state is held
+    // across this point (every user re-reads st()). The old state is forgotten, not
+    // dropped: a lock in it may be held by a thread that did not survive the fork.
+    unsafe { std::mem::forget(std::ptr::replace(STATE.0.get(), State::new())) };
 }
 
 /// "uffd-async", "uffd", "mprotect" or "off", for the stats.
 pub fn mechanism() -> &'static str {
-    match (mode(), MECH.load(Relaxed)) {
+    match (mode(), Mech::load(&st().mech)) {
         (GuardMode::Off, _) => "off",
         (GuardMode::Enforce, _) => "mprotect",
-        (_, MECH_UFFD) => "uffd",
-        (_, MECH_UFFD_ASYNC) => "uffd-async",
-        (_, MECH_MPROTECT) => "mprotect",
+        (_, Mech::Uffd) => "uffd",
+        (_, Mech::UffdAsync) => "uffd-async",
+        (_, Mech::Mprotect) => "mprotect",
         _ => "unarmed",
     }
 }
