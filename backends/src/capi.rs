@@ -45,7 +45,7 @@ fn settings() -> Result<Settings, config::ConfigError> {
     };
     if s.backend == BackendKind::Remote && s.remote.endpoints.is_empty() {
         return Err(config::ConfigError {
-            var: "TOFFLOAD_REMOTE",
+            var: crate::knobs::REMOTE.var,
             value: String::new(),
             expected: "host:port[,host:port...] (required with TOFFLOAD_BACKEND=remote)",
         });

@@ -1,6 +1,7 @@
 //! The environment knobs, parsed once and strictly: a malformed value is an error that
 //! names the variable and the accepted form, never a silent default.
 
+use crate::knobs::{self, Knob};
 use std::fmt;
 
 /// How a blocking `accel_run` waits (TOFFLOAD_WAIT).
@@ -46,17 +47,16 @@ impl std::error::Error for ConfigError {}
 /// Unset and empty both mean "use the default".
 pub(crate) fn knob<T>(
     get: &dyn Fn(&str) -> Option<String>,
-    var: &'static str,
-    expected: &'static str,
+    k: &'static Knob,
     parse: impl Fn(&str) -> Option<T>,
 ) -> Result<Option<T>, ConfigError> {
-    match get(var) {
+    match get(k.var) {
         None => Ok(None),
         Some(v) if v.trim().is_empty() => Ok(None),
         Some(v) => parse(v.trim()).map(Some).ok_or(ConfigError {
-            var,
+            var: k.var,
             value: v,
-            expected,
+            expected: k.form,
         }),
     }
 }
@@ -85,18 +85,12 @@ pub(crate) fn parse_backend(s: &str) -> Option<BackendKind> {
 
 /// TOFFLOAD_WAIT, default spin.
 pub fn wait_style(get: &dyn Fn(&str) -> Option<String>) -> Result<WaitStyle, ConfigError> {
-    Ok(knob(get, "TOFFLOAD_WAIT", "`spin` or `block`", parse_wait)?.unwrap_or(WaitStyle::Spin))
+    Ok(knob(get, &knobs::WAIT, parse_wait)?.unwrap_or(WaitStyle::Spin))
 }
 
 /// TOFFLOAD_BACKEND, default emulated.
 pub fn backend(get: &dyn Fn(&str) -> Option<String>) -> Result<BackendKind, ConfigError> {
-    Ok(knob(
-        get,
-        "TOFFLOAD_BACKEND",
-        "`emulated`, `cuda` or `remote`",
-        parse_backend,
-    )?
-    .unwrap_or(BackendKind::Emulated))
+    Ok(knob(get, &knobs::BACKEND, parse_backend)?.unwrap_or(BackendKind::Emulated))
 }
 
 /// A non-negative, finite decimal (`100`, `12.5`).

@@ -18,6 +18,7 @@ mod notify;
 mod pool;
 
 use crate::config::{self, knob, ConfigError};
+use crate::knobs;
 use crate::slots::{Claimed, Slots, CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITER};
 use crate::{AccelError, Accelerator, OpId, OpState};
 use cudarc::driver::sys;
@@ -61,26 +62,17 @@ impl CudaConfig {
     /// Reads the TOFFLOAD_CUDA_* knobs through `get`.
     pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let d = CudaConfig::default();
-        let device = knob(
-            get,
-            "TOFFLOAD_CUDA_DEVICE",
-            "a device ordinal, e.g. 0",
-            |s| config::parse_range(s, 0, 1023),
-        )?
+        let device = knob(get, &knobs::CUDA_DEVICE, |s| {
+            config::parse_range(s, 0, 1023)
+        })?
         .map_or(d.device, |v| v as i32);
-        let streams = knob(
-            get,
-            "TOFFLOAD_CUDA_STREAMS",
-            "an integer from 1 to 1024",
-            |s| config::parse_range(s, 1, 1024),
-        )?
+        let streams = knob(get, &knobs::CUDA_STREAMS, |s| {
+            config::parse_range(s, 1, 1024)
+        })?
         .map_or(d.streams, |v| v as usize);
-        let max_inflight = knob(
-            get,
-            "TOFFLOAD_CUDA_MAX_INFLIGHT",
-            "an integer from 1 to 65536",
-            |s| config::parse_range(s, 1, 65536),
-        )?
+        let max_inflight = knob(get, &knobs::CUDA_MAX_INFLIGHT, |s| {
+            config::parse_range(s, 1, 65536)
+        })?
         .map_or(d.max_inflight, |v| v as usize);
         Ok(CudaConfig {
             device,

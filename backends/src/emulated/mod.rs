@@ -7,6 +7,7 @@ mod engine;
 mod lanes;
 
 use crate::config::{self, knob, ConfigError};
+use crate::knobs;
 use crate::slots::{Slots, DONE, FAILED, PENDING, RUNNING, WAITER};
 use crate::{AccelError, Accelerator, OpId, OpState};
 use engine::Engine;
@@ -51,38 +52,16 @@ impl EmuConfig {
     /// Reads the TOFFLOAD_EMU_* knobs through `get`.
     pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let d = EmuConfig::default();
-        let lat_us = knob(
-            get,
-            "TOFFLOAD_EMU_LAT_US",
-            "a non-negative number of microseconds, e.g. 100 or 12.5",
-            config::parse_nonneg_f64,
-        )?
-        .unwrap_or(d.lat_us);
-        let lanes = knob(
-            get,
-            "TOFFLOAD_EMU_LANES",
-            "an integer from 1 to 65536",
-            |s| config::parse_range(s, 1, 65536),
-        )?
-        .map_or(d.lanes, |v| v as usize);
-        let mbps = knob(
-            get,
-            "TOFFLOAD_EMU_MBPS",
-            "a non-negative bandwidth in MB/s, e.g. 5000 (0 = no per-byte cost)",
-            config::parse_nonneg_f64,
-        )?
-        .unwrap_or(d.mbps);
-        let max_inflight = knob(
-            get,
-            "TOFFLOAD_EMU_MAX_INFLIGHT",
-            "an integer from 1 to 1048576",
-            |s| config::parse_range(s, 1, crate::slots::MAX_SLOTS as u64),
-        )?
-        .map_or(d.max_inflight, |v| v as usize);
-        let cpu = knob(get, "TOFFLOAD_EMU_CPU", "a CPU number, e.g. 1", |s| {
-            config::parse_range(s, 0, 4095)
+        let lat_us = knob(get, &knobs::EMU_LAT_US, config::parse_nonneg_f64)?.unwrap_or(d.lat_us);
+        let lanes = knob(get, &knobs::EMU_LANES, |s| config::parse_range(s, 1, 65536))?
+            .map_or(d.lanes, |v| v as usize);
+        let mbps = knob(get, &knobs::EMU_MBPS, config::parse_nonneg_f64)?.unwrap_or(d.mbps);
+        let max_inflight = knob(get, &knobs::EMU_MAX_INFLIGHT, |s| {
+            config::parse_range(s, 1, crate::slots::MAX_SLOTS as u64)
         })?
-        .map(|v| v as usize);
+        .map_or(d.max_inflight, |v| v as usize);
+        let cpu =
+            knob(get, &knobs::EMU_CPU, |s| config::parse_range(s, 0, 4095))?.map(|v| v as usize);
         Ok(EmuConfig {
             lat_us,
             lanes,

@@ -3,6 +3,7 @@
 use super::frame::OpKind;
 use super::tls::TlsFiles;
 use crate::config::{knob, parse_range, ConfigError};
+use crate::knobs::{self, Knob};
 use std::path::PathBuf;
 
 /// How the client picks a daemon for each op (TOFFLOAD_REMOTE_PLACEMENT).
@@ -71,57 +72,32 @@ fn parse_endpoints(s: &str) -> Option<Vec<String>> {
 impl RemoteConfig {
     pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let d = RemoteConfig::default();
-        let endpoints = knob(
-            get,
-            "TOFFLOAD_REMOTE",
-            "host:port[,host:port...] (at most 64)",
-            parse_endpoints,
-        )?
-        .unwrap_or_default();
-        let deadline_ms = knob(
-            get,
-            "TOFFLOAD_REMOTE_DEADLINE_MS",
-            "milliseconds from 1 to 3600000",
-            |s| parse_range(s, 1, 3_600_000),
-        )?
+        let endpoints = knob(get, &knobs::REMOTE, parse_endpoints)?.unwrap_or_default();
+        let deadline_ms = knob(get, &knobs::REMOTE_DEADLINE_MS, |s| {
+            parse_range(s, 1, 3_600_000)
+        })?
         .unwrap_or(d.deadline_ms);
-        let window = knob(
-            get,
-            "TOFFLOAD_REMOTE_WINDOW",
-            "an integer from 1 to 1048576",
-            |s| parse_range(s, 1, crate::slots::MAX_SLOTS as u64),
-        )?
+        let window = knob(get, &knobs::REMOTE_WINDOW, |s| {
+            parse_range(s, 1, crate::slots::MAX_SLOTS as u64)
+        })?
         .map_or(d.window, |v| v as usize);
-        let window_bytes = knob(
-            get,
-            "TOFFLOAD_REMOTE_WINDOW_MB",
-            "MiB from 1 to 65536",
-            |s| parse_range(s, 1, 65536),
-        )?
-        .map_or(d.window_bytes, |v| (v as usize) << 20);
-        let coalesce_us = knob(
-            get,
-            "TOFFLOAD_REMOTE_COALESCE_US",
-            "microseconds from 0 to 10000",
-            |s| parse_range(s, 0, 10_000),
-        )?
+        let window_bytes = knob(get, &knobs::REMOTE_WINDOW_MB, |s| parse_range(s, 1, 65536))?
+            .map_or(d.window_bytes, |v| (v as usize) << 20);
+        let coalesce_us = knob(get, &knobs::REMOTE_COALESCE_US, |s| {
+            parse_range(s, 0, 10_000)
+        })?
         .unwrap_or(d.coalesce_us);
-        let op = knob(
-            get,
-            "TOFFLOAD_REMOTE_OP",
-            "`aes` or `rsa-sign`",
-            |s| match s {
-                "aes" => Some(OpKind::AesCtr),
-                "rsa-sign" => Some(OpKind::RsaSign),
-                _ => None,
-            },
-        )?
+        let op = knob(get, &knobs::REMOTE_OP, |s| match s {
+            "aes" => Some(OpKind::AesCtr),
+            "rsa-sign" => Some(OpKind::RsaSign),
+            _ => None,
+        })?
         .unwrap_or(d.op);
-        let path = |var: &'static str| knob(get, var, "a file path", |s| Some(PathBuf::from(s)));
+        let path = |k: &'static Knob| knob(get, k, |s| Some(PathBuf::from(s)));
         let (ca, cert, key) = (
-            path("TOFFLOAD_REMOTE_TLS_CA")?,
-            path("TOFFLOAD_REMOTE_TLS_CERT")?,
-            path("TOFFLOAD_REMOTE_TLS_KEY")?,
+            path(&knobs::REMOTE_TLS_CA)?,
+            path(&knobs::REMOTE_TLS_CERT)?,
+            path(&knobs::REMOTE_TLS_KEY)?,
         );
         let tls = match (ca, cert, key) {
             (Some(ca), Some(cert), Some(key)) => Some(TlsFiles { ca, cert, key }),
@@ -134,7 +110,7 @@ impl RemoteConfig {
                 })
             }
         };
-        let psk = path("TOFFLOAD_REMOTE_PSK")?;
+        let psk = path(&knobs::REMOTE_PSK)?;
         if psk.is_some() && tls.is_some() {
             return Err(ConfigError {
                 var: "TOFFLOAD_REMOTE_PSK",
@@ -143,24 +119,16 @@ impl RemoteConfig {
                     "either TOFFLOAD_REMOTE_PSK or the TOFFLOAD_REMOTE_TLS_* certificates, not both",
             });
         }
-        let placement = knob(
-            get,
-            "TOFFLOAD_REMOTE_PLACEMENT",
-            "`predicted`, `round-robin` or `least-loaded`",
-            |s| match s {
-                "predicted" => Some(Placement::Predicted),
-                "round-robin" => Some(Placement::RoundRobin),
-                "least-loaded" => Some(Placement::LeastLoaded),
-                _ => None,
-            },
-        )?
+        let placement = knob(get, &knobs::REMOTE_PLACEMENT, |s| match s {
+            "predicted" => Some(Placement::Predicted),
+            "round-robin" => Some(Placement::RoundRobin),
+            "least-loaded" => Some(Placement::LeastLoaded),
+            _ => None,
+        })?
         .unwrap_or(d.placement);
-        let cache_min = knob(
-            get,
-            "TOFFLOAD_REMOTE_CACHE_MIN",
-            "bytes from 0 (off) to 16777216",
-            |s| parse_range(s, 0, 16 << 20),
-        )?
+        let cache_min = knob(get, &knobs::REMOTE_CACHE_MIN, |s| {
+            parse_range(s, 0, 16 << 20)
+        })?
         .map_or(d.cache_min, |v| v as usize);
         Ok(RemoteConfig {
             endpoints,

@@ -74,17 +74,14 @@ impl DaemonConfig {
 /// warn, info, debug, trace; default info).
 fn init_logging() -> Result<(), String> {
     use tracing_subscriber::filter::LevelFilter;
-    let level = match std::env::var("TOFFLOAD_REMOTED_LOG").as_deref() {
+    let k = &crate::knobs::REMOTED_LOG;
+    let level = match std::env::var(k.var).as_deref() {
         Err(_) | Ok("") | Ok("info") => LevelFilter::INFO,
         Ok("error") => LevelFilter::ERROR,
         Ok("warn") => LevelFilter::WARN,
         Ok("debug") => LevelFilter::DEBUG,
         Ok("trace") => LevelFilter::TRACE,
-        Ok(other) => {
-            return Err(format!(
-                "TOFFLOAD_REMOTED_LOG={other:?}: expected error, warn, info, debug or trace"
-            ))
-        }
+        Ok(other) => return Err(format!("{}={other:?}: expected {}", k.var, k.form)),
     };
     tracing_subscriber::fmt()
         .with_writer(io::stderr)
