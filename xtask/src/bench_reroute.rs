@@ -1,8 +1,10 @@
-//! `cargo xtask bench reroute`: the Redis reroute, ACCEL.SYNC vs ACCEL.ASYNC of
-//! toffload_redis.so in Debian's redis-server under redis-benchmark at 50, 200 and
-//! 1000 us -> tests/results/reroute.md. The measurement is the `reroute_benchmark`
-//! test of tests/tests/reroute_redis.rs (which compiles the module itself); without
-//! redis-server it skips with the reason (fails under CI).
+//! `cargo xtask bench reroute`: the minimal-edit reroutes at 50, 200 and 1000 us.
+//! Redis: ACCEL.SYNC vs ACCEL.ASYNC of toffload_redis.so in Debian's redis-server
+//! under redis-benchmark -> tests/results/reroute.md (the `reroute_benchmark` test of
+//! tests/tests/reroute_redis.rs, which compiles the module itself). Python asyncio:
+//! /sync vs /async of toffload_asyncio.py under wrk -> tests/results/reroute-python.md
+//! (`reroute_python_benchmark` in tests/tests/reroute_python.rs). Without the server
+//! or its load tool a bench skips with the reason (fails under CI).
 
 use crate::paths;
 use crate::proc::{self, Result};
@@ -22,19 +24,18 @@ pub fn run(args: Vec<String>) -> Result {
         }
     };
     let dist = crate::build::all()?;
-    proc::run(
-        proc::cargo()
-            .args([
-                "test",
-                "--release",
-                "-p",
-                "toffload-tests",
-                "--test",
-                "reroute_redis",
-            ])
-            .args(["--", "--exact", "reroute_benchmark", "--nocapture"])
-            .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist"))
-            .env("TOFFLOAD_REROUTE_OUT", paths::results().join("reroute.md"))
-            .env("TOFFLOAD_REROUTE_ROUNDS", rounds.to_string()),
-    )
+    for (test, name) in [
+        ("reroute_redis", "reroute_benchmark"),
+        ("reroute_python", "reroute_python_benchmark"),
+    ] {
+        proc::run(
+            proc::cargo()
+                .args(["test", "--release", "-p", "toffload-tests", "--test", test])
+                .args(["--", "--exact", name, "--nocapture"])
+                .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist"))
+                .env("TOFFLOAD_REROUTE_OUT", paths::results().join("reroute.md"))
+                .env("TOFFLOAD_REROUTE_ROUNDS", rounds.to_string()),
+        )?;
+    }
+    Ok(())
 }
