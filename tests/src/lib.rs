@@ -6,6 +6,7 @@ pub mod harness;
 pub mod loadgen;
 pub mod openloop;
 pub mod preload;
+pub mod reroute;
 pub mod tmux;
 /// The load generator (short name).
 pub use loadgen as load;

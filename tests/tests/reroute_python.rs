@@ -8,15 +8,16 @@
 //! with TOFFLOAD_REROUTE_OUT=path (what `cargo xtask bench reroute` sets) it also
 //! writes its table beside that file, as reroute-python.md.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 use toffload_tests::harness;
 use toffload_tests::loadgen::payload;
+use toffload_tests::reroute::{
+    count_lines, cpus_apart, find, medians, pin, request, rounds, write_result, wrk, Client,
+};
 
 /// A 2-core machine: one server test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -25,18 +26,9 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-const IO_TIMEOUT: Duration = Duration::from_secs(20);
-
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../backends/integrations/python/toffload_asyncio.py")
-}
-
-fn find(name: &str) -> Option<PathBuf> {
-    ["/usr/bin", "/usr/local/bin"]
-        .iter()
-        .map(|d| Path::new(d).join(name))
-        .find(|p| p.is_file())
 }
 
 /// python3, or None after skipping (fails under CI).
@@ -46,20 +38,6 @@ fn python() -> Option<PathBuf> {
         harness::skip("python3 is not installed (Debian package python3; .ci/run installs it)");
     }
     p
-}
-
-fn pin(cmd: &mut Command, cpu: Option<usize>) {
-    if let Some(cpu) = cpu.filter(|_| harness::cpus() > 1) {
-        // SAFETY: only async-signal-safe calls between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(cpu, &mut set);
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-                Ok(())
-            });
-        }
-    }
 }
 
 /// The asyncio server; killed on drop.
@@ -126,69 +104,6 @@ impl Drop for Server {
     }
 }
 
-/// A keep-alive HTTP/1.1 client for the few requests the checks make.
-struct Client {
-    s: BufReader<TcpStream>,
-}
-
-impl Client {
-    fn connect(port: u16) -> Client {
-        let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-        s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-        s.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
-        Client {
-            s: BufReader::new(s),
-        }
-    }
-
-    /// Sends `raw` and reads one response: (status, body).
-    fn raw(&mut self, raw: &[u8]) -> (u16, Vec<u8>) {
-        self.s.get_mut().write_all(raw).expect("send");
-        let mut status = String::new();
-        self.s.read_line(&mut status).expect("status line");
-        let code: u16 = status
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or_else(|| panic!("status line {status:?}"));
-        let mut len = 0usize;
-        loop {
-            let mut h = String::new();
-            self.s.read_line(&mut h).expect("header");
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            if let Some(v) = h.strip_prefix("Content-Length: ") {
-                len = v.parse().expect("Content-Length");
-            }
-        }
-        let mut body = vec![0u8; len];
-        self.s.read_exact(&mut body).expect("body");
-        (code, body)
-    }
-
-    fn get(&mut self, target: &str) -> (u16, Vec<u8>) {
-        self.raw(format!("GET {target} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes())
-    }
-
-    /// (in flight now, most at once, finished) of /async.
-    fn stats(&mut self) -> (u64, u64, u64) {
-        let (code, body) = self.get("/stats");
-        assert_eq!(code, 200);
-        let v: Vec<u64> = String::from_utf8_lossy(&body)
-            .split_whitespace()
-            .map(|x| x.parse().expect("stats number"))
-            .collect();
-        (v[0], v[1], v[2])
-    }
-}
-
-/// The payload the server transforms for `/sync?n=N` and `/async?n=N`.
-fn request(n: usize) -> Vec<u8> {
-    (0..n).map(|i| (i * 7) as u8).collect()
-}
-
 #[test]
 fn sync_and_async_answer_aes_ctr_bit_identically() {
     let _g = serial();
@@ -230,7 +145,9 @@ fn sync_and_async_answer_aes_ctr_bit_identically() {
         hs.into_iter().map(|h| h.join().expect("client")).sum()
     });
     assert_eq!(wrong, 0, "wrong /async answers under 64 clients");
-    let (now, most, finished) = c.stats();
+    let [now, most, finished] = c.numbers("/stats")[..] else {
+        panic!("/stats")
+    };
     println!("/async: {most} at most in flight, {finished} finished, {now} now");
     assert!(finished >= 64 * 20, "only {finished} finished");
     assert!(most > 1, "/async never had more than one offload in flight");
@@ -282,82 +199,6 @@ fn bad_input_and_backend_errors_are_http_errors() {
 
 // ---- the measurement ---------------------------------------------------------------
 
-struct Run {
-    rps: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-}
-
-/// wrk's latency field (`512.00us`, `1.23ms`, `2.01s`) in ms.
-fn wrk_ms(s: &str) -> f64 {
-    let (num, mult) = if let Some(n) = s.strip_suffix("us") {
-        (n, 1e-3)
-    } else if let Some(n) = s.strip_suffix("ms") {
-        (n, 1.0)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1e3)
-    } else {
-        panic!("wrk latency {s:?}")
-    };
-    num.parse::<f64>().expect("wrk number") * mult
-}
-
-/// One wrk run (pinned to `cpu`) of `target`.
-fn wrk(exe: &Path, port: u16, target: &str, conns: usize, cpu: Option<usize>) -> Run {
-    let mut c = Command::new("timeout");
-    c.arg("60")
-        .arg(exe)
-        .args(["-t1", &format!("-c{conns}"), "-d2s", "--latency"])
-        .arg(format!("http://127.0.0.1:{port}{target}"))
-        .stdin(Stdio::null());
-    pin(&mut c, cpu);
-    let o = c.output().expect("running wrk");
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "wrk {target} failed ({}):\n{out}",
-        o.status
-    );
-    assert!(
-        !out.contains("Non-2xx"),
-        "wrk {target} got error responses:\n{out}"
-    );
-    let field = |key: &str| -> &str {
-        out.lines()
-            .map(str::trim)
-            .find_map(|l| l.strip_prefix(key))
-            .map(str::trim)
-            .unwrap_or_else(|| panic!("wrk printed no {key:?}:\n{out}"))
-    };
-    Run {
-        rps: field("Requests/sec:").parse().expect("Requests/sec"),
-        p50_ms: wrk_ms(field("50%")),
-        p99_ms: wrk_ms(field("99%")),
-    }
-}
-
-/// Lines between `# NAME BEGIN` and `# NAME END`: (all, code only).
-fn count_lines(src: &str, name: &str) -> (usize, usize) {
-    let (begin, end) = (format!("# {name} BEGIN"), format!("# {name} END"));
-    let body: Vec<&str> = src
-        .lines()
-        .skip_while(|l| l.trim() != begin)
-        .skip(1)
-        .take_while(|l| l.trim() != end)
-        .collect();
-    let code = body
-        .iter()
-        .map(|l| l.trim())
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .count();
-    (body.len(), code)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 #[test]
 fn reroute_python_benchmark() {
     let _g = serial();
@@ -367,22 +208,12 @@ fn reroute_python_benchmark() {
         return;
     };
     let src = std::fs::read_to_string(script()).expect("the script");
-    let (reroute_all, reroute_code) = count_lines(&src, "REROUTE");
-    let (sync_all, sync_code) = count_lines(&src, "SYNC");
+    let (reroute_all, reroute_code) = count_lines(&src, "#", "REROUTE");
+    let (sync_all, sync_code) = count_lines(&src, "#", "SYNC");
     assert!(reroute_code > 0 && sync_code > 0, "line markers missing");
-    let rounds: usize =
-        match std::env::var("TOFFLOAD_REROUTE_ROUNDS") {
-            Err(_) => 1,
-            Ok(v) => v.parse().ok().filter(|&n| n > 0).unwrap_or_else(|| {
-                panic!("TOFFLOAD_REROUTE_ROUNDS={v:?}: want a positive integer")
-            }),
-        };
+    let rounds = rounds();
     let conns = 64;
-    let (scpu, lcpu) = if harness::cpus() > 1 {
-        (Some(0), Some(1))
-    } else {
-        (None, None)
-    };
+    let (scpu, lcpu) = cpus_apart();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let mut rows = Vec::new();
     let mut speedup_1000 = 0.0;
@@ -397,15 +228,8 @@ fn reroute_python_benchmark() {
             sync.push(wrk(&wrk_exe, s.port, "/sync?n=1024", conns, lcpu));
             rerouted.push(wrk(&wrk_exe, s.port, "/async?n=1024", conns, lcpu));
         }
-        let (_, most, _) = Client::connect(s.port).stats();
-        let pick = |runs: &[Run]| {
-            (
-                median(runs.iter().map(|r| r.rps).collect()),
-                median(runs.iter().map(|r| r.p50_ms).collect()),
-                median(runs.iter().map(|r| r.p99_ms).collect()),
-            )
-        };
-        let (a, b) = (pick(&sync), pick(&rerouted));
+        let most = Client::connect(s.port).numbers("/stats")[1];
+        let (a, b) = (medians(&sync), medians(&rerouted));
         let speedup = b.0 / a.0;
         if lat_us == 1000 {
             speedup_1000 = speedup;
@@ -445,11 +269,7 @@ fn reroute_python_benchmark() {
         load = load.trim(),
     );
     println!("\n{md}");
-    if let Some(out) = std::env::var_os("TOFFLOAD_REROUTE_OUT") {
-        let out = Path::new(&out).with_file_name("reroute-python.md");
-        std::fs::write(&out, &md).expect("writing the results file");
-        println!("wrote {}", out.display());
-    }
+    write_result("reroute-python.md", &md);
     assert!(
         speedup_1000 > 2.0,
         "/async only {speedup_1000:.2}x /sync at 1000 us"

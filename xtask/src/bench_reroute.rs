@@ -3,7 +3,9 @@
 //! under redis-benchmark -> tests/results/reroute.md (the `reroute_benchmark` test of
 //! tests/tests/reroute_redis.rs, which compiles the module itself). Python asyncio:
 //! /sync vs /async of toffload_asyncio.py under wrk -> tests/results/reroute-python.md
-//! (`reroute_python_benchmark` in tests/tests/reroute_python.rs). Without the server
+//! (`reroute_python_benchmark` in tests/tests/reroute_python.rs). Go: /serial, /sync
+//! and /async of accelhttp under wrk -> tests/results/reroute-go.md
+//! (`reroute_go_benchmark` in tests/tests/reroute_go.rs). Without the server
 //! or its load tool a bench skips with the reason (fails under CI).
 
 use crate::paths;
@@ -27,6 +29,7 @@ pub fn run(args: Vec<String>) -> Result {
     for (test, name) in [
         ("reroute_redis", "reroute_benchmark"),
         ("reroute_python", "reroute_python_benchmark"),
+        ("reroute_go", "reroute_go_benchmark"),
     ] {
         proc::run(
             proc::cargo()

@@ -1,0 +1,3 @@
+module toffload.dev/accelhttp
+
+go 1.19

@@ -1,0 +1,242 @@
+//! What the reroute suites (tests/tests/reroute_*.rs) share: finding a server's
+//! programs, pinning them, a small keep-alive HTTP client for the checks, wrk runs
+//! and their figures, and counting an integration's lines from its markers.
+
+use crate::harness;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const IO_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// `name` in the usual program folders.
+pub fn find(name: &str) -> Option<PathBuf> {
+    ["/usr/bin", "/usr/local/bin", "/usr/sbin", "/usr/lib/go/bin"]
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
+
+/// Runs `cmd` on `cpu` (where the machine has more than one).
+pub fn pin(cmd: &mut Command, cpu: Option<usize>) {
+    if let Some(cpu) = cpu.filter(|_| harness::cpus() > 1) {
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                Ok(())
+            });
+        }
+    }
+}
+
+/// (server CPU, load CPU): apart where there are two.
+pub fn cpus_apart() -> (Option<usize>, Option<usize>) {
+    if harness::cpus() > 1 {
+        (Some(0), Some(1))
+    } else {
+        (None, None)
+    }
+}
+
+/// A keep-alive HTTP/1.1 client for the few requests the checks make.
+pub struct Client {
+    s: BufReader<TcpStream>,
+}
+
+impl Client {
+    pub fn connect(port: u16) -> Client {
+        let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        s.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+        Client {
+            s: BufReader::new(s),
+        }
+    }
+
+    /// Sends `raw` and reads one response: (status, body).
+    pub fn raw(&mut self, raw: &[u8]) -> (u16, Vec<u8>) {
+        self.s.get_mut().write_all(raw).expect("send");
+        let mut status = String::new();
+        self.s.read_line(&mut status).expect("status line");
+        let code: u16 = status
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("status line {status:?}"));
+        let mut len = 0usize;
+        loop {
+            let mut h = String::new();
+            self.s.read_line(&mut h).expect("header");
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                if k.eq_ignore_ascii_case("content-length") {
+                    len = v.trim().parse().expect("Content-Length");
+                }
+            }
+        }
+        let mut body = vec![0u8; len];
+        self.s.read_exact(&mut body).expect("body");
+        (code, body)
+    }
+
+    pub fn get(&mut self, target: &str) -> (u16, Vec<u8>) {
+        self.raw(format!("GET {target} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes())
+    }
+
+    /// The whitespace-separated numbers of a stats path.
+    pub fn numbers(&mut self, target: &str) -> Vec<u64> {
+        let (code, body) = self.get(target);
+        assert_eq!(code, 200, "{target}");
+        String::from_utf8_lossy(&body)
+            .split_whitespace()
+            .map(|x| x.parse().expect("a number"))
+            .collect()
+    }
+}
+
+/// The payload the HTTP integrations transform for `?n=N`: byte i = i*7 mod 256.
+pub fn request(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 7) as u8).collect()
+}
+
+pub struct Run {
+    pub rps: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+/// wrk's latency field (`512.00us`, `1.23ms`, `2.01s`) in ms.
+pub fn wrk_ms(s: &str) -> f64 {
+    let (num, mult) = if let Some(n) = s.strip_suffix("us") {
+        (n, 1e-3)
+    } else if let Some(n) = s.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1e3)
+    } else {
+        panic!("wrk latency {s:?}")
+    };
+    num.parse::<f64>().expect("wrk number") * mult
+}
+
+/// One 2 s wrk run (pinned to `cpu`) of `target` with `conns` connections; any
+/// error response fails it.
+pub fn wrk(exe: &Path, port: u16, target: &str, conns: usize, cpu: Option<usize>) -> Run {
+    let mut c = Command::new("timeout");
+    c.arg("60")
+        .arg(exe)
+        .args(["-t1", &format!("-c{conns}"), "-d2s", "--latency"])
+        .arg(format!("http://127.0.0.1:{port}{target}"))
+        .stdin(Stdio::null());
+    pin(&mut c, cpu);
+    let o = c.output().expect("running wrk");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "wrk {target} failed ({}):\n{out}",
+        o.status
+    );
+    assert!(
+        !out.contains("Non-2xx"),
+        "wrk {target} got error responses:\n{out}"
+    );
+    let field = |key: &str| -> &str {
+        out.lines()
+            .map(str::trim)
+            .find_map(|l| l.strip_prefix(key))
+            .map(str::trim)
+            .unwrap_or_else(|| panic!("wrk printed no {key:?}:\n{out}"))
+    };
+    Run {
+        rps: field("Requests/sec:").parse().expect("Requests/sec"),
+        p50_ms: wrk_ms(field("50%")),
+        p99_ms: wrk_ms(field("99%")),
+    }
+}
+
+/// The medians of runs: (req/s, p50 ms, p99 ms).
+pub fn medians(runs: &[Run]) -> (f64, f64, f64) {
+    (
+        median(runs.iter().map(|r| r.rps).collect()),
+        median(runs.iter().map(|r| r.p50_ms).collect()),
+        median(runs.iter().map(|r| r.p99_ms).collect()),
+    )
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Lines between the markers `{comment} NAME BEGIN` and `{comment} NAME END`: (all,
+/// code only: not blank, not a comment line).
+pub fn count_lines(src: &str, comment: &str, name: &str) -> (usize, usize) {
+    let (begin, end) = (
+        format!("{comment} {name} BEGIN"),
+        format!("{comment} {name} END"),
+    );
+    let body: Vec<&str> = src
+        .lines()
+        .skip_while(|l| l.trim() != begin)
+        .skip(1)
+        .take_while(|l| l.trim() != end)
+        .collect();
+    let code = body
+        .iter()
+        .map(|l| l.trim())
+        .filter(|l| !l.is_empty() && !l.starts_with(comment))
+        .count();
+    (body.len(), code)
+}
+
+/// TOFFLOAD_REROUTE_ROUNDS, default 1.
+pub fn rounds() -> usize {
+    match std::env::var("TOFFLOAD_REROUTE_ROUNDS") {
+        Err(_) => 1,
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| panic!("TOFFLOAD_REROUTE_ROUNDS={v:?}: want a positive integer")),
+    }
+}
+
+/// Writes a results table beside TOFFLOAD_REROUTE_OUT as `name`, when that is set.
+pub fn write_result(name: &str, md: &str) {
+    if let Some(out) = std::env::var_os("TOFFLOAD_REROUTE_OUT") {
+        let out = Path::new(&out).with_file_name(name);
+        std::fs::write(&out, md).expect("writing the results file");
+        println!("wrote {}", out.display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrk_latencies_read_in_ms() {
+        assert_eq!(wrk_ms("512.00us"), 0.512);
+        assert_eq!(wrk_ms("1.50ms"), 1.5);
+        assert_eq!(wrk_ms("2.00s"), 2000.0);
+    }
+
+    #[test]
+    fn lines_are_counted_between_markers() {
+        let src = "a\n# X BEGIN\n# why\ncode()\n\nmore()\n# X END\nb\n";
+        assert_eq!(count_lines(src, "#", "X"), (4, 2));
+        assert_eq!(
+            count_lines("// S BEGIN\nint x;\n// S END\n", "//", "S"),
+            (1, 1)
+        );
+    }
+}

@@ -1,0 +1,326 @@
+//! The Go reroute (backends/integrations/go): accelhttp, a net/http server built with
+//! Debian's golang-go against libtoffload_accel.so through cgo, offering the offload
+//! as `GET /serial` (accel_run under one mutex: one offload at a time), `GET /sync`
+//! (accel_run straight from the handler: Go's scheduler overlaps the blocked cgo
+//! calls on more OS threads, zero async code) and `GET /async` (accel_submit, the
+//! goroutine waits on a channel, the completion fd in Go's netpoller).
+//!
+//! The program is built here with `go build` into a temporary folder, so no build step
+//! is needed beyond `cargo xtask build`. A missing go skips with the reason (fails
+//! under CI). `reroute_go_benchmark` measures the three forms with wrk at 50, 200
+//! and 1000 us; with TOFFLOAD_REROUTE_OUT=path (what `cargo xtask bench reroute`
+//! sets) it also writes its table beside that file, as reroute-go.md.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+use toffload_tests::harness;
+use toffload_tests::loadgen::payload;
+use toffload_tests::reroute::{
+    count_lines, cpus_apart, find, medians, pin, request, rounds, write_result, wrk, Client,
+};
+
+/// A 2-core machine: one server test at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../backends/integrations/go")
+}
+
+/// Builds accelhttp (once per test binary) into a temporary folder, or None after
+/// skipping (fails under CI).
+fn accelhttp() -> Option<PathBuf> {
+    static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = built.as_ref() {
+        return Some(p.clone());
+    }
+    let Some(go) = find("go") else {
+        harness::skip("go is not installed (Debian package golang-go; .ci/run installs it)");
+        return None;
+    };
+    let dist = harness::dist();
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("accelhttp");
+    std::fs::create_dir_all(&out).expect("build folder");
+    let exe = out.join("accelhttp");
+    let o = Command::new("timeout")
+        .arg("300")
+        .arg(&go)
+        .args(["build", "-o"])
+        .arg(&exe)
+        .arg(".")
+        .current_dir(src())
+        .env("CGO_ENABLED", "1")
+        .env(
+            "CGO_CFLAGS",
+            format!("-I{}", dist.join("include").display()),
+        )
+        .env(
+            "CGO_LDFLAGS",
+            format!("-L{lib} -Wl,-rpath,{lib}", lib = dist.join("lib").display()),
+        )
+        .env("GOCACHE", out.join("gocache"))
+        .env("GOPATH", out.join("gopath"))
+        .env("GOFLAGS", "-buildvcs=false")
+        .output()
+        .expect("running go build");
+    assert!(
+        o.status.success(),
+        "go build failed:\n{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    *built = Some(exe.clone());
+    Some(exe)
+}
+
+/// accelhttp; killed on drop.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(exe: &Path, env: &[(&str, String)], cpu: Option<usize>) -> Server {
+        let mut c = Command::new(exe);
+        c.args(["-port", "0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        pin(&mut c, cpu);
+        let mut child = c.spawn().expect("starting accelhttp");
+        let out = child.stdout.take().expect("stdout");
+        // Its first line says the port; read on a thread so that silence cannot hang
+        // the test.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(out).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| {
+                let _ = child.kill();
+                panic!("accelhttp printed no port within 20 s")
+            });
+        let port = line
+            .strip_prefix("port ")
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| {
+                let _ = child.kill();
+                panic!("accelhttp said {line:?}, not `port N`")
+            });
+        Server { child, port }
+    }
+
+    fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const FORMS: [&str; 3] = ["serial", "sync", "async"];
+
+#[test]
+fn every_form_answers_aes_ctr_bit_identically() {
+    let _g = serial();
+    let Some(exe) = accelhttp() else { return };
+    let env = [
+        ("TOFFLOAD_EMU_LAT_US", "200".to_string()),
+        ("TOFFLOAD_WAIT", "block".to_string()),
+    ];
+    let s = Server::start(&exe, &env, None);
+    let mut c = Client::connect(s.port);
+    for n in [1usize, 16, 1000, 1024, 4097, 65536] {
+        let want = payload::expected(&request(n));
+        for form in FORMS {
+            let (code, body) = c.get(&format!("/{form}?n={n}"));
+            assert_eq!(
+                code,
+                200,
+                "/{form}?n={n}: {}",
+                String::from_utf8_lossy(&body)
+            );
+            assert!(
+                body == want,
+                "/{form}?n={n}: not AES-128-CTR of the payload"
+            );
+        }
+    }
+    // 64 clients at once on /sync and /async: every answer right; /async with many
+    // offloads in flight.
+    let want = payload::expected(&request(1024));
+    let port = s.port;
+    for form in ["sync", "async"] {
+        let wrong: usize = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..64)
+                .map(|_| {
+                    let want = &want;
+                    sc.spawn(move || {
+                        let mut c = Client::connect(port);
+                        (0..20)
+                            .filter(|_| c.get(&format!("/{form}?n=1024")) != (200, want.clone()))
+                            .count()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("client")).sum()
+        });
+        assert_eq!(wrong, 0, "wrong /{form} answers under 64 clients");
+    }
+    let v = c.numbers("/stats");
+    println!(
+        "/async: {} at most in flight, {} finished; {} threads",
+        v[1], v[2], v[3]
+    );
+    assert!(v[2] >= 64 * 20, "only {} finished", v[2]);
+    assert!(v[1] > 1, "/async never had more than one offload in flight");
+    assert_eq!(v[0], 0);
+}
+
+#[test]
+fn bad_input_and_backend_errors_are_http_errors() {
+    let _g = serial();
+    let Some(exe) = accelhttp() else { return };
+    let mut s = Server::start(&exe, &[("TOFFLOAD_EMU_LAT_US", "50".into())], None);
+    let mut c = Client::connect(s.port);
+    for (target, code) in [
+        ("/async?n=0", 400),
+        ("/sync?n=abc", 400),
+        ("/serial?n=-5", 400),
+        ("/async?n=2097152", 400),
+        ("/nowhere", 404),
+    ] {
+        let (got, body) = c.get(target);
+        assert_eq!(got, code, "{target}: {}", String::from_utf8_lossy(&body));
+    }
+    let mut bad = Client::connect(s.port);
+    assert_eq!(
+        bad.raw(b"POST /async HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+            .0,
+        400
+    );
+    assert_eq!(c.get("/async?n=16").0, 200);
+    assert!(s.alive());
+    drop(s);
+
+    // A malformed device knob: every offload fails with -EINVAL, as an HTTP error.
+    let mut s = Server::start(&exe, &[("TOFFLOAD_EMU_LANES", "0".into())], None);
+    let mut c = Client::connect(s.port);
+    for form in FORMS {
+        let (code, body) = c.get(&format!("/{form}?n=64"));
+        let text = String::from_utf8_lossy(&body).to_lowercase();
+        assert_eq!(code, 500, "/{form} with TOFFLOAD_EMU_LANES=0: {text}");
+        assert!(text.contains("invalid argument"), "{text}");
+    }
+    assert!(s.alive(), "the server died of a device error");
+}
+
+#[test]
+fn reroute_go_benchmark() {
+    let _g = serial();
+    let Some(exe) = accelhttp() else { return };
+    let Some(wrk_exe) = find("wrk") else {
+        harness::skip("wrk is not installed (Debian package wrk; .ci/run installs it)");
+        return;
+    };
+    let text = std::fs::read_to_string(src().join("main.go")).expect("main.go");
+    let (reroute_all, reroute_code) = count_lines(&text, "//", "REROUTE");
+    let (sync_all, sync_code) = count_lines(&text, "//", "SYNC");
+    assert!(reroute_code > 0 && sync_code > 0, "line markers missing");
+    let rounds = rounds();
+    let conns = 64;
+    let (scpu, lcpu) = cpus_apart();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mut rows = Vec::new();
+    let mut speedups_1000 = (0.0, 0.0);
+    for lat_us in [50u64, 200, 1000] {
+        // block: a blocking cgo call that spins would hold its thread's CPU, and
+        // /sync's overlap is the scheduler's, on threads that must sleep.
+        let env = vec![
+            ("TOFFLOAD_EMU_LAT_US", lat_us.to_string()),
+            ("TOFFLOAD_EMU_LANES", "64".to_string()),
+            ("TOFFLOAD_WAIT", "block".to_string()),
+        ];
+        let s = Server::start(&exe, &env, scpu);
+        let mut runs: [Vec<_>; 3] = Default::default();
+        for _ in 0..rounds {
+            for (i, form) in FORMS.iter().enumerate() {
+                runs[i].push(wrk(
+                    &wrk_exe,
+                    s.port,
+                    &format!("/{form}?n=1024"),
+                    conns,
+                    lcpu,
+                ));
+            }
+        }
+        let v = Client::connect(s.port).numbers("/stats");
+        let (most, threads) = (v[1], v[3]);
+        let [a, b, c] = [medians(&runs[0]), medians(&runs[1]), medians(&runs[2])];
+        let (sync_x, async_x) = (b.0 / a.0, c.0 / a.0);
+        if lat_us == 1000 {
+            speedups_1000 = (sync_x, async_x);
+        }
+        println!(
+            "{lat_us} us: /serial {:.0}, /sync {:.0} ({sync_x:.2}x), /async {:.0} req/s \
+             ({async_x:.2}x); async at most {most} in flight; {threads} threads",
+            a.0, b.0, c.0
+        );
+        rows.push(format!(
+            "| {lat_us} | {:.0} | {:.2} / {:.2} | {:.0} | {:.2} / {:.2} | {sync_x:.2}x | {:.0} | {:.2} / {:.2} | {async_x:.2}x | {most} | {threads} |",
+            a.0, a.1, a.2, b.0, b.1, b.2, c.0, c.1, c.2
+        ));
+    }
+    let version = Command::new(find("go").expect("go"))
+        .arg("version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|_| "go".into());
+    let md = format!(
+        "Go reroute: backends/integrations/go (accelhttp, net/http + cgo over libtoffload_accel.so), \
+         built with Debian's {version}, driven by wrk (`-t1 -c{conns} -d2s --latency`, 1 KiB \
+         payloads). Emulated device, 64 lanes, TOFFLOAD_WAIT=block, offload latency per row. \
+         Server on core 0, wrk on core 1 (the device thread shares core 0 with the server). \
+         {rounds} round(s) per row, medians. Load average at the start: {load}\n\
+         Written by `reroute_go_benchmark` in tests/tests/reroute_go.rs (`cargo xtask bench \
+         reroute` runs it with 3 rounds).\n\n\
+         /serial holds one mutex across accel_run (one offload at a time, the baseline); /sync \
+         calls accel_run straight from the handler ({sync_all} lines, {sync_code} of code: SYNC \
+         markers), which Go's scheduler overlaps by handing each blocked call's P to another OS \
+         thread; /async is the reroute ({reroute_all} lines, {reroute_code} of code: REROUTE \
+         markers), the completion fd in Go's netpoller. Speedups are over /serial. \"threads\" is \
+         the server's OS threads after the runs.\n\n\
+         | offload us | /serial req/s | p50 / p99 ms | /sync req/s | p50 / p99 ms | sync speedup | /async req/s | p50 / p99 ms | async speedup | most in flight (async) | threads |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n\n\
+         Target: rerouted >= 2x the one-at-a-time form at 1000 us: {} (/sync {:.2}x, /async {:.2}x).\n",
+        rows.join("\n"),
+        if speedups_1000.1 >= 2.0 { "met" } else { "not met" },
+        speedups_1000.0,
+        speedups_1000.1,
+        load = load.trim(),
+    );
+    println!("\n{md}");
+    write_result("reroute-go.md", &md);
+    assert!(
+        speedups_1000.1 > 2.0,
+        "/async only {:.2}x /serial at 1000 us",
+        speedups_1000.1
+    );
+}
