@@ -5,7 +5,9 @@
 //! /sync vs /async of toffload_asyncio.py under wrk -> tests/results/reroute-python.md
 //! (`reroute_python_benchmark` in tests/tests/reroute_python.rs). Go: /serial, /sync
 //! and /async of accelhttp under wrk -> tests/results/reroute-go.md
-//! (`reroute_go_benchmark` in tests/tests/reroute_go.rs). Without the server
+//! (`reroute_go_benchmark` in tests/tests/reroute_go.rs). nginx: sync vs async of
+//! ngx_http_toffload_module.so in Debian's nginx under wrk ->
+//! tests/results/reroute-nginx.md (`reroute_nginx_benchmark`). Without the server
 //! or its load tool a bench skips with the reason (fails under CI).
 
 use crate::paths;
@@ -30,6 +32,7 @@ pub fn run(args: Vec<String>) -> Result {
         ("reroute_redis", "reroute_benchmark"),
         ("reroute_python", "reroute_python_benchmark"),
         ("reroute_go", "reroute_go_benchmark"),
+        ("reroute_nginx", "reroute_nginx_benchmark"),
     ] {
         proc::run(
             proc::cargo()
