@@ -507,7 +507,7 @@ pub fn assess(
         });
     let recipe_text = recipe
         .as_ref()
-        .map(|r| recipes::describe(r, recipe_speedup));
+        .map(|r| recipes::describe(r, recipe_speedup, inputs.map(|i| i.latency_us)));
     let (zero_edit, zero_edit_speedup, stop) = match (verdict, inputs) {
         (Kind::Fiberizable | Kind::BehindWall, None) => (
             None,

@@ -20,7 +20,80 @@ pub struct Recipe {
     /// The paper's measured speedup (1 MiB GPU AES), for reference.
     pub paper_speedup: f64,
     pub note: &'static str,
+    /// The integration toffload ships for this server, if any.
+    pub shipped: Option<&'static Shipped>,
 }
+
+/// An integration in backends/integrations, with the results its benchmark committed
+/// (`cargo xtask bench reroute`), read from the results file itself so that the
+/// numbers shown are the file's.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Shipped {
+    /// Its folder in the repository.
+    pub path: &'static str,
+    /// How it is built and loaded, in a few words.
+    pub how: &'static str,
+    /// The results file its benchmark writes.
+    pub results: &'static str,
+    #[serde(skip)]
+    results_text: &'static str,
+}
+
+impl Shipped {
+    /// (offload us, measured speedup of the rerouted form) per row of the results
+    /// table: the first cell, and the last cell that reads as a speedup (`12.3x`).
+    pub fn measured(&self) -> Vec<(f64, f64)> {
+        self.results_text
+            .lines()
+            .filter(|l| l.starts_with('|'))
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
+                let lat: f64 = cells.first()?.parse().ok()?;
+                let x = cells
+                    .iter()
+                    .rev()
+                    .find_map(|c| c.strip_suffix('x')?.parse::<f64>().ok())?;
+                Some((lat, x))
+            })
+            .collect()
+    }
+
+    /// The measured row nearest `latency_us` (on a log scale), or the largest.
+    pub fn nearest(&self, latency_us: Option<f64>) -> Option<(f64, f64)> {
+        let rows = self.measured();
+        let dist = |l: f64| match latency_us {
+            Some(w) if w > 0.0 && l > 0.0 => (l / w).ln().abs(),
+            _ => -l,
+        };
+        rows.into_iter()
+            .min_by(|a, b| dist(a.0).total_cmp(&dist(b.0)))
+    }
+}
+
+const REDIS: Shipped = Shipped {
+    path: "backends/integrations/redis",
+    how: "make, then redis-server --loadmodule toffload_redis.so; ACCEL.ASYNC",
+    results: "tests/results/reroute.md",
+    results_text: include_str!("../../../tests/results/reroute.md"),
+};
+const NGINX: Shipped = Shipped {
+    path: "backends/integrations/nginx",
+    how: "build.sh against nginx-dev, then load_module; toffload_accel async",
+    results: "tests/results/reroute-nginx.md",
+    results_text: include_str!("../../../tests/results/reroute-nginx.md"),
+};
+const PYTHON: Shipped = Shipped {
+    path: "backends/integrations/python",
+    how: "toffload_asyncio.Accel: await accel.run(data)",
+    results: "tests/results/reroute-python.md",
+    results_text: include_str!("../../../tests/results/reroute-python.md"),
+};
+const GO_SHIPPED: Shipped = Shipped {
+    path: "backends/integrations/go",
+    how: "cgo; the completion fd in Go's netpoller (or plain blocking cgo)",
+    results: "tests/results/reroute-go.md",
+    results_text: include_str!("../../../tests/results/reroute-go.md"),
+};
 
 const fn r(
     server: &'static str,
@@ -37,6 +110,14 @@ const fn r(
         lines_modified,
         paper_speedup,
         note,
+        shipped: None,
+    }
+}
+
+const fn shipped(recipe: Recipe, s: &'static Shipped) -> Recipe {
+    Recipe {
+        shipped: Some(s),
+        ..recipe
     }
 }
 
@@ -44,13 +125,16 @@ const fn r(
 const TABLE: &[(&[&str], Recipe)] = &[
     (
         &["redis-server", "redis-check-rdb"],
-        r(
-            "Redis 6.0",
-            "module with RedisModule_BlockClient",
-            83,
-            0,
-            3.01,
-            "",
+        shipped(
+            r(
+                "Redis 6.0",
+                "module with RedisModule_BlockClient",
+                83,
+                0,
+                3.01,
+                "",
+            ),
+            &REDIS,
         ),
     ),
     (
@@ -66,24 +150,30 @@ const TABLE: &[(&[&str], Recipe)] = &[
     ),
     (
         &["python", "python3", "uwsgi", "gunicorn"],
-        r(
-            "Python 3.10",
-            "loop.run_in_executor around the call",
-            22,
-            0,
-            2.37,
-            "",
+        shipped(
+            r(
+                "Python 3.10",
+                "loop.run_in_executor around the call",
+                22,
+                0,
+                2.37,
+                "",
+            ),
+            &PYTHON,
         ),
     ),
     (
         &["nginx"],
-        r(
-            "nginx 1.18",
-            "thread-pool module (ngx_thread_task_post)",
-            112,
-            0,
-            2.74,
-            "",
+        shipped(
+            r(
+                "nginx 1.18",
+                "thread-pool module (ngx_thread_task_post)",
+                112,
+                0,
+                2.74,
+                "",
+            ),
+            &NGINX,
         ),
     ),
     (
@@ -136,13 +226,16 @@ const TABLE: &[(&[&str], Recipe)] = &[
     ),
 ];
 
-const GO: Recipe = r(
-    "Go 1.18",
-    "blocking cgo call in a goroutine",
-    28,
-    0,
-    3.01,
-    "",
+const GO: Recipe = shipped(
+    r(
+        "Go 1.18",
+        "blocking cgo call in a goroutine",
+        28,
+        0,
+        3.01,
+        "",
+    ),
+    &GO_SHIPPED,
 );
 
 /// The recipe for a command (its basename) and runtime, if the model knows one.
@@ -173,8 +266,9 @@ pub fn predicted_speedup(i: &Inputs, loops: f64) -> (f64, f64) {
     (t, t / i.stock_rps_untraced.unwrap_or(i.stock_rps).max(1e-9))
 }
 
-/// One line for reports.
-pub fn describe(r: &Recipe, predicted: Option<f64>) -> String {
+/// One line for reports; with a shipped integration, where it is and what it
+/// measured at the offload latency nearest `latency_us`.
+pub fn describe(r: &Recipe, predicted: Option<f64>, latency_us: Option<f64>) -> String {
     let mut s = format!(
         "{}: {} (+{} lines, {} modified; paper {:.2}x at 1 MiB GPU AES",
         r.server, r.integration, r.lines_added, r.lines_modified, r.paper_speedup
@@ -185,6 +279,13 @@ pub fn describe(r: &Recipe, predicted: Option<f64>) -> String {
     s.push(')');
     if !r.note.is_empty() {
         s += &format!(" [{}]", r.note);
+    }
+    if let Some(sh) = r.shipped {
+        s += &format!("; toffload ships it: {} ({}", sh.path, sh.how);
+        if let Some((lat, x)) = sh.nearest(latency_us) {
+            s += &format!("; measured {x:.2}x at {lat:.0} us, {}", sh.results);
+        }
+        s.push(')');
     }
     s
 }

@@ -462,3 +462,53 @@ fn measured_think_time_is_shown_not_used() {
         .iter()
         .any(|(k, v)| k == "Z outside" && v.contains("measured")));
 }
+
+#[test]
+fn shipped_integrations_are_named_with_what_their_results_file_measured() {
+    for (cmd, rt, path) in [
+        ("/usr/bin/redis-server", None, "backends/integrations/redis"),
+        ("/usr/sbin/nginx", None, "backends/integrations/nginx"),
+        ("python3.11", None, "backends/integrations/python"),
+        (
+            "myservice",
+            Some(RuntimeKind::Go),
+            "backends/integrations/go",
+        ),
+    ] {
+        let r = recipes::lookup(cmd, rt).unwrap();
+        let sh = r.shipped.unwrap_or_else(|| panic!("{cmd}: no integration"));
+        assert_eq!(sh.path, path);
+        let rows = sh.measured();
+        let lats: Vec<f64> = rows.iter().map(|r| r.0).collect();
+        assert_eq!(lats, [50.0, 200.0, 1000.0], "{cmd}: rows of {}", sh.results);
+        assert!(rows.iter().all(|r| r.1 > 0.0), "{rows:?}");
+        // The row nearest the watched latency, on a log scale.
+        assert_eq!(sh.nearest(Some(700.0)).unwrap().0, 1000.0);
+        assert_eq!(sh.nearest(Some(90.0)).unwrap().0, 50.0);
+        assert_eq!(sh.nearest(None).unwrap().0, 1000.0);
+        let (lat, x) = sh.nearest(Some(180.0)).unwrap();
+        let text = recipes::describe(&r, Some(2.0), Some(180.0));
+        assert!(
+            text.contains(path) && text.contains(&format!("measured {x:.2}x at {lat:.0} us")),
+            "{text}"
+        );
+    }
+    // The file's own numbers: the Go table's last speedup column is the reroute's.
+    let go = recipes::lookup("x", Some(RuntimeKind::Go))
+        .unwrap()
+        .shipped
+        .unwrap();
+    let text = include_str!("../../../tests/results/reroute-go.md");
+    let row = text.lines().find(|l| l.starts_with("| 1000 |")).unwrap();
+    let last_x = row
+        .split('|')
+        .rev()
+        .find(|c| c.trim().ends_with('x'))
+        .unwrap();
+    let want: f64 = last_x.trim().trim_end_matches('x').parse().unwrap();
+    assert_eq!(go.nearest(Some(1000.0)).unwrap().1, want);
+    // No integration: no claim.
+    let m = recipes::lookup("memcached", None).unwrap();
+    assert!(m.shipped.is_none());
+    assert!(!recipes::describe(&m, None, Some(200.0)).contains("ships"));
+}
