@@ -219,6 +219,105 @@ pub fn write_result(name: &str, md: &str) {
     }
 }
 
+/// The model's prediction for the reroute (the window's `model.recipe_speedup`, the
+/// median over the windows that saw requests) from a toffload-watch of `pid` while
+/// `load` runs against the synchronous form. None, with the reason printed, where the
+/// watcher cannot run (not root, not built); under CI (TOFFLOAD_NO_SKIP) that fails.
+pub fn predicted_reroute(pid: u32, secs: u32, load: impl FnOnce()) -> Option<f64> {
+    use std::sync::mpsc;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        harness::skip("the model's prediction needs toffload-watch, which needs root");
+        return None;
+    }
+    let exe = match harness::bin("toffload-watch") {
+        Ok(e) => e,
+        Err(e) => {
+            harness::skip(&format!("toffload-watch: {e}"));
+            return None;
+        }
+    };
+    let mut child = Command::new(exe)
+        .args(["--json", "--interval", "1s", "--duration"])
+        .arg(format!("{secs}s"))
+        .arg("--pid")
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting toffload-watch");
+    let err = child.stderr.take().expect("stderr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    // Load only once the probes are in.
+    let t0 = std::time::Instant::now();
+    let mut said = Vec::new();
+    loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(l) => {
+                let attached = l.contains("attached to pid");
+                said.push(l);
+                if attached {
+                    break;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) if t0.elapsed() < Duration::from_secs(30) => {}
+            Err(_) => {
+                let _ = child.kill();
+                panic!("toffload-watch did not attach within 30 s: {said:?}");
+            }
+        }
+    }
+    load();
+    let out = child.wait_with_output().expect("toffload-watch");
+    assert!(out.status.success(), "toffload-watch failed: {said:?}");
+    let v: Vec<f64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|j| j.get("window").cloned())
+        .filter(|w| w["requests"].as_f64().is_some_and(|r| r > 0.0))
+        .filter_map(|w| w["model"]["recipe_speedup"].as_f64())
+        .collect();
+    if v.is_empty() {
+        println!("toffload-watch gave no prediction for pid {pid}: {said:?}");
+        return None;
+    }
+    Some(median(v))
+}
+
+/// The "predicted" and "error" cells of a results row (without the outer bars).
+pub fn prediction_cells(predicted: Option<f64>, measured: f64) -> String {
+    match predicted {
+        Some(p) => format!("{p:.2}x | {:+.0}%", (p / measured - 1.0) * 100.0),
+        None => "- | -".into(),
+    }
+}
+
+/// The model's median absolute error over (predicted, measured) points, as a line
+/// for a results file.
+pub fn model_error_line(points: &[(f64, f64)]) -> String {
+    if points.is_empty() {
+        return "Model: no prediction (toffload-watch did not run).".into();
+    }
+    let errs: Vec<f64> = points.iter().map(|(p, m)| (p / m - 1.0).abs()).collect();
+    let med = median(errs.clone());
+    let worst = errs.iter().cloned().fold(0.0, f64::max);
+    format!(
+        "Model (toffload-watch of the synchronous form, the reroute's predicted speedup; \
+         the paper's Prediction 1): median absolute error {:.0}% over {} points (target <= 20%: {}), \
+         worst {:.0}%.",
+        med * 100.0,
+        points.len(),
+        if med <= 0.20 { "met" } else { "NOT met" },
+        worst * 100.0
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,7 +19,8 @@ use std::time::Duration;
 use toffload_tests::harness;
 use toffload_tests::loadgen::payload;
 use toffload_tests::reroute::{
-    count_lines, cpus_apart, find, medians, pin, request, rounds, write_result, wrk, Client,
+    count_lines, cpus_apart, find, medians, model_error_line, pin, predicted_reroute,
+    prediction_cells, request, rounds, write_result, wrk, Client,
 };
 
 /// A 2-core machine: one server test at a time.
@@ -249,6 +250,7 @@ fn reroute_go_benchmark() {
     let (scpu, lcpu) = cpus_apart();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let mut rows = Vec::new();
+    let mut points = Vec::new();
     let mut speedups_1000 = (0.0, 0.0);
     for lat_us in [50u64, 200, 1000] {
         // block: a blocking cgo call that spins would hold its thread's CPU, and
@@ -259,6 +261,9 @@ fn reroute_go_benchmark() {
             ("TOFFLOAD_WAIT", "block".to_string()),
         ];
         let s = Server::start(&exe, &env, scpu);
+        let predicted = predicted_reroute(s.child.id(), 3, || {
+            wrk(&wrk_exe, s.port, "/serial?n=1024", conns, lcpu);
+        });
         let mut runs: [Vec<_>; 3] = Default::default();
         for _ in 0..rounds {
             for (i, form) in FORMS.iter().enumerate() {
@@ -283,8 +288,12 @@ fn reroute_go_benchmark() {
              ({async_x:.2}x); async at most {most} in flight; {threads} threads",
             a.0, b.0, c.0
         );
+        if let Some(p) = predicted {
+            points.push((p, async_x));
+        }
+        let cells = prediction_cells(predicted, async_x);
         rows.push(format!(
-            "| {lat_us} | {:.0} | {:.2} / {:.2} | {:.0} | {:.2} / {:.2} | {sync_x:.2}x | {:.0} | {:.2} / {:.2} | {async_x:.2}x | {most} | {threads} |",
+            "| {lat_us} | {:.0} | {:.2} / {:.2} | {:.0} | {:.2} / {:.2} | {sync_x:.2}x | {:.0} | {:.2} / {:.2} | {async_x:.2}x | {cells} | {most} | {threads} |",
             a.0, a.1, a.2, b.0, b.1, b.2, c.0, c.1, c.2
         ));
     }
@@ -306,11 +315,16 @@ fn reroute_go_benchmark() {
          markers), which Go's scheduler overlaps by handing each blocked call's P to another OS \
          thread; /async is the reroute ({reroute_all} lines, {reroute_code} of code: REROUTE \
          markers), the completion fd in Go's netpoller. Speedups are over /serial. \"threads\" is \
-         the server's OS threads after the runs.\n\n\
-         | offload us | /serial req/s | p50 / p99 ms | /sync req/s | p50 / p99 ms | sync speedup | /async req/s | p50 / p99 ms | async speedup | most in flight (async) | threads |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n\n\
+         the server's OS threads after the runs. predicted: toffload-watch's prediction for \
+         the reroute from a 3 s watch of /serial under the same wrk load (the windows' \
+         `model.recipe_speedup`, median), against the /async speedup; error = predicted / \
+         measured - 1.\n\n\
+         | offload us | /serial req/s | p50 / p99 ms | /sync req/s | p50 / p99 ms | sync speedup | /async req/s | p50 / p99 ms | async speedup | predicted | error | most in flight (async) | threads |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n\n\
+         {}\n\n\
          Target: rerouted >= 2x the one-at-a-time form at 1000 us: {} (/sync {:.2}x, /async {:.2}x).\n",
         rows.join("\n"),
+        model_error_line(&points),
         if speedups_1000.1 >= 2.0 { "met" } else { "not met" },
         speedups_1000.0,
         speedups_1000.1,

@@ -16,7 +16,8 @@ use std::time::Duration;
 use toffload_tests::harness;
 use toffload_tests::loadgen::payload;
 use toffload_tests::reroute::{
-    count_lines, cpus_apart, find, medians, pin, request, rounds, write_result, wrk, Client,
+    count_lines, cpus_apart, find, medians, model_error_line, pin, predicted_reroute,
+    prediction_cells, request, rounds, write_result, wrk, Client,
 };
 
 /// A 2-core machine: one server test at a time.
@@ -216,6 +217,7 @@ fn reroute_python_benchmark() {
     let (scpu, lcpu) = cpus_apart();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let mut rows = Vec::new();
+    let mut points = Vec::new();
     let mut speedup_1000 = 0.0;
     for lat_us in [50u64, 200, 1000] {
         let env = vec![
@@ -223,6 +225,9 @@ fn reroute_python_benchmark() {
             ("TOFFLOAD_EMU_LANES", "64".to_string()),
         ];
         let s = Server::start(&py, &env, scpu);
+        let predicted = predicted_reroute(s.child.id(), 3, || {
+            wrk(&wrk_exe, s.port, "/sync?n=1024", conns, lcpu);
+        });
         let (mut sync, mut rerouted) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
             sync.push(wrk(&wrk_exe, s.port, "/sync?n=1024", conns, lcpu));
@@ -239,9 +244,18 @@ fn reroute_python_benchmark() {
              (p50 {:.2} ms, p99 {:.2} ms), {speedup:.2}x, at most {most} in flight",
             a.0, a.1, a.2, b.0, b.1, b.2
         );
+        if let Some(p) = predicted {
+            points.push((p, speedup));
+        }
         rows.push(format!(
-            "| {lat_us} | {:.0} | {:.2} / {:.2} | {:.0} | {:.2} / {:.2} | {speedup:.2}x | {most} |",
-            a.0, a.1, a.2, b.0, b.1, b.2
+            "| {lat_us} | {:.0} | {:.2} / {:.2} | {:.0} | {:.2} / {:.2} | {speedup:.2}x | {} | {most} |",
+            a.0,
+            a.1,
+            a.2,
+            b.0,
+            b.1,
+            b.2,
+            prediction_cells(predicted, speedup)
         ));
     }
     let version = Command::new(&py)
@@ -256,15 +270,20 @@ fn reroute_python_benchmark() {
          latency per row. Server on core 0, wrk on core 1 (the device thread shares core 0 with \
          the server). {rounds} round(s) per row, medians. Load average at the start: {load}\n\
          Written by `reroute_python_benchmark` in tests/tests/reroute_python.rs \
-         (`cargo xtask bench reroute` runs it with 3 rounds).\n\n\
+         (`cargo xtask bench reroute` runs it with 3 rounds). \
+         predicted: toffload-watch's prediction for the reroute from a 3 s watch of the \
+         synchronous form under the same wrk load (its window's `model.recipe_speedup`, \
+         median); error = predicted / measured - 1.\n\n\
          Lines in toffload_asyncio.py, counted from the file: the rerouted path (REROUTE markers: \
          `Accel.run`, the completion fd's reader, the wait for room) {reroute_all} lines, \
          {reroute_code} of code; the synchronous path (SYNC markers: `Accel.run_sync`) {sync_all} \
          lines, {sync_code} of code. Both share the ctypes binding and the HTTP server.\n\n\
-         | offload us | /sync req/s | sync p50 / p99 ms | /async req/s | async p50 / p99 ms | speedup | most in flight (async) |\n\
-         |---:|---:|---:|---:|---:|---:|---:|\n{}\n\n\
+         | offload us | /sync req/s | sync p50 / p99 ms | /async req/s | async p50 / p99 ms | speedup | predicted | error | most in flight (async) |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n\n\
+         {}\n\n\
          Target: rerouted >= 2x sync at 1000 us: {}.\n",
         rows.join("\n"),
+        model_error_line(&points),
         if speedup_1000 >= 2.0 { "met" } else { "not met" },
         load = load.trim(),
     );

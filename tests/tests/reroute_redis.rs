@@ -21,6 +21,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 use toffload_tests::harness;
 use toffload_tests::loadgen::{payload, rng::Rng};
+use toffload_tests::reroute::{model_error_line, predicted_reroute, prediction_cells};
 
 /// A 2-core machine: one redis-server test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -793,6 +794,7 @@ fn reroute_benchmark() {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
 
     let mut rows = Vec::new();
+    let mut points = Vec::new();
     let mut speedup_1000 = 0.0;
     for lat_us in [50u64, 200, 1000] {
         let env = vec![
@@ -806,6 +808,9 @@ fn reroute_benchmark() {
         // Each run about 2 s: the sync form serves about one request per offload.
         let n_sync = ((2_000_000 / (lat_us + 30)) as usize).max(1000);
         let n_async = 40_000;
+        let predicted = predicted_reroute(r.child.id(), 3, || {
+            bench(&benchmark, r.port, "ACCEL.SYNC", clients, n_sync, bcpu);
+        });
         let mut s_runs = Vec::new();
         let mut a_runs = Vec::new();
         for _ in 0..rounds {
@@ -844,9 +849,18 @@ fn reroute_benchmark() {
              (p50 {:.3} ms, p99 {:.3} ms), {speedup:.2}x, at most {max_inflight} in flight",
             s.0, s.1, s.2, a.0, a.1, a.2
         );
+        if let Some(p) = predicted {
+            points.push((p, speedup));
+        }
         rows.push(format!(
-            "| {lat_us} | {:.0} | {:.3} / {:.3} | {:.0} | {:.3} / {:.3} | {speedup:.2}x | {max_inflight} |",
-            s.0, s.1, s.2, a.0, a.1, a.2
+            "| {lat_us} | {:.0} | {:.3} / {:.3} | {:.0} | {:.3} / {:.3} | {speedup:.2}x | {} | {max_inflight} |",
+            s.0,
+            s.1,
+            s.2,
+            a.0,
+            a.1,
+            a.2,
+            prediction_cells(predicted, speedup)
         ));
     }
 
@@ -860,11 +874,16 @@ fn reroute_benchmark() {
          Lines in backends/integrations/redis/toffload_redis.c, counted from the file: the rerouted path \
          (REROUTE markers: ACCEL.ASYNC, its callbacks and the completion fd's registration) {reroute_all} lines, \
          {reroute_code} of code; the synchronous path (SYNC markers: ACCEL.SYNC) {sync_all} lines, {sync_code} of \
-         code. Both share read_value (the key lookup) and the module's setup.\n\n\
-         | offload us | ACCEL.SYNC req/s | sync p50 / p99 ms | ACCEL.ASYNC req/s | async p50 / p99 ms | speedup | most in flight (async) |\n\
-         |---:|---:|---:|---:|---:|---:|---:|\n{}\n\n\
+         code. Both share read_value (the key lookup) and the module's setup. predicted: \
+         toffload-watch's prediction for the reroute from a 3 s watch of the server under \
+         redis-benchmark on ACCEL.SYNC (the windows' `model.recipe_speedup`, median); error = \
+         predicted / measured - 1.\n\n\
+         | offload us | ACCEL.SYNC req/s | sync p50 / p99 ms | ACCEL.ASYNC req/s | async p50 / p99 ms | speedup | predicted | error | most in flight (async) |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n\n\
+         {}\n\n\
          Target: rerouted >= 2x sync at 1000 us: {}.\n",
         rows.join("\n"),
+        model_error_line(&points),
         if speedup_1000 >= 2.0 { "met" } else { "not met" },
         ver = redis_version(&server),
         load = load.trim(),
