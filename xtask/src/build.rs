@@ -45,6 +45,7 @@ const RUST_BINS: &[&str] = &[
     "toffload-guard-bench",
     "toffload-openloop",
     "toffload-watch",
+    "toffload-remoted",
 ];
 
 pub struct Dist {

@@ -39,3 +39,54 @@ pub fn succeeds(prog: &str, args: &[&str]) -> bool {
         .map(|o| o.status.success())
         .unwrap_or(false)
 }
+
+/// Whether we run as root (`id -u`: xtask links no libc crate).
+pub fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// `cmd` to run as root: a copy of it when we are root, else the same under sudo.
+/// sudo resets the environment, so what `cmd` sets, and our own TOFFLOAD_* knobs, CI
+/// and CARGO_TARGET_DIR, go through `env` explicitly.
+pub fn as_root(cmd: &Command) -> Result<Command> {
+    let mut vars: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("TOFFLOAD_") || k == "CI" || k == "CARGO_TARGET_DIR")
+        .collect();
+    for (k, v) in cmd.get_envs() {
+        let k = k.to_string_lossy().into_owned();
+        vars.retain(|(x, _)| *x != k);
+        if let Some(v) = v {
+            vars.push((k, v.to_string_lossy().into_owned()));
+        }
+    }
+    let root = is_root();
+    if !root && !succeeds("sudo", &["--version"]) {
+        return Err(format!(
+            "{} needs root and there is no sudo: run it as root",
+            describe(cmd)
+        ));
+    }
+    let mut c = if root {
+        Command::new(cmd.get_program())
+    } else {
+        let mut c = Command::new("sudo");
+        c.arg("--").arg("env");
+        for (k, v) in &vars {
+            c.arg(format!("{k}={v}"));
+        }
+        c.arg(cmd.get_program());
+        c
+    };
+    c.args(cmd.get_args());
+    if root {
+        c.envs(vars);
+    }
+    if let Some(d) = cmd.get_current_dir() {
+        c.current_dir(d);
+    }
+    Ok(c)
+}
