@@ -41,3 +41,25 @@ fn needs_root(a: &Args) -> bool {
     }
     !a.table || has("--syscalls")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(table: bool, a: &[&str]) -> Args {
+        Args {
+            table,
+            args: a.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn root_for_the_story_and_the_syscall_count_only() {
+        assert!(needs_root(&args(false, &[])));
+        assert!(needs_root(&args(false, &["--tui"])));
+        assert!(!needs_root(&args(false, &["--help"])));
+        assert!(!needs_root(&args(true, &[])));
+        assert!(needs_root(&args(true, &["--syscalls"])));
+        assert!(!needs_root(&args(true, &["--syscalls", "--help"])));
+    }
+}
