@@ -9,6 +9,9 @@ fn main() {
     let dir = env!("CARGO_MANIFEST_DIR");
     println!("cargo::rustc-env=TOFFLOAD_GIT_REV={}", revision(dir));
     // Rerun when a commit, a checkout or a staging changes what the revision says.
+    // Not on every edit of a source file: each rerun rebuilds every crate with a binary
+    // (this crate is beneath them all), so an edit not yet staged after a clean build
+    // still reads as clean until the next `git add` or commit.
     // Missing paths are left out: cargo would rerun on every build for them.
     let mut watched = false;
     for p in ["HEAD", "index", "packed-refs"]
