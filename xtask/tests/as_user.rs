@@ -2,8 +2,9 @@
 //! user (nobody, through setpriv) on a prefix that user cannot write, must re-run the
 //! install as root through sudo (a stand-in that records its command line), carrying
 //! the TOFFLOAD_* environment, instead of failing or asking for `sudo cargo`. Needs
-//! root (to become another user) and a built target/toffload; skips with the reason
-//! otherwise, which under CI (TOFFLOAD_NO_SKIP=1 or CI=true) is a failure.
+//! root (to become another user) and a built target/toffload (TOFFLOAD_DIST); skips
+//! with the reason otherwise, which under CI (TOFFLOAD_NO_SKIP=1 or CI=true) is a
+//! failure.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -34,13 +35,17 @@ fn as_nobody(path: &Path, extra: &[(&str, &str)], args: &[&str]) -> std::process
     ])
     .arg(format!("PATH={}:/usr/bin:/bin", path.display()))
     .arg("HOME=/");
-    if let Some(t) = std::env::var_os("CARGO_TARGET_DIR") {
-        c.arg(format!("CARGO_TARGET_DIR={}", t.to_string_lossy()));
-    }
     for (k, v) in extra {
         c.arg(format!("{k}={v}"));
     }
     c.args(args).output().expect("setpriv")
+}
+
+/// A copy of `src` at `dst` with `mode`.
+fn copy(src: &Path, dst: &Path, mode: u32) {
+    std::fs::create_dir_all(dst.parent().expect("a folder")).expect("mkdir");
+    std::fs::copy(src, dst).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+    std::fs::set_permissions(dst, std::fs::Permissions::from_mode(mode)).expect("chmod");
 }
 
 #[test]
@@ -53,14 +58,38 @@ fn install_as_a_user_reruns_itself_through_sudo() {
         skip("no setpriv (util-linux)");
         return;
     }
-    let xtask = env!("CARGO_BIN_EXE_xtask");
+    // The built toffload-watch: the installer reads it (the manifest's first file)
+    // before its first write, which is the one refused.
+    let dist = std::env::var_os("TOFFLOAD_DIST")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("CARGO_TARGET_DIR").map(|t| PathBuf::from(t).join("toffload")))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/toffload"));
+    let watch = dist.join("bin/toffload-watch");
+    if !watch.is_file() {
+        skip(&format!(
+            "{} is missing: run `cargo xtask build`",
+            watch.display()
+        ));
+        return;
+    }
+    // Copies in a folder nobody can reach (the checkout may be under a home that
+    // nobody cannot enter): xtask itself, and the dist file as CARGO_TARGET_DIR's.
     let tmp = std::env::temp_dir().join(format!("toffload-as-user-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
+    let xtask = tmp.join("xtask");
+    copy(Path::new(env!("CARGO_BIN_EXE_xtask")), &xtask, 0o755);
+    copy(
+        &watch,
+        &tmp.join("target/toffload/bin/toffload-watch"),
+        0o755,
+    );
     let bin = tmp.join("bin");
-    std::fs::create_dir_all(&bin).expect("tmp");
     // Writable by nobody: the stand-in records its arguments here.
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-    let record = tmp.join("sudo-args");
+    let rec = tmp.join("rec");
+    std::fs::create_dir_all(&rec).expect("tmp");
+    std::fs::set_permissions(&rec, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let record = rec.join("sudo-args");
+    std::fs::create_dir_all(&bin).expect("tmp");
     let sudo = bin.join("sudo");
     std::fs::write(
         &sudo,
@@ -71,25 +100,13 @@ fn install_as_a_user_reruns_itself_through_sudo() {
     )
     .expect("fake sudo");
     std::fs::set_permissions(&sudo, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    // The installer reads the built files before it writes: nobody must reach them.
-    let dist = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
-        .join("toffload/bin/toffload-watch");
-    let readable = as_nobody(&bin, &[], &["test", "-r", &dist.to_string_lossy()]);
-    if !readable.status.success() {
-        skip(&format!(
-            "{} is missing or unreadable to nobody: run `cargo xtask build`",
-            dist.display()
-        ));
-        let _ = std::fs::remove_dir_all(&tmp);
-        return;
-    }
     let prefix = format!("/usr/local/toffload-as-user-test-{}", std::process::id());
+    let target = tmp.join("target").to_string_lossy().into_owned();
+    let xtask = xtask.to_string_lossy().into_owned();
     let out = as_nobody(
         &bin,
-        &[("TOFFLOAD_LOG", "debug")],
-        &[xtask, "install", "--no-build", "--prefix", &prefix],
+        &[("TOFFLOAD_LOG", "debug"), ("CARGO_TARGET_DIR", &target)],
+        &[&xtask, "install", "--no-build", "--prefix", &prefix],
     );
     let said = String::from_utf8_lossy(&out.stderr).into_owned();
     let recorded = std::fs::read_to_string(&record).unwrap_or_default();
@@ -101,7 +118,11 @@ fn install_as_a_user_reruns_itself_through_sudo() {
     assert_eq!(args.get(..2), Some(&["--", "env"][..]), "{recorded}");
     assert!(args.contains(&"TOFFLOAD_LOG=debug"), "{recorded}");
     assert!(
-        args.ends_with(&[xtask, "install", "--no-build", "--prefix", &prefix]),
+        args.contains(&format!("CARGO_TARGET_DIR={target}").as_str()),
+        "{recorded}"
+    );
+    assert!(
+        args.ends_with(&[&xtask, "install", "--no-build", "--prefix", &prefix]),
         "{recorded}"
     );
 }
