@@ -4,7 +4,8 @@
 //! else beside it; the man pages rendered by groff (or mandoc) without a warning; the
 //! completions naming each program's flags and passing the shell's syntax check; the
 //! units naming the prefix and passing `systemd-analyze verify`; `--version` of the
-//! installed binaries naming the version and a commit of this repository. Without a
+//! installed binaries, and of every Rust binary of the dist folder, naming the
+//! version and a commit of this repository. Without a
 //! built dist it skips with the reason, which under CI (TOFFLOAD_NO_SKIP=1 or
 //! CI=true) is a failure.
 
@@ -295,33 +296,49 @@ fn installed_binaries_print_version_and_revision() {
         return;
     };
     for i in done.iter().filter(|i| i.entry.dest.starts_with("bin/")) {
-        let bin = i
-            .path
-            .file_name()
-            .expect("name")
-            .to_string_lossy()
-            .into_owned();
-        let (ok, out, err) = run(Command::new(&i.path).arg("--version"));
-        assert!(ok, "{} --version: {err}", i.path.display());
-        let rest = out
-            .trim()
-            .strip_prefix(&format!("{bin} {} (rev ", env!("CARGO_PKG_VERSION")))
-            .and_then(|r| r.strip_suffix(')'))
-            .unwrap_or_else(|| panic!("{bin} --version printed {out:?}"));
-        if rest == "unknown" {
-            continue;
-        }
-        let hash = rest.strip_suffix("+dirty").unwrap_or(rest);
-        assert!(
-            hash.len() >= 7 && hash.chars().all(|c| c.is_ascii_hexdigit()),
-            "{out}"
-        );
-        // A commit of this repository (where the tests run from a checkout).
-        let (ok, _, err) = run(Command::new("git").arg("-C").arg(paths::root()).args([
-            "cat-file",
-            "-e",
-            &format!("{hash}^{{commit}}"),
-        ]));
-        assert!(ok, "{bin} --version names {hash}, not a commit here: {err}");
+        check_version(&i.path);
     }
+}
+
+#[test]
+fn every_built_binary_prints_version_and_revision() {
+    // The ones not installed too (demo, table, benches): --version is on all of them.
+    let Some(dist) = built_dist() else {
+        return;
+    };
+    for b in crate::build::RUST_BINS {
+        check_version(&dist.join("bin").join(b));
+    }
+}
+
+/// `BIN --version` prints "BIN VERSION (rev R)", R a commit of this repository (with
+/// "+dirty" or not) or "unknown".
+fn check_version(path: &Path) {
+    let bin = path
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
+    let (ok, out, err) = run(Command::new(path).arg("--version"));
+    assert!(ok, "{} --version: {err}", path.display());
+    let rest = out
+        .trim()
+        .strip_prefix(&format!("{bin} {} (rev ", env!("CARGO_PKG_VERSION")))
+        .and_then(|r| r.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("{bin} --version printed {out:?}"));
+    if rest == "unknown" {
+        return;
+    }
+    let hash = rest.strip_suffix("+dirty").unwrap_or(rest);
+    assert!(
+        hash.len() >= 7 && hash.chars().all(|c| c.is_ascii_hexdigit()),
+        "{out}"
+    );
+    // A commit of this repository (where the tests run from a checkout).
+    let (ok, _, err) = run(Command::new("git").arg("-C").arg(paths::root()).args([
+        "cat-file",
+        "-e",
+        &format!("{hash}^{{commit}}"),
+    ]));
+    assert!(ok, "{bin} --version names {hash}, not a commit here: {err}");
 }
