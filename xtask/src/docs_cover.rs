@@ -11,7 +11,7 @@ mod tests {
     /// Where the code that reads variables lives.
     const SOURCE_DIRS: &[&str] = &[
         "backends",
-        "cli",
+        "userspace/cli",
         "runtime",
         "tests",
         "tui",

@@ -133,7 +133,7 @@ fn contents(src: &Source, dist: &Path, prefix: &Path) -> Result<Vec<u8>> {
         }
         Source::Generated { bin, what } => generated(&dist.join("bin").join(bin), what),
         Source::Unit(name) => {
-            let p = paths::root().join(format!("packaging/systemd/{name}.in"));
+            let p = paths::root().join(format!("xtask/packaging/systemd/{name}.in"));
             let t =
                 std::fs::read_to_string(&p).map_err(|e| format!("reading {}: {e}", p.display()))?;
             // The templates' only placeholder (manifest.rs's tests hold them to it).

@@ -37,7 +37,7 @@ pub const LIBS: &[&str] = &["libtoffload.so", "libtoffload_accel.so"];
 
 pub const HEADERS: &[&str] = &["toffload_accel.h"];
 
-/// The units, by the name they are installed under (packaging/systemd/NAME.in).
+/// The units, by the name they are installed under (xtask/packaging/systemd/NAME.in).
 pub const UNITS: &[&str] = &["toffload-watch.service", "toffload-remoted.service"];
 
 /// What each binary's `--generate` writes that is installed (toffload-cli's kinds).
@@ -115,7 +115,7 @@ mod tests {
     #[test]
     fn unit_templates_exist_and_name_bindir() {
         for u in UNITS {
-            let p = crate::paths::root().join(format!("packaging/systemd/{u}.in"));
+            let p = crate::paths::root().join(format!("xtask/packaging/systemd/{u}.in"));
             let t = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
             assert!(t.contains("ExecStart=@bindir@/"), "{}", p.display());
             // The installer replaces @bindir@ and nothing else.
