@@ -145,7 +145,8 @@ fn help_version_and_usage_errors() {
     assert!(v.status.success());
     assert_eq!(
         String::from_utf8_lossy(&v.stdout).trim(),
-        format!("toffload-remoted {}", env!("CARGO_PKG_VERSION"))
+        // The version and git revision every binary shares (cli/).
+        format!("toffload-remoted {}", toffload_cli::VERSION)
     );
     for bad in [
         &["--bogus"][..],

@@ -13,6 +13,7 @@ use toffload_watch::{dashboard, inject, service, spawn, target};
 #[derive(Parser)]
 #[command(
     name = "toffload-watch",
+    version = toffload_cli::VERSION,
     about = "Watch a server with eBPF: offload stalls, futexes, context switches, syscalls, and whether overlapping its offload wait can work",
     args_conflicts_with_subcommands = true
 )]
@@ -314,6 +315,7 @@ async fn watch_command(
 fn main() -> ExitCode {
     // This binary is also the child that measures what tracing costs (probe_cost.rs).
     toffload_watch::probe_cost::child_main_if_requested();
+    toffload_cli::generate_if_requested::<Cli>();
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

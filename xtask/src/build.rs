@@ -37,7 +37,7 @@ fn c_sources(rel: &str) -> Result<Vec<String>> {
     v.sort();
     Ok(v)
 }
-const RUST_BINS: &[&str] = &[
+pub const RUST_BINS: &[&str] = &[
     "toffload-load",
     "toffload-table",
     "toffload-demo",
@@ -45,6 +45,7 @@ const RUST_BINS: &[&str] = &[
     "toffload-guard-bench",
     "toffload-openloop",
     "toffload-watch",
+    "toffload-remoted",
 ];
 
 pub struct Dist {

@@ -11,6 +11,7 @@ mod tests {
     /// Where the code that reads variables lives.
     const SOURCE_DIRS: &[&str] = &[
         "backends",
+        "userspace/cli",
         "runtime",
         "tests",
         "tui",

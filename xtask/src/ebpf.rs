@@ -106,9 +106,23 @@ fn nightly_rustc(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The bpf-linker xtask installs, with `--locked` (its own Cargo.lock): the version
+/// checked with the nightly here (LLVM 22, feature llvm-22; it has llvm-21 to llvm-23).
+/// A newer nightly whose LLVM it lacks needs a newer pin.
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
 fn ensure_bpf_linker() -> Result {
-    if proc::succeeds("bpf-linker", &["--version"]) {
-        return Ok(());
+    if let Ok(out) = Command::new("bpf-linker").arg("--version").output() {
+        if out.status.success() {
+            let found = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            if found.split_whitespace().nth(1) != Some(BPF_LINKER_VERSION) {
+                eprintln!(
+                    "xtask: using the installed {found}; xtask installs {BPF_LINKER_VERSION} \
+                     when none is (cargo uninstall bpf-linker to get that one)"
+                );
+            }
+            return Ok(());
+        }
     }
     // The LLVM major version the nightly was built with picks bpf-linker's feature.
     let vv = nightly_rustc(&["-vV"])?;
@@ -140,8 +154,8 @@ fn ensure_bpf_linker() -> Result {
             .map_err(|e| format!("linking {}: {e}", link.display()))?;
     }
     eprintln!(
-        "xtask: bpf-linker is missing; building it against the nightly's own {so} \
-         (LLVM {major}; about 90 s on 2 cores)"
+        "xtask: bpf-linker is missing; building {BPF_LINKER_VERSION} against the nightly's \
+         own {so} (LLVM {major}; about 90 s on 2 cores)"
     );
     let mut cmd = Command::new("cargo");
     cmd.env_remove("RUSTUP_TOOLCHAIN")
@@ -150,6 +164,9 @@ fn ensure_bpf_linker() -> Result {
         .args([
             "install",
             "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--locked",
             "--no-default-features",
             "--features",
         ])

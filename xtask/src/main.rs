@@ -10,6 +10,10 @@ mod docs_cover;
 mod ebpf;
 mod fuzz;
 mod gpu_check;
+mod install;
+#[cfg(test)]
+mod install_tests;
+mod manifest;
 mod paths;
 mod proc;
 mod setup;
@@ -52,6 +56,9 @@ enum Cmd {
     Charts,
     /// The main job on the bundled default: a demo server under load, measured.
     Demo(demo::Args),
+    /// Build, then install the binaries, libraries, header, man pages, completions and
+    /// systemd units under a prefix (xtask/src/manifest.rs lists them).
+    Install(install::Args),
     /// Install the system packages a fresh machine lacks (needs root).
     Setup,
     /// The cuda backend on a GPU: device benchmark and conn_server runs -> tests/results/cuda.md.
@@ -68,6 +75,7 @@ fn main() -> ExitCode {
         Cmd::Bench { which } => bench::run(which),
         Cmd::Charts => chart::draw_all(),
         Cmd::Demo(args) => demo::run(&args),
+        Cmd::Install(args) => install::run(&args),
         Cmd::Setup => setup::system_packages(),
         Cmd::GpuCheck(args) => gpu_check::run(&args),
     };

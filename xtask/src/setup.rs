@@ -26,14 +26,6 @@ fn checks() -> Vec<(&'static str, bool, &'static str)> {
     ]
 }
 
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
 /// Installs whatever of the build prerequisites is missing.
 pub fn system_packages() -> Result {
     let missing: Vec<(&str, &str)> = checks()
@@ -46,7 +38,7 @@ pub fn system_packages() -> Result {
     }
     let pkgs: Vec<&str> = missing.iter().map(|(_, p)| *p).collect();
     let what: Vec<&str> = missing.iter().map(|(w, _)| *w).collect();
-    if !is_root() {
+    if !proc::is_root() {
         return Err(format!(
             "missing {}; install with: sudo apt-get install -y {}",
             what.join(", "),

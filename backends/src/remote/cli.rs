@@ -20,7 +20,7 @@ pub enum LocalBackend {
 /// TOFFLOAD_BACKEND=remote. Logs go to stderr with timestamps, at the level
 /// TOFFLOAD_REMOTED_LOG names (error, warn, info, debug, trace; default info).
 #[derive(Parser, Clone, Debug)]
-#[command(name = "toffload-remoted", version)]
+#[command(name = "toffload-remoted", version = toffload_cli::VERSION)]
 pub struct Cli {
     /// Address to listen on (port 0 = any). Plaintext is refused on anything but a
     /// loopback address unless --insecure-plaintext is given.

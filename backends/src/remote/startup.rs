@@ -94,6 +94,7 @@ fn init_logging() -> Result<(), String> {
 
 /// Entry point of the binary.
 pub fn main() -> std::process::ExitCode {
+    toffload_cli::generate_if_requested::<Cli>();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let knobs = EmuConfig::from_env().and_then(|e| Ok((e, CudaConfig::from_env()?)));
     let (emu, cuda) = match knobs {

@@ -8,6 +8,7 @@ use toffload_tests::load::{self, Config};
 #[derive(Parser)]
 #[command(
     name = "toffload-load",
+    version = toffload_cli::VERSION,
     about = "Load generator: closed or open (Poisson) loop, every answer verified against AES-128-CTR"
 )]
 struct Args {
@@ -63,6 +64,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
+    toffload_cli::generate_if_requested::<Args>();
     let a = Args::parse();
     let mut cfg = Config::new(a.port);
     cfg.addr = a.addr;

@@ -26,6 +26,7 @@ use toffload_tests::load::{self, Config, Report};
 #[derive(Parser)]
 #[command(
     name = "toffload-demo",
+    version = toffload_cli::VERSION,
     about = "watch -> predict -> inject -> measure, on conn_server and the emulated device"
 )]
 struct Args {
@@ -66,6 +67,7 @@ struct Args {
 const AGREE: f64 = 0.15;
 
 fn main() {
+    toffload_cli::generate_if_requested::<Args>();
     let a = Args::parse();
     if let Err(e) = preflight() {
         eprintln!("toffload-demo: {e}");

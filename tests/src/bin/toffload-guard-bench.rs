@@ -26,6 +26,7 @@ use toffload_tests::load::{self, Config};
 #[derive(Parser)]
 #[command(
     name = "toffload-guard-bench",
+    version = toffload_cli::VERSION,
     about = "The conflict guard's costs and gains"
 )]
 struct Args {
@@ -283,6 +284,7 @@ fn fault_costs(envs: &[&[(&str, &str)]], rounds: usize) -> Result<Vec<f64>, Stri
 }
 
 fn main() {
+    toffload_cli::generate_if_requested::<Args>();
     let a = Args::parse();
     if let Err(e) = run(&a) {
         eprintln!("toffload-guard-bench: {e}");

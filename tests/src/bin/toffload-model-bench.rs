@@ -17,6 +17,7 @@ use toffload_tests::load::{self, Config};
 #[derive(Parser)]
 #[command(
     name = "toffload-model-bench",
+    version = toffload_cli::VERSION,
     about = "the model's predictions against measured speedups"
 )]
 struct Args {
@@ -378,6 +379,7 @@ fn us(v: Option<f64>) -> String {
 }
 
 fn main() {
+    toffload_cli::generate_if_requested::<Args>();
     let a = Args::parse();
     if let Err(e) = run(&a) {
         eprintln!("toffload-model-bench: {e}");

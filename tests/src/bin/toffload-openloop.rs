@@ -22,6 +22,7 @@ use toffload_tests::openloop::{self, Point, Verdict};
 #[derive(Parser)]
 #[command(
     name = "toffload-openloop",
+    version = toffload_cli::VERSION,
     about = "conn_server stock and under libtoffload.so: latency vs open-loop offered load",
     args_override_self = true
 )]
@@ -668,6 +669,7 @@ fn real_main(a: &Args) -> Result<(), String> {
 }
 
 fn main() {
+    toffload_cli::generate_if_requested::<Args>();
     let a = Args::parse();
     if let Err(e) = real_main(&a) {
         eprintln!("toffload-openloop: {e}");

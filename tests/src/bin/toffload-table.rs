@@ -25,6 +25,7 @@ mod syscalls;
 #[derive(Parser)]
 #[command(
     name = "toffload-table",
+    version = toffload_cli::VERSION,
     about = "conn_server on the emulated device, stock and under libtoffload.so, measured",
     args_override_self = true
 )]
@@ -436,6 +437,7 @@ fn mark(ok: bool) -> &'static str {
 }
 
 fn main() {
+    toffload_cli::generate_if_requested::<Args>();
     let a = Args::parse();
     if let Err(e) = real_main(&a) {
         eprintln!("toffload-table: {e}");
