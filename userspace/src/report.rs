@@ -540,6 +540,38 @@ mod tests {
         assert_eq!(w["window"]["a"], 2);
     }
 
+    /// Every pinned key is named in docs/json-schema.md (in backticks or after a dot,
+    /// as `total.futex.libc` names futex and libc), so a key added to the pin without
+    /// its line in the doc fails here.
+    #[test]
+    fn the_schema_doc_names_every_pinned_key() {
+        let doc = include_str!("../../docs/json-schema.md");
+        let keys = include_str!("../tests/json_keys.txt");
+        let named = |leaf: &str| {
+            ["`", "."].iter().any(|pre| {
+                ["`", ".", "["]
+                    .iter()
+                    .any(|post| doc.contains(&format!("{pre}{leaf}{post}")))
+            })
+        };
+        let missing: Vec<&str> = keys
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .filter(|l| {
+                let path = l.split_once(' ').map_or(*l, |(_, p)| p);
+                let leaf = path
+                    .rsplit(['.', '[', ']'])
+                    .find(|s| !s.is_empty())
+                    .unwrap_or(path);
+                !named(leaf)
+            })
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "keys not in docs/json-schema.md: {missing:?}"
+        );
+    }
+
     /// A change to the pinned keys must come with a new SCHEMA (and the doc's
     /// changelog): this fails until both constants are raised together.
     #[test]
