@@ -71,10 +71,17 @@ fn interval_and_count_as_bcc_takes_them() {
         .map(|(_, v)| v)
         .collect();
     assert_eq!(windows.len(), 3, "{lines:?}");
-    for w in &windows {
-        let wall = w["wall_secs"].as_f64().expect("wall_secs");
-        assert!((0.2..=0.6).contains(&wall), "a 0.3 s window of {wall} s");
-    }
+    // 0.3 s windows, not the default 1 s; the median, since a loaded machine can
+    // delay one window's end.
+    let walls: Vec<f64> = windows
+        .iter()
+        .map(|w| w["wall_secs"].as_f64().expect("wall_secs"))
+        .collect();
+    let median = harness::median(walls.clone());
+    assert!(
+        (0.2..=0.7).contains(&median),
+        "0.3 s windows of {walls:?} s"
+    );
     assert_eq!(get(&lines, "final")["ended"], "count");
     let types: Vec<&str> = lines.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(types, ["header", "window", "window", "window", "final"]);
@@ -111,10 +118,13 @@ fn json_ts_follows_the_wall_clock() {
         .filter(|v| v.get("window").is_some())
         .map(|v| v["ts"].as_f64().expect("ts"))
         .collect();
-    for p in window_ts.windows(2) {
-        let gap = p[1] - p[0];
-        assert!((0.25..=0.8).contains(&gap), "windows {gap} s apart: {ts:?}");
-    }
+    let gaps: Vec<f64> = window_ts.windows(2).map(|p| p[1] - p[0]).collect();
+    assert!(!gaps.is_empty(), "{text}");
+    // Never sooner than the interval allows; about an interval apart (the median: a
+    // loaded machine can delay one).
+    assert!(gaps.iter().all(|&g| g >= 0.2), "{gaps:?}");
+    let median = harness::median(gaps.clone());
+    assert!((0.3..=0.8).contains(&median), "windows {gaps:?} s apart");
 }
 
 /// HH:MM:SS as seconds of the day.
