@@ -1,8 +1,8 @@
 //! A watch from start to end: checks, load and attach, the calibration, then one
-//! window per interval until the duration passes or the windows asked for are out, the
-//! process exits or the user interrupts; then the final report over the whole watch. With --inject (or the
-//! dashboard's key i) the watched server is restarted under the fiber runtime part
-//! way through, and the watch follows the new pid.
+//! window per interval until the duration passes or the windows asked for are out,
+//! the process exits or the user interrupts; then the final report over the whole
+//! watch. With --inject (or the dashboard's key i) the watched server is restarted
+//! under the fiber runtime part way through, and the watch follows the new pid.
 
 use crate::calibrate;
 use crate::calibration_cache;
@@ -513,12 +513,13 @@ impl Tracked {
         let pid = self.pid();
         threads.sort_by_key(|t| (t.tid != pid, std::cmp::Reverse(t.voluntary + t.involuntary)));
         threads.truncate(20);
+        let namer = crate::symbols::Namer::new(pid);
         let futex_stacks = last
             .futex_stacks
             .iter()
             .map(|(calls, frames)| crate::report::StackRow {
                 calls: *calls,
-                frames: crate::symbols::frame_names(pid, &self.layout.space, frames),
+                frames: namer.frame_names(&self.layout.space, frames),
             })
             .collect();
         Final {

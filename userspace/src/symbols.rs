@@ -73,62 +73,78 @@ struct Lookups<'a> {
     at: Vec<(usize, u64)>,
 }
 
-/// Names the innermost MAX_FRAMES frames of a stack of `pid` (its mappings in
-/// `space`), one symbolizer pass per module.
-pub fn frames(pid: u32, space: &AddressSpace, ips: &[u64]) -> Vec<Frame> {
-    let ips = &ips[..ips.len().min(MAX_FRAMES)];
-    let mut out: Vec<Frame> = ips.iter().map(|&ip| Frame::Unmapped(ip)).collect();
-    let mut by_module: BTreeMap<&str, Lookups> = BTreeMap::new();
-    for (i, &ip) in ips.iter().enumerate() {
-        let Some(m) = space.module_of(ip) else {
-            continue;
-        };
-        out[i] = unnamed(m, ip);
-        // Below the top frame each address is a return address, the instruction after
-        // the call: the call itself (one byte back) is in the calling function even
-        // when the call was its last instruction (a noreturn callee).
-        let back = u64::from(i > 0);
-        if let Some(off) = m.file_offset(ip).and_then(|o| o.checked_sub(back)) {
-            by_module
-                .entry(&m.path)
-                .or_insert_with(|| Lookups {
-                    module: m,
-                    at: Vec::new(),
-                })
-                .at
-                .push((i, off));
-        }
-    }
-    let symbolizer = Symbolizer::builder().enable_demangling(true).build();
-    for (path, Lookups { module: m, at }) in by_module {
-        let src = Source::Elf(Elf {
-            debug_syms: false,
-            ..Elf::new(symbol_file(pid, path))
-        });
-        let offsets: Vec<u64> = at.iter().map(|&(_, off)| off).collect();
-        // A module that cannot be read (deleted, replaced) keeps module+offset.
-        let Ok(syms) = symbolizer.symbolize(&src, Input::FileOffset(&offsets)) else {
-            continue;
-        };
-        for (&(i, _), sym) in at.iter().zip(syms) {
-            if let Symbolized::Sym(s) = sym {
-                out[i] = Frame::Function {
-                    name: s.name.into_owned(),
-                    offset: s.offset as u64 + u64::from(i > 0),
-                    module: short_name(&m.path),
-                };
-            }
-        }
-    }
-    out
+/// Names frames of one process's stacks; one per report, so that each module's
+/// symbol table is read once for all its stacks.
+pub struct Namer {
+    pid: u32,
+    symbolizer: Symbolizer,
 }
 
-/// The frames as text, innermost first.
-pub fn frame_names(pid: u32, space: &AddressSpace, ips: &[u64]) -> Vec<String> {
-    frames(pid, space, ips)
-        .iter()
-        .map(Frame::to_string)
-        .collect()
+impl Namer {
+    pub fn new(pid: u32) -> Namer {
+        Namer {
+            pid,
+            symbolizer: Symbolizer::builder().enable_demangling(true).build(),
+        }
+    }
+
+    /// Names the innermost MAX_FRAMES frames of a stack of the process (its mappings
+    /// in `space`), one symbolizer pass per module.
+    pub fn frames(&self, space: &AddressSpace, ips: &[u64]) -> Vec<Frame> {
+        let ips = &ips[..ips.len().min(MAX_FRAMES)];
+        let mut out: Vec<Frame> = ips.iter().map(|&ip| Frame::Unmapped(ip)).collect();
+        let mut by_module: BTreeMap<&str, Lookups> = BTreeMap::new();
+        for (i, &ip) in ips.iter().enumerate() {
+            let Some(m) = space.module_of(ip) else {
+                continue;
+            };
+            out[i] = unnamed(m, ip);
+            // Below the top frame each address is a return address, the instruction
+            // after the call: the call itself (one byte back) is in the calling
+            // function even when the call was its last instruction (a noreturn callee).
+            let back = u64::from(i > 0);
+            if let Some(off) = m.file_offset(ip).and_then(|o| o.checked_sub(back)) {
+                by_module
+                    .entry(&m.path)
+                    .or_insert_with(|| Lookups {
+                        module: m,
+                        at: Vec::new(),
+                    })
+                    .at
+                    .push((i, off));
+            }
+        }
+        for (path, Lookups { module: m, at }) in by_module {
+            let src = Source::Elf(Elf {
+                debug_syms: false,
+                ..Elf::new(symbol_file(self.pid, path))
+            });
+            let offsets: Vec<u64> = at.iter().map(|&(_, off)| off).collect();
+            // A file that cannot be read (removed since, not an ELF) keeps
+            // module+offset.
+            let Ok(syms) = self.symbolizer.symbolize(&src, Input::FileOffset(&offsets)) else {
+                continue;
+            };
+            for (&(i, _), sym) in at.iter().zip(syms) {
+                if let Symbolized::Sym(s) = sym {
+                    out[i] = Frame::Function {
+                        name: s.name.into_owned(),
+                        offset: s.offset as u64 + u64::from(i > 0),
+                        module: short_name(&m.path),
+                    };
+                }
+            }
+        }
+        out
+    }
+
+    /// The frames as text, innermost first.
+    pub fn frame_names(&self, space: &AddressSpace, ips: &[u64]) -> Vec<String> {
+        self.frames(space, ips)
+            .iter()
+            .map(Frame::to_string)
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -147,7 +163,7 @@ mod tests {
 3000-4000 r-xp 00001000 08:01 1 /nonexistent/toffload/app
 ",
         ));
-        let f = frames(std::process::id(), &space, &[0x3010, 0x1500, 0x99999]);
+        let f = Namer::new(std::process::id()).frames(&space, &[0x3010, 0x1500, 0x99999]);
         assert_eq!(
             f,
             vec![
@@ -180,7 +196,10 @@ mod tests {
     #[test]
     fn only_the_innermost_frames() {
         let ips: Vec<u64> = (1..=20).collect();
-        assert_eq!(frames(1, &AddressSpace::default(), &ips).len(), MAX_FRAMES);
+        assert_eq!(
+            Namer::new(1).frames(&AddressSpace::default(), &ips).len(),
+            MAX_FRAMES
+        );
     }
 
     /// Not inlined, so that its address is its own symbol's.
@@ -195,7 +214,7 @@ mod tests {
         let ip = f as usize as u64 + 2;
         let pid = std::process::id();
         let space = AddressSpace::of(pid);
-        let got = frames(pid, &space, &[ip]);
+        let got = Namer::new(pid).frames(&space, &[ip]);
         match &got[0] {
             Frame::Function {
                 name,
