@@ -31,6 +31,8 @@ pub mod session;
 pub mod sink;
 pub mod spawn;
 pub mod steal;
+pub mod symbols;
 pub mod syscalls;
 pub mod target;
 pub mod untraced;
+pub mod wall_clock;

@@ -7,7 +7,7 @@ use toffload_watch::error::WatchError;
 use toffload_watch::inject_flow::InjectRequest;
 use toffload_watch::report::Final;
 use toffload_watch::session::{self, Options};
-use toffload_watch::sink::Report;
+use toffload_watch::sink::{Format, Report};
 use toffload_watch::{dashboard, inject, service, spawn, target};
 
 #[derive(Parser)]
@@ -20,7 +20,7 @@ use toffload_watch::{dashboard, inject, service, spawn, target};
 struct Cli {
     /// A process to watch, with every process below it (a pre-forking server's
     /// master: its workers, and those it forks later). Repeatable.
-    #[arg(long)]
+    #[arg(short = 'p', long)]
     pid: Vec<u32>,
     /// Watch every process of a cgroup (v2), e.g. system.slice/nginx.service or a
     /// full path under /sys/fs/cgroup.
@@ -38,15 +38,26 @@ struct Cli {
 
 #[derive(Args, Clone)]
 struct Common {
-    /// Report window, e.g. 1s, 500ms.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
-    interval: Duration,
+    /// Report window as bcc's tools take it: seconds (2, 0.5) or a duration (500ms);
+    /// not with --interval.
+    #[arg(value_name = "INTERVAL", value_parser = parse_duration, conflicts_with = "interval")]
+    interval_pos: Option<Duration>,
+    /// Windows to report, then the final report and exit; not with --duration.
+    #[arg(value_name = "COUNT", value_parser = clap::value_parser!(u32).range(1..), conflicts_with = "duration")]
+    count: Option<u32>,
+    /// Report window, e.g. 1s, 500ms (a bare number is seconds; default 1s).
+    #[arg(short = 'i', long, value_parser = parse_duration)]
+    interval: Option<Duration>,
     /// Stop after this long (default: until the process exits or Ctrl-C).
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(short = 'd', long, value_parser = parse_duration)]
     duration: Option<Duration>,
-    /// One JSON object per line instead of text.
-    #[arg(long)]
+    /// One JSON object per line instead of text (docs/json-schema.md).
+    #[arg(short = 'j', long)]
     json: bool,
+    /// Start each text line with the local time, HH:MM:SS (JSON lines always carry
+    /// their `ts`).
+    #[arg(short = 'T', long, conflicts_with = "tui")]
+    timestamp: bool,
     /// Percent of each interval to trace (1-100), fixed. Below 100 the programs are
     /// detached for the rest, which cuts the overhead in proportion; rates are per
     /// traced second. 100: trace everything (exact counts). Default: follow
@@ -144,6 +155,9 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v * mult))
 }
 
+/// The report window when neither --interval nor INTERVAL is given.
+const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+
 fn options(c: &Common) -> Options {
     let mut env = c.inject_env.clone();
     let rows: Vec<String> = c.offload.iter().filter_map(|o| o.runtime_row()).collect();
@@ -160,9 +174,11 @@ fn options(c: &Common) -> Options {
         env,
     };
     Options {
-        interval: c.interval,
+        interval: c.interval.or(c.interval_pos).unwrap_or(DEFAULT_INTERVAL),
         duration: c.duration,
+        windows: c.count,
         json: c.json,
+        timestamp: c.timestamp,
         sample: c.sample.map_or(1.0, |p| f64::from(p) / 100.0),
         overhead_budget: c.sample.is_none().then_some(c.overhead_budget / 100.0),
         inject: c.inject.then(|| InjectRequest {
@@ -191,7 +207,13 @@ async fn watch(
         let mut out = std::io::stdout();
         let mut sink = Report {
             out: &mut out,
-            json: opts.json,
+            format: if opts.json {
+                Format::Json
+            } else {
+                Format::Text {
+                    timestamp: opts.timestamp,
+                }
+            },
         };
         session::run(a, calib, opts, &mut sink).await
     }

@@ -1,5 +1,6 @@
 //! Rendering: a text block per window, or one JSON object per line
-//! ({"header": ...}, {"window": ...}, {"final": ...}).
+//! ({"ts": ..., "schema": N, "header": ...}, {"ts": ..., "window": ...},
+//! {"ts": ..., "inject": ...}, {"ts": ..., "final": ...}; docs/json-schema.md).
 
 use crate::abi::ThreadInfo;
 use crate::loader::Probes;
@@ -61,7 +62,7 @@ pub struct Final {
     pub total: Window,
     /// Busiest threads by context switches (the main thread always included).
     pub threads: Vec<ThreadRow>,
-    /// The busiest futex call stacks, frames as module+offset.
+    /// The busiest futex call stacks, innermost frame first (symbols.rs).
     pub futex_stacks: Vec<StackRow>,
     /// The injection's last status, when one was made.
     pub injection: Option<crate::inject_flow::InjectionStatus>,
@@ -92,6 +93,9 @@ pub enum Ended {
     /// A scripted --inject was refused.
     #[serde(rename = "injection refused")]
     InjectionRefused,
+    /// The windows asked for (the positional COUNT) were reported.
+    #[serde(rename = "count")]
+    Count,
 }
 
 impl Ended {
@@ -104,6 +108,7 @@ impl Ended {
             Ended::Terminated => "terminated",
             Ended::ServerDown => "server down",
             Ended::InjectionRefused => "injection refused",
+            Ended::Count => "count",
         }
     }
 }
@@ -116,24 +121,10 @@ impl std::fmt::Display for Ended {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct StackRow {
+    /// Sampled calls (one futex call in 64 has its stack walked).
     pub calls: u64,
+    /// `function+0xoff (module)`, else `module+0xoff`, else the bare address.
     pub frames: Vec<String>,
-}
-
-/// "libc.so.6+0x8f1a2" for each frame the address space can place.
-pub fn symbolize(space: &crate::target::AddressSpace, frames: &[u64]) -> Vec<String> {
-    frames
-        .iter()
-        .take(8)
-        .map(|&ip| match space.module_of(ip) {
-            Some(m) => format!(
-                "{}+{:#x}",
-                m.path.rsplit('/').next().unwrap_or(&m.path),
-                ip - m.bias
-            ),
-            None => format!("{ip:#x}"),
-        })
-        .collect()
 }
 
 fn opt(v: Option<f64>, unit: &str) -> String {
@@ -484,11 +475,122 @@ pub fn final_text(f: &Final) -> String {
     s
 }
 
-pub fn json_line<T: Serialize>(key: &str, v: &T) -> String {
-    let mut m = serde_json::Map::new();
-    m.insert(
-        key.to_string(),
-        serde_json::to_value(v).unwrap_or(serde_json::Value::Null),
-    );
-    serde_json::Value::Object(m).to_string()
+/// The version of the JSON lines' layout (docs/json-schema.md), in the header line.
+/// Raised whenever a line type or a key is added, renamed or removed, or a value
+/// changes its unit or meaning: tests/json_keys.txt pins the keys, and the test
+/// below fails until this and KEYS_FINGERPRINT are raised with it.
+pub const SCHEMA: u32 = 1;
+
+/// FNV-1a of the key lines of tests/json_keys.txt at this SCHEMA.
+#[cfg(test)]
+const KEYS_FINGERPRINT: u64 = 0x0b09_3126_d3a1_9ab0;
+
+/// The kind of a JSON line: its one key besides the envelope's (`ts`, `schema`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LineType {
+    Header,
+    Window,
+    Inject,
+    Final,
+}
+
+impl LineType {
+    pub fn key(self) -> &'static str {
+        match self {
+            LineType::Header => "header",
+            LineType::Window => "window",
+            LineType::Inject => "inject",
+            LineType::Final => "final",
+        }
+    }
+}
+
+/// One JSON line: `{"ts":UNIX,"TYPE":{...}}`, the header's with `"schema":N`
+/// between. `ts` is the wall clock when the line was written, in Unix seconds to the
+/// millisecond.
+pub fn json_line<T: Serialize>(ty: LineType, v: &T, ts: f64) -> String {
+    let body = serde_json::to_string(v).unwrap_or_else(|_| "null".into());
+    let schema = match ty {
+        LineType::Header => format!("\"schema\":{SCHEMA},"),
+        _ => String::new(),
+    };
+    format!("{{\"ts\":{ts:.3},{schema}\"{}\":{body}}}", ty.key())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelope() {
+        #[derive(Serialize)]
+        struct X {
+            a: u32,
+        }
+        let h: serde_json::Value =
+            serde_json::from_str(&json_line(LineType::Header, &X { a: 1 }, 1700000000.1234))
+                .expect("JSON");
+        assert_eq!(h["schema"], SCHEMA);
+        assert_eq!(h["ts"].as_f64(), Some(1700000000.123));
+        assert_eq!(h["header"]["a"], 1);
+        assert_eq!(h.as_object().map(|o| o.len()), Some(3));
+        let w: serde_json::Value =
+            serde_json::from_str(&json_line(LineType::Window, &X { a: 2 }, 5.0)).expect("JSON");
+        assert_eq!(w.as_object().map(|o| o.len()), Some(2), "{w}");
+        assert_eq!(w["window"]["a"], 2);
+    }
+
+    /// Every pinned key is named in docs/json-schema.md (in backticks or after a dot,
+    /// as `total.futex.libc` names futex and libc), so a key added to the pin without
+    /// its line in the doc fails here.
+    #[test]
+    fn the_schema_doc_names_every_pinned_key() {
+        let doc = include_str!("../../docs/json-schema.md");
+        let keys = include_str!("../tests/json_keys.txt");
+        let named = |leaf: &str| {
+            ["`", "."].iter().any(|pre| {
+                ["`", ".", "["]
+                    .iter()
+                    .any(|post| doc.contains(&format!("{pre}{leaf}{post}")))
+            })
+        };
+        let missing: Vec<&str> = keys
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .filter(|l| {
+                let path = l.split_once(' ').map_or(*l, |(_, p)| p);
+                let leaf = path
+                    .rsplit(['.', '[', ']'])
+                    .find(|s| !s.is_empty())
+                    .unwrap_or(path);
+                !named(leaf)
+            })
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "keys not in docs/json-schema.md: {missing:?}"
+        );
+    }
+
+    /// A change to the pinned keys must come with a new SCHEMA (and the doc's
+    /// changelog): this fails until both constants are raised together.
+    #[test]
+    fn schema_follows_the_pinned_keys() {
+        let keys = include_str!("../tests/json_keys.txt");
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for line in keys
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            for b in line.bytes().chain([b'\n']) {
+                h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        assert_eq!(
+            (SCHEMA, h),
+            (SCHEMA, KEYS_FINGERPRINT),
+            "tests/json_keys.txt changed: raise report::SCHEMA, set KEYS_FINGERPRINT to \
+             {h:#x}, and say what changed in docs/json-schema.md"
+        );
+    }
 }

@@ -1,8 +1,8 @@
 //! A watch from start to end: checks, load and attach, the calibration, then one
-//! window per interval until the duration passes, the process exits or the user
-//! interrupts; then the final report over the whole watch. With --inject (or the
-//! dashboard's key i) the watched server is restarted under the fiber runtime part
-//! way through, and the watch follows the new pid.
+//! window per interval until the duration passes or the windows asked for are out,
+//! the process exits or the user interrupts; then the final report over the whole
+//! watch. With --inject (or the dashboard's key i) the watched server is restarted
+//! under the fiber runtime part way through, and the watch follows the new pid.
 
 use crate::calibrate;
 use crate::calibration_cache;
@@ -29,7 +29,11 @@ use std::time::{Duration, Instant};
 pub struct Options {
     pub interval: Duration,
     pub duration: Option<Duration>,
+    /// End after this many windows (bcc's positional COUNT); the final report follows.
+    pub windows: Option<u32>,
     pub json: bool,
+    /// Text lines start with the local HH:MM:SS (-T); JSON lines always carry `ts`.
+    pub timestamp: bool,
     /// Share of each interval the programs are attached (1.0: always). Between bursts
     /// the watched process runs untraced; rates are per traced second. With a budget
     /// this is where the watch starts, and the share then follows the budget.
@@ -509,12 +513,13 @@ impl Tracked {
         let pid = self.pid();
         threads.sort_by_key(|t| (t.tid != pid, std::cmp::Reverse(t.voluntary + t.involuntary)));
         threads.truncate(20);
+        let namer = crate::symbols::Namer::new(pid);
         let futex_stacks = last
             .futex_stacks
             .iter()
             .map(|(calls, frames)| crate::report::StackRow {
                 calls: *calls,
-                frames: crate::report::symbolize(&self.layout.space, frames),
+                frames: namer.frame_names(&self.layout.space, frames),
             })
             .collect();
         Final {
@@ -578,6 +583,7 @@ pub async fn run(
     // Whether this interval's early look (below) was taken.
     let mut looked = 0usize;
     let mut inj = InjectState::default();
+    let mut windows_emitted = 0u32;
     let ended;
     loop {
         // Under a budget, an interval traced in full is looked at EARLY_LOOKS after
@@ -640,6 +646,11 @@ pub async fn run(
                 inj.tracker.stock(&w);
             }
             sink.emit(Event::Window(&w))?;
+            windows_emitted += 1;
+            if opts.windows.is_some_and(|n| windows_emitted >= n) {
+                ended = Ended::Count;
+                break;
+            }
             if sampled || duty < 1.0 {
                 tr.resume(started)?;
             }

@@ -5,7 +5,8 @@
 use crate::error::WatchError;
 use crate::inject_flow::InjectEvent;
 use crate::metrics::Window;
-use crate::report::{self, Final, Header};
+use crate::report::{self, Final, Header, LineType};
+use crate::wall_clock;
 use std::io::Write;
 
 pub enum Event<'a> {
@@ -38,25 +39,48 @@ pub trait Sink {
     }
 }
 
+/// How a Report renders.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Text blocks; with `timestamp` (-T) each line starts with the local HH:MM:SS.
+    Text { timestamp: bool },
+    /// One JSON object per line, each with its wall-clock `ts` (docs/json-schema.md).
+    Json,
+}
+
 /// Text blocks or one JSON object per line.
 pub struct Report<'w> {
     pub out: &'w mut dyn Write,
-    pub json: bool,
+    pub format: Format,
 }
 
 impl Sink for Report<'_> {
     fn emit(&mut self, e: Event) -> Result<(), WatchError> {
-        let s = match (e, self.json) {
-            (Event::Header(h), true) => report::json_line("header", h),
-            (Event::Window(w), true) => report::json_line("window", w),
-            (Event::Inject(i), true) => report::json_line("inject", i),
-            (Event::Final(f), true) => report::json_line("final", f),
-            (Event::Header(h), false) => report::header_text(h),
-            (Event::Window(w), false) => report::window_text(w, "window"),
-            (Event::Inject(i), false) => report::inject_text(i),
-            (Event::Final(f), false) => report::final_text(f),
+        let now = wall_clock::unix_now();
+        let s = match self.format {
+            Format::Json => {
+                let line = match e {
+                    Event::Header(h) => report::json_line(LineType::Header, h, now),
+                    Event::Window(w) => report::json_line(LineType::Window, w, now),
+                    Event::Inject(i) => report::json_line(LineType::Inject, i, now),
+                    Event::Final(f) => report::json_line(LineType::Final, f, now),
+                };
+                line + "\n"
+            }
+            Format::Text { timestamp } => {
+                let text = match e {
+                    Event::Header(h) => report::header_text(h),
+                    Event::Window(w) => report::window_text(w, "window"),
+                    Event::Inject(i) => report::inject_text(i),
+                    Event::Final(f) => report::final_text(f),
+                };
+                if timestamp {
+                    wall_clock::prefix_lines(&text, &wall_clock::hms_local(now))
+                } else {
+                    text
+                }
+            }
         };
-        let s = if self.json { s + "\n" } else { s };
         self.out
             .write_all(s.as_bytes())
             .and_then(|_| self.out.flush())

@@ -185,8 +185,20 @@ pub struct AddressSpace {
 #[derive(Clone, Debug)]
 pub struct Module {
     pub path: String,
-    pub ranges: Vec<(u64, u64)>,
+    /// Its mappings: [start, end) and the file offset mapped at start.
+    pub ranges: Vec<(u64, u64, u64)>,
     pub bias: u64,
+}
+
+impl Module {
+    /// The offset in the module's file that `ip` was loaded from (what a symbolizer
+    /// reading the ELF file needs, whatever the file's layout).
+    pub fn file_offset(&self, ip: u64) -> Option<u64> {
+        self.ranges
+            .iter()
+            .find(|&&(s, e, _)| ip >= s && ip < e)
+            .map(|&(s, _, off)| ip - s + off)
+    }
 }
 
 impl AddressSpace {
@@ -202,7 +214,7 @@ impl AddressSpace {
                 ranges: Vec::new(),
                 bias: u64::MAX,
             });
-            e.ranges.push((m.start, m.end));
+            e.ranges.push((m.start, m.end, m.offset));
             // The mapping of file offset 0 is where vaddr 0 lands for the usual
             // (first PT_LOAD at vaddr 0) shared objects and PIE executables.
             if m.offset == 0 {
@@ -225,7 +237,7 @@ impl AddressSpace {
     pub fn module_of(&self, ip: u64) -> Option<&Module> {
         self.modules
             .iter()
-            .find(|m| m.ranges.iter().any(|&(s, e)| ip >= s && ip < e))
+            .find(|m| m.ranges.iter().any(|&(s, e, _)| ip >= s && ip < e))
     }
 
     pub fn libc(&self) -> Option<&Module> {

@@ -207,7 +207,15 @@ fn compile_c(src: &Path, name: &str, bin: &Path, lib: &Path, include: &Path) -> 
     let tmp = bin.join(format!(".{name}.tmp"));
     proc::run(
         Command::new("cc")
-            .args(["-O2", "-g", "-Wall", "-Wextra", "-Werror", "-pthread", "-I"])
+            .args(["-O2", "-g", "-Wall", "-Wextra", "-Werror", "-pthread"])
+            // The watcher's futex stacks are walked by frame pointers (as every eBPF
+            // stack is): without them only the innermost frame shows, and its tests
+            // check that the stacks reach the test programs' own functions.
+            .args(
+                src.ends_with("watch_programs")
+                    .then_some("-fno-omit-frame-pointer"),
+            )
+            .arg("-I")
             .arg(include)
             .arg("-I")
             .arg(&common)

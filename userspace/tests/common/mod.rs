@@ -89,15 +89,56 @@ impl Watcher {
     }
 }
 
+/// The JSON lines of a watch as (type, object), each line's envelope checked on the
+/// way (`envelope`).
 pub fn json_lines(out: &str) -> Vec<(String, Value)> {
     out.lines()
         .filter(|l| l.starts_with("{\""))
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter_map(|v| {
-            let (k, v) = v.as_object()?.iter().next()?;
-            Some((k.clone(), v.clone()))
-        })
+        .map(|v| envelope(&v))
         .collect()
+}
+
+/// The keys every line has beside its type's object (docs/json-schema.md).
+const ENVELOPE: [&str; 2] = ["ts", "schema"];
+
+/// A line's type and object, after checking its envelope: a wall-clock `ts` (Unix
+/// seconds) on every line, `schema` (report::SCHEMA) on the header and only there,
+/// and exactly one other key.
+pub fn envelope(line: &Value) -> (String, Value) {
+    let o = line
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {line}"));
+    let ts = o
+        .get("ts")
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("no ts: {line}"));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    // Written by this test's watcher: within the last hour, not in the future.
+    assert!(
+        ts <= now + 1.0 && ts > now - 3600.0,
+        "ts {ts} is not now ({now}): {line}"
+    );
+    let types: Vec<&String> = o
+        .keys()
+        .filter(|k| !ENVELOPE.contains(&k.as_str()))
+        .collect();
+    assert_eq!(types.len(), 1, "one type key per line: {line}");
+    let ty = types[0].clone();
+    match (ty.as_str(), o.get("schema")) {
+        ("header", Some(n)) => assert_eq!(
+            n.as_u64(),
+            Some(u64::from(toffload_watch::report::SCHEMA)),
+            "{line}"
+        ),
+        ("header", None) => panic!("header without schema: {line}"),
+        (_, Some(_)) => panic!("schema outside the header: {line}"),
+        (_, None) => {}
+    }
+    (ty.clone(), o[&ty].clone())
 }
 
 pub fn get<'a>(lines: &'a [(String, Value)], key: &str) -> &'a Value {
