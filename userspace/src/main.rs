@@ -119,6 +119,9 @@ enum Cmd {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Run as a service: watch the targets of a config file (or flags) across their
+    /// restarts and serve /metrics (Prometheus) and /status (JSON).
+    Serve(toffload_watch::serve::Args),
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -338,6 +341,16 @@ fn main() -> ExitCode {
             common.tui,
             common.recalibrate,
         )),
+        // The service has its own threads and runtimes (serve/mod.rs).
+        (Some(Cmd::Serve(args)), _) => {
+            return match toffload_watch::serve::run(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("toffload-watch: {e}");
+                    ExitCode::from(e.exit_code())
+                }
+            }
+        }
         (None, true) => rt.block_on(watch_service(
             spec,
             options(&cli.common),
