@@ -16,9 +16,9 @@ use toffload_tests::load::{self, Config};
 
 /// The three targets: (name, server, extra arguments, offered requests/s).
 const TARGETS: &[(&str, &str, &[&str], f64)] = &[
-    ("soak-conn", "conn_server", &[], 1000.0),
-    ("soak-evloop", "evloop_server", &[], 1000.0),
-    ("soak-cpu", "conn_server", &["--cpu-us", "50"], 500.0),
+    ("soak-conn", "conn_server", &[], 500.0),
+    ("soak-evloop", "evloop_server", &[], 500.0),
+    ("soak-cpu", "conn_server", &["--cpu-us", "50"], 250.0),
 ];
 
 /// The soak's full length, as the issue asks for.
@@ -70,6 +70,14 @@ fn scrape(port: u16) -> Option<(usize, f64)> {
         .filter(|s| matches!(s.value, prometheus_parse::Value::Gauge(v) if v == 1.0))
         .count();
     Some((up, ms))
+}
+
+/// The host's 1-minute load average: the soak shares its 2 CPUs with whatever else runs.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
 }
 
 fn main() {
@@ -163,6 +171,7 @@ fn main() {
         })
         .collect();
     let started = Instant::now();
+    let load_before = loadavg();
     let mut samples = Vec::new();
     let (mut cpu_prev, mut t_prev) = (cpu_secs(pid), Instant::now());
     while started.elapsed().as_secs_f64() < minutes * 60.0 {
@@ -179,8 +188,12 @@ fn main() {
             scrape_ms: s.map(|s| s.1),
         });
     }
+    let load_after = loadavg();
     stop.store(true, Ordering::Relaxed);
-    let reports: Vec<_> = loads.into_iter().map(|h| h.join().expect("load")).collect();
+    let reports: Vec<Result<load::Report, String>> = loads
+        .into_iter()
+        .map(|h| h.join().expect("load").map_err(|e| e.to_string()))
+        .collect();
     // SAFETY: signalling our own child.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     let stop_by = Instant::now() + Duration::from_secs(15);
@@ -198,7 +211,11 @@ fn main() {
     drop(servers);
     let _ = std::fs::remove_dir_all(&dir);
 
-    let md = report(minutes, every, &samples, &reports, code);
+    let host = format!(
+        "{} CPUs, load average (1 min) {load_before} at the start and {load_after} at the end",
+        harness::cpus()
+    );
+    let md = report(minutes, every, &host, &samples, &reports, code);
     print!("{md}");
     if let Some(p) = out {
         std::fs::write(&p, &md).expect("write --out");
@@ -209,6 +226,7 @@ fn main() {
 fn report(
     minutes: f64,
     every: f64,
+    host: &str,
     samples: &[Sample],
     reports: &[Result<load::Report, String>],
     code: Option<i32>,
@@ -217,15 +235,14 @@ fn report(
     if minutes < DEFAULT_MINUTES {
         md.push_str(&format!(
             "**A short run: {minutes} minutes, not the full {DEFAULT_MINUTES} minutes** \
-             (`cargo xtask bench serve` runs the full soak; `-- --minutes N` shortens it).\n\n"
+             (`cargo xtask bench serve` runs the full soak; `--minutes N` shortens it).\n\n"
         ));
     }
     md.push_str(&format!(
         "`toffload-watch serve` over three example servers named by process, each under \
          open-loop load from the load generator; the service's resident memory and CPU \
          share sampled every {every} s, /metrics scraped and parsed at each sample. \
-         Host: {} CPUs.\n\n",
-        harness::cpus()
+         Host: {host}.\n\n"
     ));
     let first = samples.first().map_or(0.0, |s| s.rss_mib);
     let last = samples.last().map_or(0.0, |s| s.rss_mib);

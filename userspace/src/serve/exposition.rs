@@ -29,13 +29,12 @@ impl Own {
     /// This process's CPU time (utime + stime) and resident set, from /proc/self.
     pub fn read() -> Own {
         let cpu_secs = crate::untraced::cpu_secs(std::process::id()).unwrap_or(0.0);
+        // SAFETY: sysconf with a valid name has no other effect.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as f64;
         let rss_bytes = std::fs::read_to_string("/proc/self/statm")
             .ok()
             .and_then(|s| s.split_whitespace().nth(1)?.parse::<f64>().ok())
-            // SAFETY: sysconf with a valid name has no other effect.
-            .map_or(0.0, |pages| {
-                pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as f64
-            });
+            .map_or(0.0, |pages| pages * page);
         Own {
             cpu_secs,
             rss_bytes,
@@ -269,4 +268,133 @@ pub fn verdict_name(w: &crate::metrics::Window) -> String {
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collector::Snapshot;
+    use crate::metrics::{window, Context};
+    use crate::serve::config::{Selector, Target};
+    use crate::target::{Runtime, RuntimeKind};
+
+    /// A window of 1000 offload calls of 200 us over 2 s.
+    fn synthetic() -> crate::metrics::Window {
+        let ctx = Context {
+            runtime: Runtime {
+                kind: RuntimeKind::GlibcDynamic,
+                dynamic: true,
+                evidence: String::new(),
+            },
+            offload_probed: true,
+            root: 1,
+            unroutable: Vec::new(),
+        };
+        let mut cur = Snapshot::zero();
+        cur.t = 2.0;
+        cur.wall = 2.0;
+        cur.unix = 1_700_000_000.0;
+        cur.counters[crate::abi::C_OFFLOAD_CALLS as usize] = 1000;
+        cur.counters[crate::abi::C_OFFLOAD_NS as usize] = 1000 * 200_000;
+        cur.counters[crate::abi::C_VOL as usize] = 1000;
+        cur.stall.counts[crate::abi::fine_bucket(200_000) as usize] = 1000;
+        cur.live_threads = 4;
+        window(&Snapshot::zero(), &cur, &ctx)
+    }
+
+    fn state(name: &str, phase: Phase, w: Option<crate::metrics::Window>) -> TargetState {
+        TargetState {
+            target: Target {
+                name: name.into(),
+                selector: Selector::Process(name.into()),
+            },
+            phase,
+            comm: name.into(),
+            exe: String::new(),
+            window: w,
+            windows: 1,
+            attaches: 2,
+            exits: 1,
+            last_error: None,
+        }
+    }
+
+    fn parse(text: &str) -> Vec<prometheus_parse::Sample> {
+        prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+            .expect("parses")
+            .samples
+    }
+
+    fn get(s: &[prometheus_parse::Sample], metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        s.iter()
+            .find(|x| x.metric == metric && labels.iter().all(|(k, v)| x.labels.get(k) == Some(v)))
+            .map(|x| match x.value {
+                prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => f64::NAN,
+            })
+    }
+
+    #[test]
+    fn an_up_target_has_its_window_a_searched_one_only_up_0() {
+        let up = state(
+            "web",
+            Phase::Up {
+                pid: 42,
+                pids: vec![42, 43],
+            },
+            Some(synthetic()),
+        );
+        let gone = state(
+            "db",
+            Phase::Searching { why: "no".into() },
+            Some(synthetic()),
+        );
+        let text = render(
+            &[up, gone],
+            Own {
+                cpu_secs: 1.5,
+                rss_bytes: 1e6,
+            },
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        let s = parse(&text);
+        let web = [("target", "web")];
+        assert_eq!(get(&s, "toffload_target_up", &web), Some(1.0));
+        assert_eq!(get(&s, "toffload_target_pid", &web), Some(42.0));
+        assert_eq!(get(&s, "toffload_target_attaches_total", &web), Some(2.0));
+        assert_eq!(get(&s, "toffload_requests_per_second", &web), Some(500.0));
+        assert_eq!(get(&s, "toffload_window_requests", &web), Some(1000.0));
+        assert_eq!(get(&s, "toffload_window_seconds", &web), Some(2.0));
+        let p50 = get(
+            &s,
+            "toffload_offload_stall_seconds",
+            &[("target", "web"), ("quantile", "0.5")],
+        )
+        .expect("p50");
+        assert!((p50 - 200e-6).abs() < 200e-6 * 0.07, "{p50}");
+        assert_eq!(
+            get(
+                &s,
+                "toffload_context_switches_per_second",
+                &[("target", "web"), ("kind", "voluntary")]
+            ),
+            Some(500.0)
+        );
+        let v = w_verdict(&s, "web");
+        assert_eq!(v.len(), 1, "{v:?}");
+        // The target that is searched for has no window values.
+        let db = [("target", "db")];
+        assert_eq!(get(&s, "toffload_target_up", &db), Some(0.0));
+        assert_eq!(get(&s, "toffload_requests_per_second", &db), None);
+        assert_eq!(get(&s, "toffload_serve_cpu_seconds_total", &[]), Some(1.5));
+    }
+
+    fn w_verdict(s: &[prometheus_parse::Sample], target: &str) -> Vec<String> {
+        s.iter()
+            .filter(|x| x.metric == "toffload_verdict" && x.labels.get("target") == Some(target))
+            .filter_map(|x| x.labels.get("verdict").map(str::to_string))
+            .collect()
+    }
 }

@@ -86,10 +86,9 @@ fn procs() -> Vec<Proc> {
 /// A process is NAME when its comm is (the kernel keeps 15 bytes of it, so a longer
 /// NAME matches a comm that is its first 15) or its executable's file name is.
 fn matches(p: &Proc, name: &str) -> bool {
-    let comm_len = name.len().min(15);
     let comm_match = name
-        .get(..comm_len)
-        .is_some_and(|head| p.comm == head && (name.len() <= 15 || p.comm.len() == 15));
+        .get(..name.len().min(15))
+        .is_some_and(|head| p.comm == head);
     comm_match || p.exe_name.as_deref() == Some(name)
 }
 
