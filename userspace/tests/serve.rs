@@ -474,3 +474,83 @@ fn a_hostile_peer_does_not_hold_a_scrape() {
     assert_eq!(st["state"], "searching", "{st}");
     assert_eq!(serve.stop(), 0);
 }
+
+/// A cgroup standing in for a systemd unit's (NAME.service in the cgroup tree, where
+/// `unit` looks); removed on drop once empty.
+struct UnitCgroup(PathBuf);
+
+impl UnitCgroup {
+    fn new(unit: &str) -> UnitCgroup {
+        let root = std::path::Path::new("/sys/fs/cgroup");
+        let base = if root.join("cgroup.procs").is_file() {
+            root.to_path_buf()
+        } else {
+            root.join("unified")
+        };
+        let dir = base.join(format!("{unit}.service"));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        UnitCgroup(dir)
+    }
+
+    /// Moves a process (all its threads) into the unit, as systemd starts it there.
+    fn adopt(&self, pid: u32) {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string())
+            .unwrap_or_else(|e| panic!("moving {pid} into {}: {e}", self.0.display()));
+    }
+}
+
+impl Drop for UnitCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A target named by unit: found in its cgroup, searched for while the unit is empty,
+/// and followed when the unit's server is started again.
+#[test]
+fn a_unit_target_is_followed_across_a_restart() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let dir = TempDir::new("unit");
+    let unit = format!("toffload-serve-test-{}", std::process::id());
+    let cg = UnitCgroup::new(&unit);
+    let a = Server::start(&ServerSpec::new("conn_server")).expect("conn_server");
+    cg.adopt(a.pid());
+    let serve = Serve::start(
+        &format!("[[target]]\nname = \"web\"\nunit = \"{unit}\"\n"),
+        &dir,
+    );
+    serve.wait_up("web", a.pid(), Duration::from_secs(30));
+    let old = a.pid();
+    drop(a);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // Searched for at least once since the exit: the unit is empty.
+        let t = serve.target("web");
+        let why = t["why"].as_str().unwrap_or_default();
+        if t["state"] == "searching" && why.contains("no processes") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "web still {t} after its exit");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let a = Server::start(&ServerSpec::new("conn_server")).expect("conn_server again");
+    assert_ne!(a.pid(), old);
+    cg.adopt(a.pid());
+    serve.wait_up("web", a.pid(), Duration::from_secs(30));
+    let samples = serve.metrics();
+    assert_eq!(sample(&samples, "toffload_target_up", "web"), Some(1.0));
+    assert_eq!(
+        sample(&samples, "toffload_target_pid", "web"),
+        Some(f64::from(a.pid()))
+    );
+    assert_eq!(serve.stop(), 0);
+    drop(a);
+}
