@@ -16,6 +16,9 @@ pub const EXIT_INJECT_REFUSED: u8 = 8;
 pub const EXIT_INJECT_FAILED: u8 = 9;
 /// --inject: the relaunch failed and so did restarting the original: the server is down.
 pub const EXIT_SERVER_DOWN: u8 = 10;
+/// `serve`: the configuration is wrong (the file or its flags); the same code as a
+/// bad command line, since it is one spelt in a file.
+pub const EXIT_BAD_CONFIG: u8 = 2;
 
 /// The exit code for how an injection ended (None: not asked, or it went well).
 pub fn inject_exit_code(outcome: Option<crate::inject_flow::InjectAction>) -> Option<u8> {
@@ -41,6 +44,8 @@ pub enum WatchError {
     NoObject,
     /// `run -- CMD` could not start CMD.
     Spawn(String),
+    /// `serve`: a configuration that cannot be used (what is wrong, and where).
+    BadConfig(String),
     Other(String),
 }
 
@@ -52,6 +57,7 @@ impl WatchError {
             WatchError::NoSuchPid(_) | WatchError::BadTarget(_) => EXIT_NO_SUCH_PID,
             WatchError::NoObject => EXIT_NO_OBJECT,
             WatchError::Spawn(_) => EXIT_SPAWN,
+            WatchError::BadConfig(_) => EXIT_BAD_CONFIG,
             WatchError::Other(_) => 1,
         }
     }
@@ -74,6 +80,7 @@ impl fmt::Display for WatchError {
                  does both)"
             ),
             WatchError::Spawn(why) => write!(f, "cannot start the command: {why}"),
+            WatchError::BadConfig(why) => write!(f, "bad configuration: {why}"),
             WatchError::Other(why) => write!(f, "{why}"),
         }
     }

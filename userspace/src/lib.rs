@@ -26,6 +26,7 @@ pub mod probe_cost;
 pub mod processes;
 pub mod report;
 pub mod runtime_counters;
+pub mod serve;
 pub mod service;
 pub mod session;
 pub mod sink;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use toffload_watch::error::WatchError;
 use toffload_watch::inject_flow::InjectRequest;
 use toffload_watch::report::Final;
+use toffload_watch::serve::config::parse_duration;
 use toffload_watch::session::{self, Options};
 use toffload_watch::sink::{Format, Report};
 use toffload_watch::{dashboard, inject, service, spawn, target};
@@ -131,28 +132,9 @@ enum Cmd {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60.0)
-    } else if let Some(n) = s.strip_suffix('h') {
-        (n, 3600.0)
-    } else {
-        (s, 1.0)
-    };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (e.g. 500ms, 1s, 2m)"))?;
-    if !(v.is_finite() && v > 0.0) {
-        return Err(format!("{s:?}: a duration must be positive"));
-    }
-    Ok(Duration::from_secs_f64(v * mult))
+    /// Run as a service: watch the targets of a config file (or flags) across their
+    /// restarts and serve /metrics (Prometheus) and /status (JSON).
+    Serve(toffload_watch::serve::Args),
 }
 
 /// The report window when neither --interval nor INTERVAL is given.
@@ -362,6 +344,16 @@ fn main() -> ExitCode {
             common.tui,
             common.recalibrate,
         )),
+        // The service has its own threads and runtimes (serve/mod.rs).
+        (Some(Cmd::Serve(args)), _) => {
+            return match toffload_watch::serve::run(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("toffload-watch: {e}");
+                    ExitCode::from(e.exit_code())
+                }
+            }
+        }
         (None, true) => rt.block_on(watch_service(
             spec,
             options(&cli.common),

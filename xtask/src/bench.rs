@@ -41,6 +41,16 @@ pub enum Which {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// `toffload-watch serve` soaked over three loaded servers: its RSS and CPU share
+    /// every few seconds (needs root) -> serve.md.
+    Serve {
+        /// How long, minutes (the full soak is 30).
+        #[arg(long, default_value_t = 30.0)]
+        minutes: f64,
+        /// Extra arguments for the soak (--every SECS).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
     /// The demo told 5 times: before/after rates beside the load generator's own
     /// count, the prediction and its error (needs root) -> demo.md.
     Demo {
@@ -153,6 +163,22 @@ pub fn run(which: Which) -> Result {
                         .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist"))
                         .arg("--out")
                         .arg(&out)
+                        .args(&args),
+                ),
+            )
+        }
+        Which::Serve { minutes, args } => {
+            let dist = crate::build::all()?;
+            charted(
+                Bench::Serve,
+                proc::run(
+                    proc::cargo()
+                        .args(["bench", "-p", "toffload-watch", "--bench", "serve", "--"])
+                        .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist"))
+                        .arg("--minutes")
+                        .arg(minutes.to_string())
+                        .arg("--out")
+                        .arg(paths::results().join("serve.md"))
                         .args(&args),
                 ),
             )

@@ -12,6 +12,7 @@ pub mod plot;
 mod remote;
 pub mod render;
 mod runtime;
+mod serve;
 pub mod table;
 mod watch;
 
@@ -32,10 +33,11 @@ pub enum Bench {
     Guard,
     Watch,
     Remote,
+    Serve,
 }
 
 impl Bench {
-    pub const ALL: [Bench; 8] = [
+    pub const ALL: [Bench; 9] = [
         Bench::Demo,
         Bench::Device,
         Bench::Runtime,
@@ -44,6 +46,7 @@ impl Bench {
         Bench::Guard,
         Bench::Watch,
         Bench::Remote,
+        Bench::Serve,
     ];
 
     /// The results file the chart is drawn from.
@@ -57,6 +60,7 @@ impl Bench {
             Bench::Guard => "guard.md",
             Bench::Watch => "watch.md",
             Bench::Remote => "remote.md",
+            Bench::Serve => "serve.md",
         }
     }
 
@@ -70,6 +74,7 @@ impl Bench {
             Bench::Guard => "guard.svg",
             Bench::Watch => "watch.svg",
             Bench::Remote => "remote.svg",
+            Bench::Serve => "serve.svg",
         }
     }
 
@@ -83,6 +88,7 @@ impl Bench {
             Bench::Guard => guard::chart(source),
             Bench::Watch => watch::chart(source),
             Bench::Remote => remote::chart(source),
+            Bench::Serve => serve::chart(source),
         }
     }
 }
