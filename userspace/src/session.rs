@@ -899,7 +899,7 @@ fn health_step(
     started: Instant,
     calib: &Calibration,
 ) -> Result<Step, WatchError> {
-    let (Some(h), Some((plan, up))) = (&inj.health, &mut inj.up) else {
+    let (Some(h), Some((plan, up))) = (&mut inj.health, &mut inj.up) else {
         return Ok(Step::Continue);
     };
     let now = Instant::now();
@@ -914,6 +914,9 @@ fn health_step(
     };
     if seen.exited.is_none() && inj.probed.is_none_or(|t| now - t >= HEALTH_PROBE_EVERY) {
         inj.probed = Some(now);
+        if let Some(n) = inject::health::read_calls(up.server.pid) {
+            h.reads(n);
+        }
         let have = inject::process::listening(up.server.pid);
         seen.missing_ports = plan.ports.difference(&have).map(|l| l.port).collect();
         seen.runtime_disabled = tr

@@ -10,6 +10,17 @@ use std::time::{Duration, Instant};
 /// The default length of the window (`--inject-health`).
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(5);
 
+/// The read calls of `pid` so far (syscr of /proc/PID/io), when readable.
+pub fn read_calls(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("syscr:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// What the session saw of the injected server at one poll.
 #[derive(Clone, Debug, Default)]
 pub struct Observed {
@@ -65,6 +76,13 @@ pub struct Health {
     expect_requests: bool,
     windows: usize,
     windows_with_requests: usize,
+    /// Its read calls (/proc/PID/io syscr) when first looked at, and whether they
+    /// moved since: the kernel's own evidence that requests arrive, for when the
+    /// watch's count cannot see them (a window whose traced slice held none, the
+    /// runtime's counters not located): a server is not rolled back for the watch's
+    /// blind spot.
+    reads_first: Option<u64>,
+    reads_moved: bool,
 }
 
 impl Health {
@@ -75,6 +93,8 @@ impl Health {
             expect_requests,
             windows: 0,
             windows_with_requests: 0,
+            reads_first: None,
+            reads_moved: false,
         }
     }
 
@@ -88,6 +108,15 @@ impl Health {
         self.windows += 1;
         if served {
             self.windows_with_requests += 1;
+        }
+    }
+
+    /// Its read calls so far (syscr of /proc/PID/io).
+    pub fn reads(&mut self, n: u64) {
+        match self.reads_first {
+            None => self.reads_first = Some(n),
+            Some(first) if n > first => self.reads_moved = true,
+            Some(_) => {}
         }
     }
 
@@ -113,7 +142,7 @@ impl Health {
         }
         match (self.windows, self.windows_with_requests) {
             (0, _) => Check::Pending,
-            (w, 0) => Check::Sick(Sick::NoRequests { windows: w }),
+            (w, 0) if !self.reads_moved => Check::Sick(Sick::NoRequests { windows: w }),
             _ => Check::Healthy,
         }
     }
@@ -168,6 +197,19 @@ mod tests {
         assert_eq!(
             h.check(t0 + Duration::from_secs(6), &ok),
             Check::Sick(Sick::NoRequests { windows: 2 })
+        );
+        // The watch counted none, but the kernel saw it read: not rolled back.
+        let mut blind = h.clone();
+        blind.reads(100);
+        blind.reads(100);
+        assert!(matches!(
+            blind.check(t0 + Duration::from_secs(6), &ok),
+            Check::Sick(_)
+        ));
+        blind.reads(250);
+        assert_eq!(
+            blind.check(t0 + Duration::from_secs(6), &ok),
+            Check::Healthy
         );
         // Idle before (forced on an idle server): idle after is fine.
         let idle = Health::new(t0, Duration::from_secs(5), false);
