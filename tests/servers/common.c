@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <grp.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -212,6 +213,57 @@ void server_setup(const char *prog, int argc, char **argv, struct server_opts *o
 
 /* ---- listening socket ------------------------------------------------ */
 
+/* ---- test knobs ------------------------------------------------------ */
+
+static unsigned long crash_after_ms;
+
+static void *crash_later(void *arg)
+{
+    (void)arg;
+    struct timespec ts = {(time_t)(crash_after_ms / 1000), (long)(crash_after_ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+    }
+    fprintf(stderr, "crashing as TOFFLOAD_TEST_CRASH_UNDER_RUNTIME_MS asks\n");
+    /* A crash, not an exit: killed by a signal (SIGKILL: no core file). */
+    kill(getpid(), SIGKILL);
+    return NULL;
+}
+
+/*
+ * Knobs for the injection tests, read once the port is bound:
+ *  TOFFLOAD_TEST_DROP_UID=N: drop to uid and gid N (no supplementary groups), as a
+ *    server that binds a privileged port as root and then drops privileges does.
+ *  TOFFLOAD_TEST_CRASH_UNDER_RUNTIME_MS=N: when running under the toffload runtime
+ *    (LD_PRELOAD names libtoffload), crash N ms after listening: an injected server
+ *    that fails its health window. Without the runtime the knob does nothing, so the
+ *    original command, restarted by the rollback, serves.
+ */
+static void test_knobs(const char *prog)
+{
+    const char *drop = getenv("TOFFLOAD_TEST_DROP_UID");
+    if (drop && *drop) {
+        long long id = parse_uint(drop, 1, 0xfffffffe);
+        if (id < 0)
+            bad_arg(prog, "TOFFLOAD_TEST_DROP_UID", drop, "a uid 1..4294967294");
+        if (setgroups(0, NULL) < 0 || setgid((gid_t)id) < 0 || setuid((uid_t)id) < 0)
+            die_errno(prog, "dropping privileges (TOFFLOAD_TEST_DROP_UID)");
+    }
+    const char *crash = getenv("TOFFLOAD_TEST_CRASH_UNDER_RUNTIME_MS");
+    const char *preload = getenv("LD_PRELOAD");
+    if (crash && *crash && preload && strstr(preload, "libtoffload")) {
+        long long ms = parse_uint(crash, 0, 3600000);
+        if (ms < 0)
+            bad_arg(prog, "TOFFLOAD_TEST_CRASH_UNDER_RUNTIME_MS", crash, "milliseconds 0..3600000");
+        crash_after_ms = (unsigned long)ms;
+        pthread_t t;
+        int err = pthread_create(&t, NULL, crash_later, NULL);
+        if (err)
+            warn_errno(prog, "pthread_create", err);
+        else
+            pthread_detach(t);
+    }
+}
+
 int listen_and_announce(const char *prog, const struct server_opts *o)
 {
     struct sockaddr_in sa;
@@ -237,6 +289,7 @@ int listen_and_announce(const char *prog, const struct server_opts *o)
     socklen_t len = sizeof sa;
     if (getsockname(fd, (struct sockaddr *)&sa, &len) < 0)
         die_errno(prog, "getsockname");
+    test_knobs(prog);
     /* The harness waits for exactly this line. */
     if (printf("READY port=%u\n", (unsigned)ntohs(sa.sin_port)) < 0 || fflush(stdout) == EOF)
         die_errno(prog, "stdout");

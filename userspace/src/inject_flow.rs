@@ -21,10 +21,20 @@ pub enum InjectAction {
     Plan,
     /// Not done: the verdict or a precondition said no.
     Refused,
+    /// Not done: a relaunch could not reproduce the target's credentials (or its
+    /// systemd unit). Nothing was changed.
+    Unreproducible,
+    /// Relaunched under the runtime and serving; its health window runs.
     Injected,
+    /// The injected server served through its health window: the injection stands.
+    Healthy,
+    /// The injected server failed its health window (crashed, exited, stopped
+    /// listening or serving) and the original command runs again.
+    RolledBack,
     /// The relaunch failed and the original was restored.
     Failed,
-    /// The relaunch failed and the original could not be restored.
+    /// The relaunch (or the injected server) failed and the original could not be
+    /// restored.
     Down,
 }
 
@@ -33,7 +43,10 @@ impl InjectAction {
         match self {
             InjectAction::Plan => "plan",
             InjectAction::Refused => "refused",
+            InjectAction::Unreproducible => "unreproducible",
             InjectAction::Injected => "injected",
+            InjectAction::Healthy => "healthy",
+            InjectAction::RolledBack => "rolled_back",
             InjectAction::Failed => "failed",
             InjectAction::Down => "down",
         }
@@ -126,6 +139,8 @@ pub struct Tracker {
     after: Vec<f64>,
     seen_after: usize,
     pub status: Option<InjectionStatus>,
+    /// Rolled back: the windows are the original's again, not "after".
+    rolled_back: bool,
 }
 
 impl Tracker {
@@ -205,8 +220,17 @@ impl Tracker {
         });
     }
 
+    /// The injection was rolled back: what was measured of it stays in the status,
+    /// and later windows are not counted as its.
+    pub fn rolled_back(&mut self) {
+        self.rolled_back = true;
+    }
+
     /// A window of the injected server; the first is its warm-up and does not count.
     pub fn after(&mut self, w: &Window) -> Option<InjectionStatus> {
+        if self.rolled_back {
+            return None;
+        }
         let st = self.status.as_mut()?;
         self.seen_after += 1;
         if self.seen_after > 1 && w.requests > 0 {

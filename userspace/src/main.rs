@@ -100,6 +100,12 @@ struct Common {
     /// CPU beside the target).
     #[arg(long)]
     recalibrate: bool,
+    /// With --inject: how long the injected server must keep serving (alive, listening,
+    /// its runtime active, requests served where the original served some) before the
+    /// injection stands; if it does not, the original command is started again (exit
+    /// 12). 0 turns the window off.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_health)]
+    inject_health: Duration,
     /// Extra environment for the relaunched process only, e.g. TOFFLOAD_GUARD=detect
     /// (repeatable).
     #[arg(long, value_name = "KEY=VALUE", value_parser = parse_env)]
@@ -140,6 +146,14 @@ enum Cmd {
 /// The report window when neither --interval nor INTERVAL is given.
 const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 
+/// A duration, or 0 (no health window).
+fn parse_health(s: &str) -> Result<Duration, String> {
+    if s.trim().trim_end_matches('s') == "0" {
+        return Ok(Duration::ZERO);
+    }
+    parse_duration(s)
+}
+
 fn options(c: &Common) -> Options {
     let mut env = c.inject_env.clone();
     let rows: Vec<String> = c.offload.iter().filter_map(|o| o.runtime_row()).collect();
@@ -154,6 +168,7 @@ fn options(c: &Common) -> Options {
         dry_run: c.dry_run,
         force: c.force,
         env,
+        health: c.inject_health,
     };
     Options {
         interval: c.interval.or(c.interval_pos).unwrap_or(DEFAULT_INTERVAL),
@@ -369,7 +384,7 @@ fn main() -> ExitCode {
         }
     };
     match result {
-        Ok(fin) => match toffload_watch::error::inject_exit_code(fin.inject_outcome) {
+        Ok(fin) => match toffload_watch::error::inject_exit_code(fin.inject_outcome, fin.ended) {
             Some(code) => ExitCode::from(code),
             None => ExitCode::SUCCESS,
         },

@@ -11,6 +11,7 @@ use crate::cuda_rows;
 use crate::error::WatchError;
 use crate::futex::Layout;
 use crate::inject;
+use crate::inject::health::{Check, Health, Observed};
 use crate::inject_flow::{InjectAction, InjectEvent, InjectRequest, Tracker};
 use crate::loader::{self, Probes};
 use crate::metrics::{self, Context, Window};
@@ -538,9 +539,19 @@ impl Tracked {
 struct InjectState {
     tracker: Tracker,
     outcome: Option<InjectAction>,
+    /// The injection that is up and its plan: what a rollback needs, until its health
+    /// window has passed (then it moves to `child`).
+    up: Option<(inject::Plan, inject::Injected)>,
+    health: Option<Health>,
+    /// When the injected server's sockets and runtime were last looked at.
+    probed: Option<Instant>,
     /// The relaunched process (kept so that it is reaped if it dies during the watch).
     child: Option<inject::Relaunched>,
 }
+
+/// How often, in its health window, the injected server's sockets and runtime are
+/// looked at (its exit is seen at every poll).
+const HEALTH_PROBE_EVERY: Duration = Duration::from_millis(100);
 
 /// Watches until the end; renders through `sink` and returns the final report.
 /// `calib` is measured before attaching (Calibration::measure), so that a command
@@ -616,10 +627,34 @@ pub async fn run(
             tr.maybe_pause(started, burst)?;
         }
         tr.settle(started);
+        // An injection in its health window is judged before anything else: a crash
+        // there is rolled back, not reported as the watched process's exit, and the
+        // watch's duration waits for the verdict (a watch that ended first would leave
+        // a sick server in place).
+        if inj.health.is_some() {
+            match health_step(&mut tr, &mut inj, sink, started, calib)? {
+                Step::Continue => {}
+                Step::End(why) => {
+                    ended = why;
+                    break;
+                }
+            }
+        }
         if let Some(d) = opts.duration {
-            if started.elapsed() >= d {
+            if started.elapsed() >= d && inj.health.is_none() {
                 ended = Ended::Duration;
                 break;
+            }
+        }
+        // Seen dead here while in the health window (it died since the look above):
+        // that is the health window's to judge, which rolls it back.
+        if inj.health.is_some() && !tr.life.alive() {
+            match health_step(&mut tr, &mut inj, sink, started, calib)? {
+                Step::Continue => {}
+                Step::End(why) => {
+                    ended = why;
+                    break;
+                }
             }
         }
         if !tr.life.alive() {
@@ -639,6 +674,9 @@ pub async fn run(
                     c.duty = 1.0;
                 }
                 duty = c.duty;
+            }
+            if let Some(h) = &mut inj.health {
+                h.window(w.requests > 0 || crate::inject_flow::served_rps(&w) > 0.0);
             }
             if inj.tracker.status.is_some() {
                 w.injection = inj.tracker.after(&w);
@@ -669,7 +707,9 @@ pub async fn run(
             Some(UserCmd::Inject)
                 if matches!(
                     inj.outcome,
-                    None | Some(InjectAction::Plan | InjectAction::Refused)
+                    None | Some(
+                        InjectAction::Plan | InjectAction::Refused | InjectAction::Unreproducible
+                    )
                 ) =>
             {
                 inject_now = Some(opts.interactive_inject.clone());
@@ -713,6 +753,7 @@ pub async fn run(
     sink.emit(Event::Final(&fin))?;
     // A relaunched server outlives the watch: the child handle is dropped, not killed.
     drop(inj.child.take());
+    drop(inj.up.take());
     Ok(fin)
 }
 
@@ -752,14 +793,25 @@ fn do_inject(
             Some(why) if !io.force => Err(why),
             _ => Ok(()),
         })
-        .map_err(|why| format!("not injecting: {why} (--force overrides)"))
-        .and_then(|()| inject::plan(tr.pid(), io).map_err(|why| format!("cannot inject: {why}")));
+        .map_err(|why| {
+            inject::PlanError::Cannot(format!("not injecting: {why} (--force overrides)"))
+        })
+        .and_then(|()| inject::plan(tr.pid(), io));
     let plan = match decided {
         Ok(p) => p,
-        Err(msg) => {
-            let e = event(tr, inj, InjectAction::Refused, msg);
+        Err(err) => {
+            let (action, msg) = match err {
+                inject::PlanError::Cannot(msg) if msg.starts_with("not injecting") => {
+                    (InjectAction::Refused, msg)
+                }
+                e @ inject::PlanError::Cannot(_) => (InjectAction::Refused, e.to_string()),
+                e @ inject::PlanError::Unreproducible(_) => {
+                    (InjectAction::Unreproducible, e.to_string())
+                }
+            };
+            let e = event(tr, inj, action, msg);
             sink.emit(Event::Inject(&e))?;
-            inj.outcome = Some(InjectAction::Refused);
+            inj.outcome = Some(action);
             // At the keys the user may try again; a scripted --inject ends here.
             return Ok(if interactive {
                 Step::Continue
@@ -786,20 +838,34 @@ fn do_inject(
     ));
     let old = tr.pid();
     match inject::execute(&plan) {
-        Ok(rel) => {
-            let new_pid = rel.pid;
+        Ok(up) => {
+            let new_pid = up.server.pid;
             inj.tracker.injected(old, new_pid);
+            let health = if plan.health.is_zero() {
+                String::new()
+            } else {
+                format!(
+                    "; its {:.0} s health window runs",
+                    plan.health.as_secs_f64()
+                )
+            };
             let mut e = event(
                 tr,
                 inj,
                 InjectAction::Injected,
                 format!(
-                    "pid {old} restarted under {} as pid {new_pid}; listening again",
+                    "pid {old} restarted under {} as pid {new_pid}; listening again{health}",
                     plan.runtime.display()
                 ),
             );
             e.new_pid = Some(new_pid);
-            inj.child = Some(rel);
+            if !plan.health.is_zero() {
+                // Requests are expected when the original served some.
+                let busy = inj.tracker.before_rps().is_some_and(|r| r > 0.0);
+                inj.health = Some(Health::new(Instant::now(), plan.health, busy));
+                inj.probed = None;
+            }
+            inj.up = Some((plan, up));
             inj.outcome = Some(InjectAction::Injected);
             follow(tr, new_pid, started, calib)?;
             sink.emit(Event::Inject(&e))?;
@@ -831,6 +897,114 @@ fn do_inject(
                 InjectAction::Refused if !interactive => Step::End(Ended::InjectionRefused),
                 _ => Step::Continue,
             })
+        }
+    }
+}
+
+/// One look at an injection in its health window: still pending, healthy (the
+/// injection stands), or sick (rolled back to the original command).
+fn health_step(
+    tr: &mut Tracked,
+    inj: &mut InjectState,
+    sink: &mut dyn Sink,
+    started: Instant,
+    calib: &Calibration,
+) -> Result<Step, WatchError> {
+    let (Some(h), Some((plan, up))) = (&mut inj.health, &mut inj.up) else {
+        return Ok(Step::Continue);
+    };
+    let now = Instant::now();
+    let mut seen = Observed {
+        // A leader that has exited shows as a zombie before its last thread is gone
+        // (and before it can be reaped): the watch's own liveness sees it first.
+        exited: up
+            .server
+            .exited()
+            .or_else(|| (!tr.life.alive()).then(|| "exited".to_string())),
+        ..Observed::default()
+    };
+    if seen.exited.is_none() && inj.probed.is_none_or(|t| now - t >= HEALTH_PROBE_EVERY) {
+        inj.probed = Some(now);
+        if let Some(n) = inject::health::read_calls(up.server.pid) {
+            h.reads(n);
+        }
+        let have = inject::process::listening(up.server.pid);
+        seen.missing_ports = plan.ports.difference(&have).map(|l| l.port).collect();
+        seen.runtime_disabled = tr
+            .runtime_now()
+            .is_some_and(|c| c.state == toffload_abi::runtime::RuntimeState::Disabled);
+    }
+    let limit = h.limit();
+    let sick = match h.check(now, &seen) {
+        Check::Pending => return Ok(Step::Continue),
+        Check::Healthy => {
+            let pid = up.server.pid;
+            let mut e = event(
+                tr,
+                inj,
+                InjectAction::Healthy,
+                format!(
+                    "pid {pid} served through its {:.0} s health window: the injection stands",
+                    limit.as_secs_f64()
+                ),
+            );
+            e.new_pid = Some(pid);
+            let (plan, up) = inj.up.take().expect("an injection is up");
+            e.old_pid = plan.old_pid;
+            inj.health = None;
+            inj.child = Some(up.server);
+            inj.outcome = Some(InjectAction::Healthy);
+            sink.emit(Event::Inject(&e))?;
+            return Ok(Step::Continue);
+        }
+        Check::Sick(why) => why,
+    };
+    let (plan, up) = inj.up.take().expect("an injection is up");
+    inj.health = None;
+    inj.tracker.rolled_back();
+    let sick_pid = up.server.pid;
+    sink.status(&format!(
+        "the injected server pid {sick_pid} failed its health window: {sick}; rolling back..."
+    ));
+    let why = format!(
+        "the injected server (pid {sick_pid}) failed its {:.0} s health window: {sick}",
+        limit.as_secs_f64()
+    );
+    match inject::rollback(&plan, up) {
+        Ok(restored) => {
+            let pid = restored.pid;
+            let mut e = event(
+                tr,
+                inj,
+                InjectAction::RolledBack,
+                format!(
+                    "{why}; rolled back: the original command runs again as pid {pid}, \
+                     without the runtime"
+                ),
+            );
+            e.old_pid = plan.old_pid;
+            e.new_pid = Some(pid);
+            inj.outcome = Some(InjectAction::RolledBack);
+            inj.child = Some(restored);
+            follow(tr, pid, started, calib)?;
+            sink.emit(Event::Inject(&e))?;
+            sink.emit(Event::Header(&tr.header))?;
+            Ok(Step::Continue)
+        }
+        Err(recovery) => {
+            let mut e = event(
+                tr,
+                inj,
+                InjectAction::Down,
+                format!(
+                    "{why}; restarting the original command failed too: {recovery}. The \
+                     server is DOWN"
+                ),
+            );
+            e.old_pid = plan.old_pid;
+            inj.outcome = Some(InjectAction::Down);
+            sink.emit(Event::Inject(&e))?;
+            Ok(Step::End(Ended::ServerDown))
         }
     }
 }

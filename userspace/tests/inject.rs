@@ -74,8 +74,11 @@ fn windows(lines: &[(String, Value)]) -> Vec<String> {
         .filter(|(k, _)| k == "window")
         .map(|(_, w)| {
             format!(
-                "{} req {} {}",
-                w["start_s"], w["requests"], w["verdict"]["kind"]
+                "{} req {} (untraced {} req/s) {}",
+                w["start_s"],
+                w["requests"],
+                w["untraced"]["requests_per_sec"],
+                w["verdict"]["kind"]
             )
         })
         .collect()
@@ -138,9 +141,15 @@ fn inject_raises_throughput() {
     let (code, lines, err) = w.finish();
     let during = during.join().expect("load thread");
     eprintln!("stock {stock:?}\nduring {during:?}");
-    assert_eq!(code, 0, "exit code; stderr: {err:?}");
+    assert_eq!(
+        code,
+        0,
+        "exit code; stderr: {err:?}; windows {:?}",
+        windows(&lines)
+    );
     let ev = inject_event(&lines);
-    assert_eq!(ev["action"], "injected", "{ev}");
+    // Injected, then it served through its health window.
+    assert_eq!(inject_actions(&lines), ["injected", "healthy"], "{ev}");
     let new = ev["new_pid"].as_u64().expect("new pid") as u32;
     assert_ne!(new, old);
     assert!(!server.alive(), "the old pid {old} still runs");
@@ -392,7 +401,11 @@ fn a_named_offload_is_measured_then_rerouted() {
         let during = during.join().expect("load thread");
         assert_eq!(code, 0, "{spec}: stderr {err:?}");
         let ev = inject_event(&lines);
-        assert_eq!(ev["action"], "injected", "{spec}: {ev}");
+        assert_eq!(
+            inject_actions(&lines),
+            ["injected", "healthy"],
+            "{spec}: {ev}"
+        );
         let new = ev["new_pid"].as_u64().expect("new pid") as u32;
         let after = load::run(&load_cfg(port, 2.0)).expect("load after");
         let ratio = after.requests_per_sec / stock.requests_per_sec;
@@ -480,7 +493,8 @@ fn a_gpu_synchronize_is_hidden_once_injected() {
         get(&lines, "header")
     );
     let ev = inject_event(&lines);
-    assert_eq!(ev["action"], "injected", "{ev}");
+    // Injected, then it served through its health window.
+    assert_eq!(inject_actions(&lines), ["injected", "healthy"], "{ev}");
     let new = ev["new_pid"].as_u64().expect("new pid") as u32;
     let after = load::run(&load_cfg(port, 2.0)).expect("load after");
     let ratio = after.requests_per_sec / stock.requests_per_sec;
@@ -495,4 +509,319 @@ fn a_gpu_synchronize_is_hidden_once_injected() {
         "the injected server {new} did not end"
     );
     drop(server);
+}
+
+/// The inject events of a watch, in order: their actions.
+fn inject_actions(lines: &[(String, Value)]) -> Vec<String> {
+    lines
+        .iter()
+        .filter(|(k, _)| k == "inject")
+        .map(|(_, v)| v["action"].as_str().unwrap_or("?").to_string())
+        .collect()
+}
+
+/// (soft, hard) of one of `pid`'s limits.
+fn rlimit_of(pid: u32, res: libc::__rlimit_resource_t) -> (u64, u64) {
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: no new limit; the kernel fills a struct we own.
+    let r = unsafe { libc::prlimit(pid as i32, res, std::ptr::null(), &mut old) };
+    assert_eq!(r, 0, "prlimit({pid}): {}", std::io::Error::last_os_error());
+    (old.rlim_cur, old.rlim_max)
+}
+
+fn set_rlimit(pid: u32, res: libc::__rlimit_resource_t, soft: u64, hard: u64) {
+    let new = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: a limit we own; nothing is read back.
+    let r = unsafe { libc::prlimit(pid as i32, res, &new, std::ptr::null_mut()) };
+    assert_eq!(r, 0, "prlimit({pid}): {}", std::io::Error::last_os_error());
+}
+
+/// A line of /proc/PID/status, its value.
+fn status_field(pid: u32, name: &str) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .map(|v| v.trim().to_string())
+}
+
+fn proc_text(pid: u32, file: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// The cgroup v2 mount (/sys/fs/cgroup, or /sys/fs/cgroup/unified on a hybrid host).
+fn cgroup2_mount() -> Option<std::path::PathBuf> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .ok()?
+        .lines()
+        .find_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            (post.split_whitespace().next()? == "cgroup2")
+                .then(|| pre.split_whitespace().nth(4).map(std::path::PathBuf::from))?
+        })
+}
+
+/// A server whose limits (RLIMIT_NOFILE, RLIMIT_MEMLOCK), CPUs, cgroup, umask and
+/// OOM adjustment differ from the watcher's keeps every one of them in the relaunch
+/// under the runtime, which serves through its health window (exit 0, "healthy").
+#[test]
+fn the_relaunch_keeps_limits_cpus_cgroup_umask_and_oom() {
+    let _g = serial();
+    if !ready() {
+        return;
+    }
+    harness::become_subreaper();
+    pin_load();
+    let port = harness::free_port().expect("a free port");
+    // The server's umask is set by starting it under one; the watcher gets another.
+    // SAFETY: umask cannot fail; the tests run one at a time (serial()).
+    let ours = unsafe { libc::umask(0o027) };
+    let mut server = conn_server(port, "block", 200);
+    // SAFETY: as above.
+    unsafe { libc::umask(0o022) };
+    let old = server.pid();
+    set_rlimit(old, libc::RLIMIT_NOFILE, 3000, 4000);
+    set_rlimit(old, libc::RLIMIT_MEMLOCK, 1 << 20, 2 << 20);
+    std::fs::write(format!("/proc/{old}/oom_score_adj"), "123").expect("oom_score_adj");
+    // Its own cgroup, where there is a v2 hierarchy to make one in.
+    let cg = cgroup2_mount().map(|m| m.join(format!("toffload-inject-test-{old}")));
+    let cg = match &cg {
+        Some(dir) => match std::fs::create_dir(dir)
+            .and_then(|()| std::fs::write(dir.join("cgroup.procs"), old.to_string()))
+        {
+            Ok(()) => Some(dir.clone()),
+            Err(e) => {
+                println!(
+                    "cgroup part skipped: cannot make or join {}: {e}",
+                    dir.display()
+                );
+                let _ = std::fs::remove_dir(dir);
+                None
+            }
+        },
+        None => {
+            println!("cgroup part skipped: no cgroup v2 hierarchy mounted");
+            None
+        }
+    };
+    let old_cgroup = proc_text(old, "cgroup");
+    let old_cpus = cpus_of(old);
+    assert_eq!(status_field(old, "Umask:").as_deref(), Some("0027"));
+    // The watcher's own limits differ: what the relaunch shows is the server's.
+    assert_ne!(
+        rlimit_of(std::process::id(), libc::RLIMIT_NOFILE),
+        (3000, 4000)
+    );
+
+    let bg = background_load(port, 10.0);
+    let (code, lines, err) = inject_watch(old, &[], 8).finish();
+    let during = bg.join().expect("load thread");
+    // SAFETY: as above.
+    unsafe { libc::umask(ours) };
+    assert_eq!(code, 0, "exit code; stderr: {err:?}");
+    assert_eq!(inject_actions(&lines), ["injected", "healthy"]);
+    let ev = inject_event(&lines);
+    let new = ev["new_pid"].as_u64().expect("new pid") as u32;
+    assert!(!server.alive(), "the old pid {old} still runs");
+    assert!(maps_have_runtime(new), "libtoffload.so not mapped in {new}");
+    // conn_server raises its soft limit to the hard one at start (common.c): the hard
+    // limit is the one reproduced here, the soft one is checked on RLIMIT_MEMLOCK.
+    assert_eq!(rlimit_of(new, libc::RLIMIT_NOFILE), (4000, 4000), "nofile");
+    assert_eq!(
+        rlimit_of(new, libc::RLIMIT_MEMLOCK),
+        (1 << 20, 2 << 20),
+        "memlock (the watcher raises its own)"
+    );
+    let limits = proc_text(new, "limits");
+    assert!(
+        limits.lines().any(|l| l.starts_with("Max open files")
+            && l.split_whitespace().collect::<Vec<_>>()[3..5] == ["4000", "4000"]),
+        "{limits}"
+    );
+    assert_eq!(cpus_of(new), old_cpus, "CPUs");
+    assert_eq!(proc_text(new, "oom_score_adj"), "123", "oom_score_adj");
+    assert_eq!(
+        status_field(new, "Umask:").as_deref(),
+        Some("0027"),
+        "umask"
+    );
+    if cg.is_some() {
+        assert_eq!(proc_text(new, "cgroup"), old_cgroup, "cgroup");
+    }
+    assert_eq!(during.wrong, 0, "wrong answers");
+    check_json_keys(&lines);
+    assert!(
+        harness::end_adopted(new, Duration::from_secs(10)),
+        "the injected server {new} did not end"
+    );
+    if let Some(dir) = cg {
+        // Empty once the server is reaped.
+        let t0 = std::time::Instant::now();
+        while std::fs::remove_dir(&dir).is_err() && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    assert!(
+        listeners_on(port).is_empty(),
+        "left behind: {:?}",
+        listeners_on(port)
+    );
+}
+
+/// A free port below net.ipv4.ip_unprivileged_port_start (we are root), or None.
+fn privileged_port() -> Option<u16> {
+    let start: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(1024);
+    (600..start.min(1024))
+        .rev()
+        .find(|&p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+}
+
+/// A server that binds a privileged port as root and then drops to nobody: a relaunch
+/// as nobody could not bind it (nor could the restart of the original), so --inject
+/// refuses up front, exit 11, and the server is never stopped: same pid, serving, no
+/// connection broken.
+#[test]
+fn refuses_a_server_that_dropped_privileges() {
+    let _g = serial();
+    if !ready() {
+        return;
+    }
+    let Some(port) = privileged_port() else {
+        harness::skip(
+            "no free port below net.ipv4.ip_unprivileged_port_start: nothing is privileged",
+        );
+        return;
+    };
+    pin_load();
+    let mut server = Server::start(
+        &ServerSpec::new("conn_server")
+            .arg("--port")
+            .arg(port.to_string())
+            .env("TOFFLOAD_EMU_LAT_US", "200")
+            .env("TOFFLOAD_WAIT", "block")
+            .env("TOFFLOAD_TEST_DROP_UID", "65534")
+            .cpu((harness::cpus() >= 2).then_some(0)),
+    )
+    .expect("conn_server starts");
+    let pid = server.pid();
+    assert_eq!(
+        status_field(pid, "Uid:").as_deref(),
+        Some("65534\t65534\t65534\t65534"),
+        "the server did not drop to nobody"
+    );
+    let bg = background_load(port, 6.0);
+    let (code, lines, err) = inject_watch(pid, &["--force"], 5).finish();
+    let during = bg.join().expect("load thread");
+    assert_eq!(
+        code,
+        11,
+        "exit code; stderr: {err:?}; windows {:?}",
+        windows(&lines)
+    );
+    assert_eq!(inject_actions(&lines), ["unreproducible"]);
+    let ev = inject_event(&lines);
+    let msg = ev["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains(&format!("port {port}")) && msg.contains("uid 65534"),
+        "{msg}"
+    );
+    assert!(server.alive(), "the server was stopped");
+    assert_eq!(listeners_on(port), vec![pid]);
+    assert!(!maps_have_runtime(pid));
+    assert_eq!(
+        (during.wrong, during.errors),
+        (0, 0),
+        "{:?}",
+        during.errors_by_kind
+    );
+    let after = load::run(&load_cfg(port, 1.0)).expect("load after");
+    assert!(after.completed > 0 && after.wrong == 0, "{after:?}");
+    check_json_keys(&lines);
+}
+
+/// An injected server that crashes 1.5 s into its health window (the test knob of
+/// the example servers: it kills itself when the runtime is preloaded) is rolled back:
+/// the original command runs again without the runtime and serves, and the watcher
+/// exits 12, not 0.
+#[test]
+fn rolls_back_a_server_that_crashes_in_its_health_window() {
+    let _g = serial();
+    if !ready() {
+        return;
+    }
+    harness::become_subreaper();
+    pin_load();
+    let port = harness::free_port().expect("a free port");
+    let mut server = Server::start(
+        &ServerSpec::new("conn_server")
+            .arg("--port")
+            .arg(port.to_string())
+            .env("TOFFLOAD_EMU_LAT_US", "200")
+            .env("TOFFLOAD_WAIT", "block")
+            .env("TOFFLOAD_TEST_CRASH_UNDER_RUNTIME_MS", "1500")
+            .cpu((harness::cpus() >= 2).then_some(0)),
+    )
+    .expect("conn_server starts");
+    let old = server.pid();
+    let bg = background_load(port, 10.0);
+    let (code, lines, err) = inject_watch(old, &["--inject-health", "4s"], 8).finish();
+    let during = bg.join().expect("load thread");
+    assert_eq!(
+        code,
+        12,
+        "exit code; stderr: {err:?}; windows {:?}",
+        windows(&lines)
+    );
+    assert_eq!(inject_actions(&lines), ["injected", "rolled_back"]);
+    let injected = lines
+        .iter()
+        .find(|(k, v)| k == "inject" && v["action"] == "injected")
+        .and_then(|(_, v)| v["new_pid"].as_u64())
+        .expect("the injected pid") as u32;
+    let ev = inject_event(&lines);
+    let msg = ev["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("health window") && msg.contains("exited") && msg.contains("runs again"),
+        "{msg}"
+    );
+    let restored = ev["new_pid"].as_u64().expect("restored pid") as u32;
+    assert!(restored != old && restored != injected);
+    assert!(!server.alive(), "the old pid still runs");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{injected}")).exists()
+            || status_field(injected, "State:").is_some_and(|s| s.starts_with('Z')),
+        "the crashed pid {injected} still runs"
+    );
+    assert!(
+        !maps_have_runtime(restored),
+        "the runtime is mapped in {restored}"
+    );
+    let environ = std::fs::read(format!("/proc/{restored}/environ")).unwrap_or_default();
+    assert!(
+        !String::from_utf8_lossy(&environ).contains("libtoffload"),
+        "LD_PRELOAD names the runtime in the restored pid {restored}"
+    );
+    assert_eq!(listeners_on(port), vec![restored]);
+    let after = load::run(&load_cfg(port, 1.0)).expect("load after");
+    assert!(after.completed > 0 && after.wrong == 0, "{after:?}");
+    assert_eq!(during.wrong, 0, "wrong answers");
+    check_json_keys(&lines);
+    assert!(harness::end_adopted(restored, Duration::from_secs(10)));
+    assert!(
+        listeners_on(port).is_empty(),
+        "left behind: {:?}",
+        listeners_on(port)
+    );
 }

@@ -200,7 +200,7 @@ fn story(a: &Args) -> Result<Outcome, String> {
     // The server now running on the port (the injected one, or the original when the
     // injection was refused) is ours to stop, whatever happened.
     let injected = told.as_ref().ok().and_then(|t| t.injected);
-    let pid = injected.unwrap_or(old);
+    let pid = told.as_ref().ok().and_then(|t| t.on_port).unwrap_or(old);
     drop(server);
     if pid != old && !harness::end_adopted(pid, Duration::from_secs(5)) {
         eprintln!("toffload-demo: the injected server {pid} did not end");
@@ -340,7 +340,11 @@ struct WindowLine {
 struct Told {
     windows: Vec<WindowLine>,
     fin: Option<Value>,
+    /// The injected pid, while the injection stands.
     injected: Option<u32>,
+    /// The pid serving the port when it is not the original's (injected, or the
+    /// original command started again after a failure or a rollback).
+    on_port: Option<u32>,
 }
 
 /// Runs the watcher with --json and tells the story from its lines.
@@ -387,8 +391,15 @@ fn run_json(cmd: &mut Command) -> Result<Told, String> {
                 i["action"].as_str().unwrap_or("-"),
                 i["message"].as_str().unwrap_or("")
             );
-            if i["action"] == "injected" {
-                told.injected = i["new_pid"].as_u64().map(|p| p as u32);
+            let new_pid = i["new_pid"].as_u64().map(|p| p as u32);
+            if new_pid.is_some() {
+                told.on_port = new_pid;
+            }
+            match i["action"].as_str() {
+                Some("injected") => told.injected = new_pid,
+                // Rolled back (its health window failed): the original runs again.
+                Some("rolled_back" | "failed" | "down") => told.injected = None,
+                _ => {}
             }
         } else if let Some(f) = v.get("final") {
             told.fin = Some(f.clone());

@@ -82,8 +82,10 @@ fn wait_gone(pid: u32, limit: Duration) -> bool {
     !process::running(pid)
 }
 
-/// Starts `l` in its own session with the given stdio.
-pub fn spawn(l: &Launch, stdio: &[Option<OwnedFd>; 3]) -> Result<Child, String> {
+/// Starts `l` in its own session with the given stdio. `strict`: its cgroup must be
+/// joined (an injection); otherwise (the original, restarted after a failure) a cgroup
+/// that cannot be joined is not worth a server left down.
+pub fn spawn(l: &Launch, stdio: &[Option<OwnedFd>; 3], strict: bool) -> Result<Child, String> {
     let mut cmd = Command::new(&l.exe);
     cmd.arg0(&l.argv[0])
         .args(&l.argv[1..])
@@ -103,11 +105,20 @@ pub fn spawn(l: &Launch, stdio: &[Option<OwnedFd>; 3]) -> Result<Child, String> 
         unsafe { libc::CPU_SET(c, &mut cpus) };
     }
     let pin = !l.cpus.is_empty();
+    let res = l.res.prepare()?;
+    // SAFETY: geteuid takes nothing and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
     // SAFETY: only async-signal-safe syscalls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
+            }
+            // Cgroup, limits, umask and OOM adjustment while still root (raising a
+            // hard limit, joining a cgroup and lowering the adjustment need it), and
+            // the cgroup before the CPUs: joining a cpuset resets the affinity.
+            if root {
+                res.apply(strict)?;
             }
             // The server's own priority and CPUs, not the watcher's.
             libc::setpriority(libc::PRIO_PROCESS, 0, nice);
@@ -115,7 +126,7 @@ pub fn spawn(l: &Launch, stdio: &[Option<OwnedFd>; 3]) -> Result<Child, String> 
             {
                 return Err(std::io::Error::last_os_error());
             }
-            if libc::geteuid() == 0
+            if root
                 && (libc::setgroups(groups.len(), groups.as_ptr()) != 0
                     || libc::setresgid(gid, gid, gid) != 0
                     || libc::setresuid(uid, uid, uid) != 0)
@@ -137,13 +148,17 @@ pub struct Ready<'a> {
     pub limit: Duration,
 }
 
-/// Waits until the child listens on every port (and its runtime is active); an exit,
-/// a disabled runtime or the time limit is an error that says which.
-pub fn wait_ready(child: &mut Child, r: &Ready) -> Result<(), String> {
-    let pid = child.id();
+/// Waits until `pid` listens on every port (and its runtime is active); an exit (as
+/// `exited` reports it), a disabled runtime or the time limit is an error that says
+/// which.
+pub fn wait_ready(
+    pid: u32,
+    exited: &mut dyn FnMut() -> Option<String>,
+    r: &Ready,
+) -> Result<(), String> {
     let t0 = Instant::now();
     loop {
-        if let Ok(Some(st)) = child.try_wait() {
+        if let Some(st) = exited() {
             return Err(format!("the relaunched command exited at once ({st})"));
         }
         let have = process::listening(pid);
@@ -186,6 +201,20 @@ pub fn wait_ready(child: &mut Child, r: &Ready) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// How a child of ours ended, if it has (reaping it).
+pub fn child_exited(child: &mut Child) -> Option<String> {
+    match child.try_wait() {
+        Ok(Some(st)) => Some(st.to_string()),
+        Ok(None) => None,
+        Err(e) => Some(format!("wait: {e}")),
+    }
+}
+
+/// Whether a process that is not our child has ended.
+pub fn pid_exited(pid: u32) -> Option<String> {
+    (!process::running(pid)).then(|| "exited".to_string())
 }
 
 /// Ends a child we started and reaps it.

@@ -1,5 +1,6 @@
 //! What it takes to start a process again as it was: its command line, environment,
-//! working directory, credentials and executable, all read from /proc; and the TCP
+//! working directory, credentials, executable, CPUs and resources (resources.rs), all
+//! read from /proc; and the TCP
 //! ports it listens on, so that the relaunch can be seen to be serving again.
 
 use std::collections::BTreeSet;
@@ -21,6 +22,8 @@ pub struct Launch {
     /// The CPUs it may run on (a server pinned apart from its load stays there; the
     /// relaunch would otherwise take the watcher's).
     pub cpus: Vec<usize>,
+    /// Limits, cgroup, umask and OOM adjustment (the watcher's would be taken).
+    pub res: super::resources::Resources,
 }
 
 /// The CPUs `pid` may run on (empty when they cannot be read).
@@ -105,6 +108,7 @@ impl Launch {
             groups: field("Groups:"),
             nice,
             cpus: affinity(pid),
+            res: super::resources::Resources::read(pid)?,
         })
     }
 
