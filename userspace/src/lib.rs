@@ -3,37 +3,29 @@
 //! latency, syscalls, threads), and classify the server against the interposition
 //! envelope. The binary (main.rs) is a thin CLI over `session`.
 
-pub mod abi;
-pub mod btf;
-pub mod calibrate;
-pub mod calibration_cache;
-pub mod classifier;
-pub mod collector;
+// The watcher by stage: the kernel side (load, attach, read the maps, what the probes
+// cost), the watched target (its processes, /proc and ELF facts, the runtime's
+// counters), the analysis of a window (metrics, verdict, model), the output (text,
+// JSON, dashboard), the injection, and the long-running service. session.rs runs one
+// watch through them. The re-exports keep each module's short path
+// (`toffload_watch::metrics`).
+pub mod analysis;
+pub mod error;
+pub mod inject;
+pub mod kernel;
+pub mod output;
+pub mod serve;
+pub mod session;
+pub mod target;
+
 /// The GPU waits the injected runtime hides: the runtime's own table.
 #[path = "../../runtime/src/cuda_rows.rs"]
 pub mod cuda_rows;
-pub mod dashboard;
-pub mod error;
-pub mod futex;
-pub mod hist;
-pub mod inject;
-pub mod inject_flow;
-pub mod loader;
-pub mod metrics;
-pub mod model;
-pub mod offload_spec;
-pub mod probe_cost;
-pub mod processes;
-pub mod report;
-pub mod runtime_counters;
-pub mod serve;
-pub mod service;
-pub mod session;
-pub mod sink;
-pub mod spawn;
-pub mod steal;
-pub mod symbols;
-pub mod syscalls;
-pub mod target;
-pub mod untraced;
-pub mod wall_clock;
+
+pub use analysis::{classifier, futex, metrics, model};
+pub use inject::flow as inject_flow;
+pub use kernel::{abi, btf, calibrate, calibration_cache, collector, hist, loader, probe_cost};
+pub use output::{dashboard, report, sink, syscalls, wall_clock};
+pub use target::{
+    offload_spec, processes, runtime_counters, service, spawn, steal, symbols, untraced,
+};

@@ -9,6 +9,7 @@
 //! the failure is reported.
 
 pub mod bundle;
+pub mod flow;
 pub mod credentials;
 pub mod health;
 pub mod launch;

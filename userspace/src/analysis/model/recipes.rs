@@ -74,25 +74,25 @@ const REDIS: Shipped = Shipped {
     path: "backends/integrations/redis",
     how: "make, then redis-server --loadmodule toffload_redis.so; ACCEL.ASYNC",
     results: "tests/results/reroute.md",
-    results_text: include_str!("../../../tests/results/reroute.md"),
+    results_text: include_str!("../../../../tests/results/reroute.md"),
 };
 const NGINX: Shipped = Shipped {
     path: "backends/integrations/nginx",
     how: "build.sh against nginx-dev, then load_module; toffload_accel async",
     results: "tests/results/reroute-nginx.md",
-    results_text: include_str!("../../../tests/results/reroute-nginx.md"),
+    results_text: include_str!("../../../../tests/results/reroute-nginx.md"),
 };
 const PYTHON: Shipped = Shipped {
     path: "backends/integrations/python",
     how: "toffload_asyncio.Accel: await accel.run(data)",
     results: "tests/results/reroute-python.md",
-    results_text: include_str!("../../../tests/results/reroute-python.md"),
+    results_text: include_str!("../../../../tests/results/reroute-python.md"),
 };
 const GO_SHIPPED: Shipped = Shipped {
     path: "backends/integrations/go",
     how: "cgo; the completion fd in Go's netpoller (or plain blocking cgo)",
     results: "tests/results/reroute-go.md",
-    results_text: include_str!("../../../tests/results/reroute-go.md"),
+    results_text: include_str!("../../../../tests/results/reroute-go.md"),
 };
 
 const fn r(

@@ -498,7 +498,7 @@ fn shipped_integrations_are_named_with_what_their_results_file_measured() {
         .unwrap()
         .shipped
         .unwrap();
-    let text = include_str!("../../../tests/results/reroute-go.md");
+    let text = include_str!("../../../../tests/results/reroute-go.md");
     let row = text.lines().find(|l| l.starts_with("| 1000 |")).unwrap();
     let last_x = row
         .split('|')

@@ -2,6 +2,19 @@
 //! runtime kind, the offload entry points it has mapped, and where libc's syscall()
 //! wrapper lives (to tell raw futex calls from glibc's own).
 
+// The service around the process and what else is known of it: its processes
+// (service, processes), a command started under the watch (spawn), named offloads, the
+// runtime's counters, the hypervisor's steal on its cores, its rate between bursts
+// (untraced) and the names of its code addresses (symbols).
+pub mod offload_spec;
+pub mod processes;
+pub mod runtime_counters;
+pub mod service;
+pub mod spawn;
+pub mod steal;
+pub mod symbols;
+pub mod untraced;
+
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 use serde::Serialize;
 use std::collections::BTreeMap;
