@@ -42,7 +42,7 @@ fn positional_and_flag_forms_conflict() {
         (&["-p", "1", "-i", "2s", "1"][..], "--interval"),
         (&["-p", "1", "-d", "5s", "1", "3"], "--duration"),
         (&["-p", "1", "1", "0"], "COUNT"),
-        (&["-p", "1", "soon"], "not a duration"),
+        (&["-p", "1", "soon"], "not a positive duration"),
         (&["-p", "1", "-T", "--tui"], "--tui"),
         (&["run", "-i", "1", "2", "--", "true"], "--interval"),
     ] {
