@@ -9,8 +9,8 @@
 //! the failure is reported.
 
 pub mod bundle;
-pub mod flow;
 pub mod credentials;
+pub mod flow;
 pub mod health;
 pub mod launch;
 pub mod process;
