@@ -103,6 +103,79 @@ impl Client {
     }
 }
 
+/// Every size the HTTP integrations are checked at, each form answering AES-128-CTR
+/// of the payload bit for bit.
+pub fn check_answers(port: u16, forms: &[&str]) {
+    let mut c = Client::connect(port);
+    for n in [1usize, 16, 1000, 1024, 4097, 65536] {
+        let want = crate::loadgen::payload::expected(&request(n));
+        for form in forms {
+            let (code, body) = c.get(&format!("/{form}?n={n}"));
+            assert_eq!(
+                code,
+                200,
+                "/{form}?n={n}: {}",
+                String::from_utf8_lossy(&body)
+            );
+            assert!(
+                body == want,
+                "/{form}?n={n}: not AES-128-CTR of the payload"
+            );
+        }
+    }
+}
+
+/// `clients` connections at once, each sending `reps` requests for `target` (1 KiB):
+/// how many answers were not AES-128-CTR of the payload.
+pub fn wrong_under_clients(port: u16, target: &str, clients: usize, reps: usize) -> usize {
+    let want = crate::loadgen::payload::expected(&request(1024));
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..clients)
+            .map(|_| {
+                let want = &want;
+                sc.spawn(move || {
+                    let mut c = Client::connect(port);
+                    (0..reps)
+                        .filter(|_| c.get(target) != (200, want.clone()))
+                        .count()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("client")).sum()
+    })
+}
+
+/// Starts `cmd` (stdout piped) and reads the `port N` line it prints first, within
+/// 20 s (read on a thread, so a server that never prints cannot hang the test).
+pub fn spawn_with_port(cmd: &mut Command, what: &str) -> (std::process::Child, u16) {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {what}: {e}"));
+    let out = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(out).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let Ok(line) = rx.recv_timeout(Duration::from_secs(20)) else {
+        let _ = child.kill();
+        panic!("{what} printed no port within 20 s");
+    };
+    match line
+        .strip_prefix("port ")
+        .and_then(|p| p.trim().parse().ok())
+    {
+        Some(port) => (child, port),
+        None => {
+            let _ = child.kill();
+            panic!("{what} said {line:?}, not `port N`")
+        }
+    }
+}
+
 /// The payload the HTTP integrations transform for `?n=N`: byte i = i*7 mod 256.
 pub fn request(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i * 7) as u8).collect()

@@ -11,16 +11,14 @@
 //! and 1000 us; with TOFFLOAD_REROUTE_OUT=path (what `cargo xtask bench reroute`
 //! sets) it also writes its table beside that file, as reroute-go.md.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
-use std::time::Duration;
 use toffload_tests::harness;
-use toffload_tests::loadgen::payload;
 use toffload_tests::reroute::{
-    count_lines, cpus_apart, find, medians, model_error_line, pin, predicted_reroute,
-    prediction_cells, request, rounds, write_result, wrk, Client,
+    check_answers, count_lines, cpus_apart, find, medians, model_error_line, pin,
+    predicted_reroute, prediction_cells, rounds, spawn_with_port, write_result, wrk,
+    wrong_under_clients, Client,
 };
 
 /// A 2-core machine: one server test at a time.
@@ -90,37 +88,12 @@ struct Server {
 impl Server {
     fn start(exe: &Path, env: &[(&str, String)], cpu: Option<usize>) -> Server {
         let mut c = Command::new(exe);
-        c.args(["-port", "0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+        c.args(["-port", "0"]).stderr(Stdio::inherit());
         for (k, v) in env {
             c.env(k, v);
         }
         pin(&mut c, cpu);
-        let mut child = c.spawn().expect("starting accelhttp");
-        let out = child.stdout.take().expect("stdout");
-        // Its first line says the port; read on a thread so that silence cannot hang
-        // the test.
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(out).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .unwrap_or_else(|_| {
-                let _ = child.kill();
-                panic!("accelhttp printed no port within 20 s")
-            });
-        let port = line
-            .strip_prefix("port ")
-            .and_then(|p| p.trim().parse().ok())
-            .unwrap_or_else(|| {
-                let _ = child.kill();
-                panic!("accelhttp said {line:?}, not `port N`")
-            });
+        let (child, port) = spawn_with_port(&mut c, "accelhttp");
         Server { child, port }
     }
 
@@ -147,42 +120,10 @@ fn every_form_answers_aes_ctr_bit_identically() {
         ("TOFFLOAD_WAIT", "block".to_string()),
     ];
     let s = Server::start(&exe, &env, None);
+    check_answers(s.port, &FORMS);
     let mut c = Client::connect(s.port);
-    for n in [1usize, 16, 1000, 1024, 4097, 65536] {
-        let want = payload::expected(&request(n));
-        for form in FORMS {
-            let (code, body) = c.get(&format!("/{form}?n={n}"));
-            assert_eq!(
-                code,
-                200,
-                "/{form}?n={n}: {}",
-                String::from_utf8_lossy(&body)
-            );
-            assert!(
-                body == want,
-                "/{form}?n={n}: not AES-128-CTR of the payload"
-            );
-        }
-    }
-    // 64 clients at once on /sync and /async: every answer right; /async with many
-    // offloads in flight.
-    let want = payload::expected(&request(1024));
-    let port = s.port;
     for form in ["sync", "async"] {
-        let wrong: usize = std::thread::scope(|sc| {
-            let hs: Vec<_> = (0..64)
-                .map(|_| {
-                    let want = &want;
-                    sc.spawn(move || {
-                        let mut c = Client::connect(port);
-                        (0..20)
-                            .filter(|_| c.get(&format!("/{form}?n=1024")) != (200, want.clone()))
-                            .count()
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().expect("client")).sum()
-        });
+        let wrong = wrong_under_clients(s.port, &format!("/{form}?n=1024"), 64, 20);
         assert_eq!(wrong, 0, "wrong /{form} answers under 64 clients");
     }
     let v = c.numbers("/stats");

@@ -16,10 +16,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use toffload_tests::harness;
-use toffload_tests::loadgen::payload;
 use toffload_tests::reroute::{
-    count_lines, cpus_apart, find, medians, model_error_line, pin, predicted_reroute,
-    prediction_cells, request, rounds, write_result, wrk, Client,
+    check_answers, count_lines, cpus_apart, find, medians, model_error_line, pin,
+    predicted_reroute, prediction_cells, rounds, write_result, wrk, wrong_under_clients, Client,
 };
 
 /// A 2-core machine: one server test at a time.
@@ -175,34 +174,9 @@ fn sync_and_async_answer_aes_ctr_bit_identically() {
         &[("TOFFLOAD_EMU_LAT_US", "200".into())],
         None,
     );
+    check_answers(s.port, &["sync", "async"]);
     let mut c = Client::connect(s.port);
-    for n in [1usize, 16, 1000, 1024, 4097, 65536] {
-        let want = payload::expected(&request(n));
-        for form in ["sync", "async"] {
-            let (code, body) = c.get(&format!("/{form}?n={n}"));
-            assert_eq!(code, 200, "/{form}?n={n}");
-            assert!(
-                body == want,
-                "/{form}?n={n}: not AES-128-CTR of the payload"
-            );
-        }
-    }
-    let want = payload::expected(&request(1024));
-    let port = s.port;
-    let wrong: usize = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..64)
-            .map(|_| {
-                let want = &want;
-                sc.spawn(move || {
-                    let mut c = Client::connect(port);
-                    (0..20)
-                        .filter(|_| c.get("/async?n=1024") != (200, want.clone()))
-                        .count()
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().expect("client")).sum()
-    });
+    let wrong = wrong_under_clients(s.port, "/async?n=1024", 64, 20);
     assert_eq!(wrong, 0, "wrong /async answers under 64 clients");
     let v = c.numbers("/stats");
     println!(

@@ -8,16 +8,14 @@
 //! with TOFFLOAD_REROUTE_OUT=path (what `cargo xtask bench reroute` sets) it also
 //! writes its table beside that file, as reroute-python.md.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
-use std::time::Duration;
 use toffload_tests::harness;
-use toffload_tests::loadgen::payload;
 use toffload_tests::reroute::{
-    count_lines, cpus_apart, find, medians, model_error_line, pin, predicted_reroute,
-    prediction_cells, request, rounds, write_result, wrk, Client,
+    check_answers, count_lines, cpus_apart, find, medians, model_error_line, pin,
+    predicted_reroute, prediction_cells, rounds, spawn_with_port, write_result, wrk,
+    wrong_under_clients, Client,
 };
 
 /// A 2-core machine: one server test at a time.
@@ -59,37 +57,12 @@ impl Server {
         c.arg(script())
             .args(["--port", "0", "--lib"])
             .arg(&lib)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         for (k, v) in env {
             c.env(k, v);
         }
         pin(&mut c, cpu);
-        let mut child = c.spawn().expect("starting python3");
-        let out = child.stdout.take().expect("stdout");
-        // Its first line says the port; read it on a thread so that a server that
-        // never prints cannot hang the test.
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(out).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = match rx.recv_timeout(Duration::from_secs(20)) {
-            Ok(l) => l,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("the asyncio server printed no port within 20 s");
-            }
-        };
-        let port = line
-            .strip_prefix("port ")
-            .and_then(|p| p.trim().parse().ok())
-            .unwrap_or_else(|| {
-                let _ = child.kill();
-                panic!("the asyncio server said {line:?}, not `port N`")
-            });
+        let (child, port) = spawn_with_port(&mut c, "the asyncio server");
         Server { child, port }
     }
 
@@ -110,41 +83,9 @@ fn sync_and_async_answer_aes_ctr_bit_identically() {
     let _g = serial();
     let Some(py) = python() else { return };
     let s = Server::start(&py, &[("TOFFLOAD_EMU_LAT_US", "200".into())], None);
+    check_answers(s.port, &["sync", "async"]);
     let mut c = Client::connect(s.port);
-    for n in [1usize, 16, 1000, 1024, 4097, 65536] {
-        let want = payload::expected(&request(n));
-        for form in ["sync", "async"] {
-            let (code, body) = c.get(&format!("/{form}?n={n}"));
-            assert_eq!(
-                code,
-                200,
-                "/{form}?n={n}: {}",
-                String::from_utf8_lossy(&body)
-            );
-            assert!(
-                body == want,
-                "/{form}?n={n}: not AES-128-CTR of the payload"
-            );
-        }
-    }
-    // 64 clients at once on /async: every answer right, many offloads in flight on
-    // the one event loop thread.
-    let want = payload::expected(&request(1024));
-    let port = s.port;
-    let wrong: usize = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..64)
-            .map(|_| {
-                let want = &want;
-                sc.spawn(move || {
-                    let mut c = Client::connect(port);
-                    (0..20)
-                        .filter(|_| c.get("/async?n=1024") != (200, want.clone()))
-                        .count()
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().expect("client")).sum()
-    });
+    let wrong = wrong_under_clients(s.port, "/async?n=1024", 64, 20);
     assert_eq!(wrong, 0, "wrong /async answers under 64 clients");
     let [now, most, finished] = c.numbers("/stats")[..] else {
         panic!("/stats")

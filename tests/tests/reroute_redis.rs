@@ -21,7 +21,9 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 use toffload_tests::harness;
 use toffload_tests::loadgen::{payload, rng::Rng};
-use toffload_tests::reroute::{model_error_line, predicted_reroute, prediction_cells};
+use toffload_tests::reroute::{
+    count_lines, median, model_error_line, predicted_reroute, prediction_cells,
+};
 
 /// A 2-core machine: one redis-server test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -742,29 +744,6 @@ fn bench(exe: &Path, port: u16, cmd: &str, clients: usize, n: usize, cpu: Option
     }
 }
 
-/// Lines between `/* NAME BEGIN */` and `/* NAME END */`: (all, code only).
-fn count_lines(src: &str, name: &str) -> (usize, usize) {
-    let begin = format!("/* {name} BEGIN */");
-    let end = format!("/* {name} END */");
-    let body: Vec<&str> = src
-        .lines()
-        .skip_while(|l| l.trim() != begin)
-        .skip(1)
-        .take_while(|l| l.trim() != end)
-        .collect();
-    let code = body
-        .iter()
-        .map(|l| l.trim())
-        .filter(|l| !l.is_empty() && !l.starts_with("/*") && !l.starts_with('*'))
-        .count();
-    (body.len(), code)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 #[test]
 fn reroute_benchmark() {
     let _g = serial();
@@ -775,8 +754,10 @@ fn reroute_benchmark() {
     let module = build_module(&dir.0);
     let src =
         std::fs::read_to_string(module_src().join("toffload_redis.c")).expect("module source");
-    let (reroute_all, reroute_code) = count_lines(&src, "REROUTE");
-    let (sync_all, sync_code) = count_lines(&src, "SYNC");
+    // The markers are whole C comments: `/* NAME BEGIN */`.
+    let c_lines = |name: &str| count_lines(&src.replace(" */", ""), "/*", name);
+    let (reroute_all, reroute_code) = c_lines("REROUTE");
+    let (sync_all, sync_code) = c_lines("SYNC");
     assert!(reroute_code > 0 && sync_code > 0, "line markers missing");
     let rounds: usize =
         match std::env::var("TOFFLOAD_REROUTE_ROUNDS") {
