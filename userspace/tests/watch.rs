@@ -268,24 +268,30 @@ fn outside_cpu_and_slept_syscalls_follow_the_program() {
             "{slept_us} us per slept syscall"
         );
         // Each request's time asleep outside the offload: the 20 us nanosleep (with
-        // its timer slack), never the blocking wait's futex inside the offload, so
-        // that it and the stall fit in the loop's cycle (they overlapped by 220 us a
-        // request when the futex counted too). The three are means over different
-        // populations (offload calls, requests, traced seconds), so a busy host may
-        // put them apart by a tenth (CI: 168 against a 162 us cycle, and 295 against
-        // 267); the double count this guards against is an overlap of the whole wait,
-        // which puts the sum near twice the cycle.
+        // its timer slack, 50 us by default), never the blocking wait's futex inside
+        // the offload. Counted too, that futex put 220 us more a request in it, and
+        // with the stall the sum came near twice the loop's cycle; the check is made
+        // on the blocking wait, the only one with a futex inside. The three are means
+        // over different populations (offload calls, requests, traced seconds), so a
+        // busy host puts them apart by up to a quarter (CI: 168 against a 162 us cycle,
+        // 295 against 267; a spinning run read 73 + 64 against 109, its stall mean
+        // stretched by preemptions).
         let z = total["outside_wait_us"].as_f64().expect("outside_wait_us");
         let stall = total["offload"]["stall_mean_us"]
             .as_f64()
             .expect("stall mean");
         let cycle = total["secs"].as_f64().unwrap() * 1e6 / total["requests"].as_f64().unwrap();
         println!("  asleep outside {z:.1} us per request; stall {stall:.1}, cycle {cycle:.1} us");
-        assert!(z >= 15.0, "{z} us asleep outside for a 20 us nanosleep");
         assert!(
-            z + stall <= cycle * 1.25,
-            "asleep outside {z} + stall {stall} exceed the cycle {cycle} us"
+            (15.0..150.0).contains(&z),
+            "{z} us asleep outside for a 20 us nanosleep"
         );
+        if wait != "spin" {
+            assert!(
+                z + stall <= cycle * 1.25,
+                "asleep outside {z} + stall {stall} exceed the cycle {cycle} us"
+            );
+        }
         let inside = total["offload"]["slept_syscall_us"].as_f64();
         let sleeps = total["offload"]["sleeps_per_call"].as_f64().unwrap();
         println!("  {wait}: {sleeps:.2} sleeps per offload call, {inside:?} us each");
