@@ -145,34 +145,64 @@ pub fn wrong_under_clients(port: u16, target: &str, clients: usize, reps: usize)
     })
 }
 
-/// Starts `cmd` (stdout piped) and reads the `port N` line it prints first, within
-/// 20 s (read on a thread, so a server that never prints cannot hang the test).
-pub fn spawn_with_port(cmd: &mut Command, what: &str) -> (std::process::Child, u16) {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {what}: {e}"));
-    let out = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(out).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let Ok(line) = rx.recv_timeout(Duration::from_secs(20)) else {
-        let _ = child.kill();
-        panic!("{what} printed no port within 20 s");
-    };
-    match line
-        .strip_prefix("port ")
-        .and_then(|p| p.trim().parse().ok())
-    {
-        Some(port) => (child, port),
-        None => {
-            let _ = child.kill();
-            panic!("{what} said {line:?}, not `port N`")
+/// A server started by a reroute suite: killed and reaped on drop.
+pub struct Server {
+    pub child: std::process::Child,
+    pub port: u16,
+}
+
+impl Server {
+    /// Starts `cmd` with `env`, pinned to `cpu`, and reads the `port N` line it prints
+    /// first, within 20 s (read on a thread, so a server that never prints cannot hang
+    /// the test).
+    pub fn spawn(
+        cmd: &mut Command,
+        env: &[(&str, String)],
+        cpu: Option<usize>,
+        what: &str,
+    ) -> Server {
+        for (k, v) in env {
+            cmd.env(k, v);
         }
+        pin(cmd, cpu);
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {what}: {e}"));
+        let out = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(out).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let Ok(line) = rx.recv_timeout(Duration::from_secs(20)) else {
+            let _ = child.kill();
+            panic!("{what} printed no port within 20 s");
+        };
+        match line
+            .strip_prefix("port ")
+            .and_then(|p| p.trim().parse().ok())
+        {
+            Some(port) => Server { child, port },
+            None => {
+                let _ = child.kill();
+                panic!("{what} said {line:?}, not `port N`")
+            }
+        }
+    }
+
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

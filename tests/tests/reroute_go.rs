@@ -12,13 +12,12 @@
 //! sets) it also writes its table beside that file, as reroute-go.md.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
 use toffload_tests::harness;
 use toffload_tests::reroute::{
-    check_answers, count_lines, cpus_apart, find, medians, model_error_line, pin,
-    predicted_reroute, prediction_cells, rounds, spawn_with_port, write_result, wrk,
-    wrong_under_clients, Client,
+    check_answers, count_lines, cpus_apart, find, medians, model_error_line, predicted_reroute,
+    prediction_cells, rounds, write_result, wrk, wrong_under_clients, Client, Server,
 };
 
 /// A 2-core machine: one server test at a time.
@@ -79,34 +78,11 @@ fn accelhttp() -> Option<PathBuf> {
     Some(exe)
 }
 
-/// accelhttp; killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    fn start(exe: &Path, env: &[(&str, String)], cpu: Option<usize>) -> Server {
-        let mut c = Command::new(exe);
-        c.args(["-port", "0"]).stderr(Stdio::inherit());
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        pin(&mut c, cpu);
-        let (child, port) = spawn_with_port(&mut c, "accelhttp");
-        Server { child, port }
-    }
-
-    fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// accelhttp with `env`, pinned to `cpu`.
+fn start(exe: &Path, env: &[(&str, String)], cpu: Option<usize>) -> Server {
+    let mut c = Command::new(exe);
+    c.args(["-port", "0"]);
+    Server::spawn(&mut c, env, cpu, "accelhttp")
 }
 
 const FORMS: [&str; 3] = ["serial", "sync", "async"];
@@ -119,7 +95,7 @@ fn every_form_answers_aes_ctr_bit_identically() {
         ("TOFFLOAD_EMU_LAT_US", "200".to_string()),
         ("TOFFLOAD_WAIT", "block".to_string()),
     ];
-    let s = Server::start(&exe, &env, None);
+    let s = start(&exe, &env, None);
     check_answers(s.port, &FORMS);
     let mut c = Client::connect(s.port);
     for form in ["sync", "async"] {
@@ -140,7 +116,7 @@ fn every_form_answers_aes_ctr_bit_identically() {
 fn bad_input_and_backend_errors_are_http_errors() {
     let _g = serial();
     let Some(exe) = accelhttp() else { return };
-    let mut s = Server::start(&exe, &[("TOFFLOAD_EMU_LAT_US", "50".into())], None);
+    let mut s = start(&exe, &[("TOFFLOAD_EMU_LAT_US", "50".into())], None);
     let mut c = Client::connect(s.port);
     for (target, code) in [
         ("/async?n=0", 400),
@@ -163,7 +139,7 @@ fn bad_input_and_backend_errors_are_http_errors() {
     drop(s);
 
     // A malformed device knob: every offload fails with -EINVAL, as an HTTP error.
-    let mut s = Server::start(&exe, &[("TOFFLOAD_EMU_LANES", "0".into())], None);
+    let mut s = start(&exe, &[("TOFFLOAD_EMU_LANES", "0".into())], None);
     let mut c = Client::connect(s.port);
     for form in FORMS {
         let (code, body) = c.get(&format!("/{form}?n=64"));
@@ -201,7 +177,7 @@ fn reroute_go_benchmark() {
             ("TOFFLOAD_EMU_LANES", "64".to_string()),
             ("TOFFLOAD_WAIT", "block".to_string()),
         ];
-        let s = Server::start(&exe, &env, scpu);
+        let s = start(&exe, &env, scpu);
         let predicted = predicted_reroute(s.child.id(), 3, || {
             wrk(&wrk_exe, s.port, "/serial?n=1024", conns, lcpu);
         });

@@ -9,13 +9,12 @@
 //! writes its table beside that file, as reroute-python.md.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
 use toffload_tests::harness;
 use toffload_tests::reroute::{
-    check_answers, count_lines, cpus_apart, find, medians, model_error_line, pin,
-    predicted_reroute, prediction_cells, rounds, spawn_with_port, write_result, wrk,
-    wrong_under_clients, Client,
+    check_answers, count_lines, cpus_apart, find, medians, model_error_line, predicted_reroute,
+    prediction_cells, rounds, write_result, wrk, wrong_under_clients, Client, Server,
 };
 
 /// A 2-core machine: one server test at a time.
@@ -39,50 +38,24 @@ fn python() -> Option<PathBuf> {
     p
 }
 
-/// The asyncio server; killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    fn start(python: &Path, env: &[(&str, String)], cpu: Option<usize>) -> Server {
-        let lib = harness::dist().join("lib/libtoffload_accel.so");
-        assert!(
-            lib.is_file(),
-            "{} missing: run cargo xtask build",
-            lib.display()
-        );
-        let mut c = Command::new(python);
-        c.arg(script())
-            .args(["--port", "0", "--lib"])
-            .arg(&lib)
-            .stderr(Stdio::inherit());
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        pin(&mut c, cpu);
-        let (child, port) = spawn_with_port(&mut c, "the asyncio server");
-        Server { child, port }
-    }
-
-    fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The asyncio server with `env`, pinned to `cpu`.
+fn start(python: &Path, env: &[(&str, String)], cpu: Option<usize>) -> Server {
+    let lib = harness::dist().join("lib/libtoffload_accel.so");
+    assert!(
+        lib.is_file(),
+        "{} missing: run cargo xtask build",
+        lib.display()
+    );
+    let mut c = Command::new(python);
+    c.arg(script()).args(["--port", "0", "--lib"]).arg(&lib);
+    Server::spawn(&mut c, env, cpu, "the asyncio server")
 }
 
 #[test]
 fn sync_and_async_answer_aes_ctr_bit_identically() {
     let _g = serial();
     let Some(py) = python() else { return };
-    let s = Server::start(&py, &[("TOFFLOAD_EMU_LAT_US", "200".into())], None);
+    let s = start(&py, &[("TOFFLOAD_EMU_LAT_US", "200".into())], None);
     check_answers(s.port, &["sync", "async"]);
     let mut c = Client::connect(s.port);
     let wrong = wrong_under_clients(s.port, "/async?n=1024", 64, 20);
@@ -100,7 +73,7 @@ fn sync_and_async_answer_aes_ctr_bit_identically() {
 fn bad_input_and_backend_errors_are_http_errors() {
     let _g = serial();
     let Some(py) = python() else { return };
-    let mut s = Server::start(&py, &[("TOFFLOAD_EMU_LAT_US", "50".into())], None);
+    let mut s = start(&py, &[("TOFFLOAD_EMU_LAT_US", "50".into())], None);
     let mut c = Client::connect(s.port);
     for (target, code) in [
         ("/async?n=0", 400),
@@ -128,7 +101,7 @@ fn bad_input_and_backend_errors_are_http_errors() {
     drop(s);
 
     // A malformed device knob: every offload fails with -EINVAL, as an HTTP error.
-    let mut s = Server::start(&py, &[("TOFFLOAD_EMU_LANES", "0".into())], None);
+    let mut s = start(&py, &[("TOFFLOAD_EMU_LANES", "0".into())], None);
     let mut c = Client::connect(s.port);
     for form in ["sync", "async"] {
         let (code, body) = c.get(&format!("/{form}?n=64"));
@@ -165,7 +138,7 @@ fn reroute_python_benchmark() {
             ("TOFFLOAD_EMU_LAT_US", lat_us.to_string()),
             ("TOFFLOAD_EMU_LANES", "64".to_string()),
         ];
-        let s = Server::start(&py, &env, scpu);
+        let s = start(&py, &env, scpu);
         let predicted = predicted_reroute(s.child.id(), 3, || {
             wrk(&wrk_exe, s.port, "/sync?n=1024", conns, lcpu);
         });
