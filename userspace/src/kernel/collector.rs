@@ -1,11 +1,12 @@
 //! Reads the kernel's maps into a cumulative Snapshot: counters and histograms summed
 //! over CPUs, per-thread records, futex origins. Windows are differences of two.
 
+use super::percpu::PerCpuU64;
 use crate::abi::{self, ThreadInfo};
 use crate::error::WatchError;
 use crate::futex::{self, Layout, Origins};
 use crate::hist::Hist;
-use aya::maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, StackTraceMap};
+use aya::maps::{HashMap, MapData, PerCpuHashMap, StackTraceMap};
 use aya::Ebpf;
 use std::collections::BTreeMap;
 
@@ -74,14 +75,14 @@ impl Snapshot {
 }
 
 pub struct Collector {
-    counters: PerCpuArray<MapData, u64>,
-    syscalls: PerCpuArray<MapData, u64>,
-    sys_hist: PerCpuArray<MapData, u64>,
-    stall: PerCpuArray<MapData, u64>,
-    done: PerCpuArray<MapData, u64>,
-    outside: PerCpuArray<MapData, u64>,
-    spin_hist: PerCpuArray<MapData, u64>,
-    wake: PerCpuArray<MapData, u64>,
+    counters: PerCpuU64,
+    syscalls: PerCpuU64,
+    sys_hist: PerCpuU64,
+    stall: PerCpuU64,
+    done: PerCpuU64,
+    outside: PerCpuU64,
+    spin_hist: PerCpuU64,
+    wake: PerCpuU64,
     threads: HashMap<MapData, u32, ThreadInfo>,
     stacks: StackTraceMap<MapData>,
     futex_stacks: PerCpuHashMap<MapData, u32, u64>,
@@ -103,6 +104,13 @@ where
     T::try_from(m).map_err(|e| WatchError::BpfUnavailable(format!("map {name}: {e}")))
 }
 
+fn per_cpu(bpf: &mut Ebpf, name: &str) -> Result<PerCpuU64, WatchError> {
+    let m = bpf
+        .take_map(name)
+        .ok_or_else(|| WatchError::BpfUnavailable(format!("the object lacks map {name}")))?;
+    PerCpuU64::new(m).map_err(|e| WatchError::BpfUnavailable(format!("map {name}: {e}")))
+}
+
 fn sum(v: &aya::maps::PerCpuValues<u64>) -> u64 {
     v.iter().sum()
 }
@@ -110,14 +118,14 @@ fn sum(v: &aya::maps::PerCpuValues<u64>) -> u64 {
 impl Collector {
     pub fn new(bpf: &mut Ebpf) -> Result<Collector, WatchError> {
         Ok(Collector {
-            counters: take(bpf, "COUNTERS")?,
-            syscalls: take(bpf, "SYSCALLS")?,
-            sys_hist: take(bpf, "SYS_HIST")?,
-            stall: take(bpf, "STALL_HIST")?,
-            done: take(bpf, "DONE_HIST")?,
-            outside: take(bpf, "OUTSIDE_HIST")?,
-            spin_hist: take(bpf, "SPIN_HIST")?,
-            wake: take(bpf, "WAKE_HIST")?,
+            counters: per_cpu(bpf, "COUNTERS")?,
+            syscalls: per_cpu(bpf, "SYSCALLS")?,
+            sys_hist: per_cpu(bpf, "SYS_HIST")?,
+            stall: per_cpu(bpf, "STALL_HIST")?,
+            done: per_cpu(bpf, "DONE_HIST")?,
+            outside: per_cpu(bpf, "OUTSIDE_HIST")?,
+            spin_hist: per_cpu(bpf, "SPIN_HIST")?,
+            wake: per_cpu(bpf, "WAKE_HIST")?,
             threads: take(bpf, "THREADS")?,
             stacks: take(bpf, "STACKS")?,
             futex_stacks: take(bpf, "FUTEX_STACKS")?,
@@ -129,10 +137,8 @@ impl Collector {
         })
     }
 
-    fn array(map: &PerCpuArray<MapData, u64>, n: usize) -> Vec<u64> {
-        (0..n as u32)
-            .map(|i| map.get(&i, 0).map(|v| sum(&v)).unwrap_or(0))
-            .collect()
+    fn array(map: &PerCpuU64, n: usize) -> Vec<u64> {
+        map.sums(0, n)
     }
 
     /// Reads everything. `pids` are the watched processes (for their live thread
@@ -148,14 +154,7 @@ impl Collector {
             if calls != self.last_calls[nr] {
                 self.last_calls[nr] = calls;
                 let base = (nr * abi::SYS_BUCKETS as usize) as u32;
-                let counts = (0..abi::SYS_BUCKETS as u32)
-                    .map(|b| {
-                        self.sys_hist
-                            .get(&(base + b), 0)
-                            .map(|v| sum(&v))
-                            .unwrap_or(0)
-                    })
-                    .collect();
+                let counts = self.sys_hist.sums(base, abi::SYS_BUCKETS as usize);
                 self.sys_hists.insert(nr, Hist::log2(counts));
             }
         }

@@ -1,6 +1,6 @@
 //! The kernel side of a watch: the eBPF object's layouts (abi), the kernel's BTF, loading
 //! and attaching the programs (loader), reading their maps into snapshots (collector,
-//! hist), and what the probes and a context switch cost (calibrate, probe_cost, the
+//! percpu, hist), and what the probes and a context switch cost (calibrate, probe_cost, the
 //! boot's calibration_cache).
 
 pub mod abi;
@@ -10,4 +10,5 @@ pub mod calibration_cache;
 pub mod collector;
 pub mod hist;
 pub mod loader;
+pub mod percpu;
 pub mod probe_cost;

@@ -5,11 +5,13 @@
 // The service around the process and what else is known of it: its processes
 // (service, processes), a command started under the watch (spawn), named offloads, the
 // runtime's counters, the hypervisor's steal on its cores, its rate between bursts
-// (untraced) and the names of its code addresses (symbols).
+// (untraced), the names of its code addresses (symbols) and the listening sockets
+// that tell a listener from a connection (sock_diag).
 pub mod offload_spec;
 pub mod processes;
 pub mod runtime_counters;
 pub mod service;
+pub mod sock_diag;
 pub mod spawn;
 pub mod steal;
 pub mod symbols;

@@ -103,8 +103,11 @@ pub fn socket_inodes(pid: u32) -> Vec<u64> {
 }
 
 /// The inodes of listening sockets (TCP over IPv4 and IPv6, and Unix) in this
-/// network namespace.
+/// network namespace: from sock_diag, or from /proc/net where it is missing.
 pub fn listening_inodes() -> HashSet<u64> {
+    if let Some(found) = super::sock_diag::listening_inodes() {
+        return found;
+    }
     let mut out = HashSet::new();
     for f in ["/proc/net/tcp", "/proc/net/tcp6"] {
         if let Ok(t) = std::fs::read_to_string(f) {
