@@ -12,6 +12,7 @@ pub mod cuda;
 pub mod emulated;
 mod error;
 mod futex;
+pub mod guard;
 pub mod knobs;
 pub mod remote;
 mod slots;
