@@ -7,6 +7,11 @@
 //! so no build step is needed beyond `cargo xtask build`. A missing redis-server or
 //! redis-benchmark skips with the reason (fails under CI).
 //!
+//! ACCEL.INCR (a read-modify-write of a counter across the rerouted offload) shows the
+//! conflict guard's C API on this path: unguarded it loses updates, TOFFLOAD_GUARD=detect
+//! reports conflicts, enforce loses none; `guard_redis_benchmark` measures enforce
+//! against a coarse lock (ACCEL.INCRLOCKED) for tests/results/guard.md.
+//!
 //! `reroute_benchmark` measures both forms with redis-benchmark at 50, 200 and 1000 us;
 //! with TOFFLOAD_REROUTE_OUT=path (what `cargo xtask bench reroute` sets) it also
 //! writes its table there.
@@ -891,4 +896,239 @@ fn redis_version(server: &Path) -> String {
                 .find_map(|w| w.strip_prefix("v=").map(|v| format!("redis-server {v}")))
         })
         .unwrap_or_else(|| "redis-server".into())
+}
+
+// ---- the conflict guard on the rerouted path: ACCEL.INCR ---------------------------
+
+/// ACCEL.GUARD: the guard's counters.
+#[derive(Debug)]
+struct GuardStats {
+    mode: String,
+    pages: i64,
+    faults: i64,
+    conflicts: i64,
+    deferred: i64,
+    released: i64,
+}
+
+impl Client {
+    fn guard(&mut self) -> GuardStats {
+        match self.ok(&[b"ACCEL.GUARD"]) {
+            Reply::Array(v) => match &v[..] {
+                [Reply::Simple(m), Reply::Int(p), Reply::Int(f), Reply::Int(c), Reply::Int(d), Reply::Int(r)] => {
+                    GuardStats {
+                        mode: m.clone(),
+                        pages: *p,
+                        faults: *f,
+                        conflicts: *c,
+                        deferred: *d,
+                        released: *r,
+                    }
+                }
+                _ => panic!("ACCEL.GUARD: {v:?}"),
+            },
+            r => panic!("ACCEL.GUARD: {r:?}"),
+        }
+    }
+
+    /// ACCEL.SUM: every counter added up, i.e. the increments that took effect.
+    fn sum(&mut self) -> i64 {
+        match self.ok(&[b"ACCEL.SUM"]) {
+            Reply::Int(n) => n,
+            r => panic!("ACCEL.SUM: {r:?}"),
+        }
+    }
+}
+
+/// What a run of increments did: acknowledged (integer replies), error replies (the
+/// first few kept), and what took effect (ACCEL.SUM after the run).
+#[derive(Debug)]
+struct Increments {
+    acked: i64,
+    errors: Vec<String>,
+    took: i64,
+}
+
+impl Increments {
+    fn lost(&self) -> i64 {
+        self.acked - self.took
+    }
+}
+
+/// `total` `cmd key` from `conns` connections at once, one request at a time each.
+fn increments(
+    r: &Redis,
+    cmd: &'static [u8],
+    key: &'static [u8],
+    conns: usize,
+    total: usize,
+) -> Increments {
+    let barrier = Arc::new(Barrier::new(conns));
+    let threads: Vec<_> = (0..conns)
+        .map(|i| {
+            let barrier = barrier.clone();
+            let mut c = r.client();
+            let n = total / conns + usize::from(i < total % conns);
+            std::thread::spawn(move || {
+                barrier.wait();
+                let (mut acked, mut errors) = (0i64, Vec::new());
+                for _ in 0..n {
+                    match c.cmd(&[cmd, key]) {
+                        Ok(Reply::Int(_)) => acked += 1,
+                        Ok(Reply::Error(e)) if errors.len() < 5 => errors.push(e),
+                        Ok(Reply::Error(_)) => {}
+                        other => panic!("{}: {other:?}", String::from_utf8_lossy(cmd)),
+                    }
+                }
+                (acked, errors)
+            })
+        })
+        .collect();
+    let mut out = Increments {
+        acked: 0,
+        errors: Vec::new(),
+        took: 0,
+    };
+    for t in threads {
+        let (a, e) = t.join().expect("client thread");
+        out.acked += a;
+        out.errors.extend(e);
+    }
+    out.took = r.client().sum();
+    out
+}
+
+fn guarded(mode: &str, lat_us: u64) -> Vec<(&'static str, String)> {
+    vec![
+        ("TOFFLOAD_GUARD", mode.to_string()),
+        ("TOFFLOAD_EMU_LAT_US", lat_us.to_string()),
+    ]
+}
+
+#[test]
+fn incr_unguarded_loses_updates() {
+    let _g = serial();
+    let Some((server, _)) = redis_exes() else {
+        return;
+    };
+    let dir = TempDir::new("module");
+    let module = build_module(&dir.0);
+    let r = Redis::start(&server, &module, &guarded("off", 100), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let run = increments(&r, b"ACCEL.INCR", b"counter", 32, 10_000);
+    let mut c = r.client();
+    let (_, max_inflight, _) = c.stats();
+    let g = c.guard();
+    println!(
+        "TOFFLOAD_GUARD=off: {run:?}, lost {}, at most {max_inflight} in flight, {g:?}",
+        run.lost()
+    );
+    assert!(run.errors.is_empty(), "error replies: {:?}", run.errors);
+    assert_eq!(run.acked, 10_000);
+    assert!(
+        max_inflight > 1,
+        "one increment in flight at a time: nothing overlapped, no hazard to show"
+    );
+    assert!(
+        run.lost() > 0,
+        "overlapped read-modify-writes of one counter lost nothing ({run:?}): the hazard is not shown"
+    );
+    assert_eq!((g.mode.as_str(), g.faults), ("off", 0));
+}
+
+#[test]
+fn incr_detect_reports_conflicts() {
+    let _g = serial();
+    let Some((server, _)) = redis_exes() else {
+        return;
+    };
+    let dir = TempDir::new("module");
+    let module = build_module(&dir.0);
+    let r = Redis::start(&server, &module, &guarded("detect", 100), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let run = increments(&r, b"ACCEL.INCR", b"counter", 32, 10_000);
+    let g = r.client().guard();
+    println!("TOFFLOAD_GUARD=detect: {run:?}, lost {}, {g:?}", run.lost());
+    assert!(run.errors.is_empty(), "error replies: {:?}", run.errors);
+    assert_eq!(g.mode, "detect");
+    assert!(g.pages > 0 && g.faults > 0, "the guard saw no write: {g:?}");
+    // Detect reports and does not prevent (one conflicting write-back can overwrite
+    // several updates, so the counts need not match).
+    assert!(
+        g.conflicts > 0,
+        "{} updates lost but no conflict reported",
+        run.lost()
+    );
+}
+
+#[test]
+fn incr_enforce_loses_none() {
+    let _g = serial();
+    let Some((server, _)) = redis_exes() else {
+        return;
+    };
+    let dir = TempDir::new("module");
+    let module = build_module(&dir.0);
+    let r = Redis::start(&server, &module, &guarded("enforce", 50), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let total = 100_000;
+    let t0 = Instant::now();
+    let run = increments(&r, b"ACCEL.INCR", b"counter", 32, total);
+    let mut c = r.client();
+    let g = c.guard();
+    println!(
+        "TOFFLOAD_GUARD=enforce: {run:?} in {:.1} s, {g:?}",
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(run.errors.is_empty(), "error replies: {:?}", run.errors);
+    assert_eq!(run.acked, total as i64);
+    assert_eq!(run.lost(), 0, "enforce lost updates: {run:?}");
+    assert_eq!(c.ok(&[b"ACCEL.GET", b"counter"]), Reply::Int(total as i64));
+    assert!(g.deferred > 0, "enforce never deferred an increment: {g:?}");
+    assert_eq!(g.released, 0, "pages given up: the guarantee was broken");
+}
+
+#[test]
+fn incr_bad_arguments_are_error_replies() {
+    let _g = serial();
+    let Some((server, _)) = redis_exes() else {
+        return;
+    };
+    let dir = TempDir::new("module");
+    let module = build_module(&dir.0);
+    let mut r = Redis::start(&server, &module, &guarded("enforce", 50), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut c = r.client();
+    for args in [
+        &[&b"ACCEL.INCR"[..]][..],
+        &[b"ACCEL.INCR", b"a", b"b"],
+        &[b"ACCEL.INCRLOCKED"],
+        &[b"ACCEL.GET"],
+        &[b"ACCEL.SUM", b"x"],
+        &[b"ACCEL.GUARD", b"x"],
+    ] {
+        let got = c.ok(args);
+        assert!(
+            is_error(&got, "wrong number of arguments"),
+            "{args:?}: {got:?}"
+        );
+    }
+    // A blocked client is refused inside MULTI: an error, not a stuck transaction.
+    assert_eq!(c.ok(&[b"MULTI"]), Reply::Simple("OK".into()));
+    assert_eq!(c.ok(&[b"ACCEL.INCR", b"k"]), Reply::Simple("QUEUED".into()));
+    match c.ok(&[b"EXEC"]) {
+        Reply::Array(v) => assert!(is_error(&v[0], "cannot run in MULTI"), "{v:?}"),
+        other => panic!("EXEC: {other:?}"),
+    }
+    // Binary and empty key names are keys like any other.
+    assert_eq!(c.ok(&[b"ACCEL.INCR", b""]), Reply::Int(1));
+    assert_eq!(c.ok(&[b"ACCEL.INCR", b"\x00\xff\r\n"]), Reply::Int(1));
+    assert_eq!(c.ok(&[b"PING"]), Reply::Simple("PONG".into()));
+    assert!(r.alive(), "redis-server died:\n{}", r.log());
+    drop(r);
+    // A malformed TOFFLOAD_GUARD refuses the module, with the reason in the log.
+    match Redis::start(&server, &module, &guarded("sometimes", 50), None) {
+        Ok(_) => panic!("the module loaded with TOFFLOAD_GUARD=sometimes"),
+        Err(log) => assert!(log.contains("TOFFLOAD_GUARD"), "no reason logged:\n{log}"),
+    }
 }

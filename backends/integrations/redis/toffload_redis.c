@@ -17,6 +17,7 @@
  *   ACCEL.INCR key        reads the key's counter, offloads, writes it back plus one.
  *   ACCEL.INCRLOCKED key  the same under one coarse lock held across the offload.
  *   ACCEL.GET key         the key's counter.
+ *   ACCEL.SUM             the sum of all counters (the increments that took effect).
  *   ACCEL.GUARD           [mode, pages, faults, conflicts, deferred, released].
  *
  * Both reply with the value at key transformed by the device (AES-128-CTR on every
@@ -206,7 +207,8 @@ static int reroute_init(RedisModuleCtx *ctx) {
  * conflicts, enforce defers an increment that touches a counter page whose owner is
  * parked at its offload, until the owner's reply is out. ACCEL.INCRLOCKED does the
  * same under one coarse lock held across the offload (the fix without a guard);
- * ACCEL.GET key reads a counter; ACCEL.GUARD gives the guard's counters.
+ * ACCEL.GET key reads a counter, ACCEL.SUM all of them; ACCEL.GUARD gives the guard's
+ * counters.
  *
  * The counters are the module's own page-aligned memory, registered with the guard:
  * one per slot, a slot per key hash (keys sharing a slot share a counter), 64 bytes
@@ -219,7 +221,7 @@ static int reroute_init(RedisModuleCtx *ctx) {
 static volatile uint64_t *counters;
 static uint64_t next_token;
 
-enum incr_kind { KIND_INCR, KIND_LOCKED, KIND_GET };
+enum incr_kind { KIND_INCR, KIND_LOCKED, KIND_GET, KIND_SUM };
 
 struct incr {
     struct op op; /* first: on_completion, finish and async_abandon handle it as an op */
@@ -289,7 +291,7 @@ static void retry_first(int (*wants)(const struct incr *, size_t), size_t page) 
 }
 
 static int wants_page(const struct incr *in, size_t page) {
-    return in->kind != KIND_LOCKED && in->slot / SLOTS_PER_PAGE == page;
+    return in->kind == KIND_SUM || (in->kind != KIND_LOCKED && in->slot / SLOTS_PER_PAGE == page);
 }
 
 static int wants_lock(const struct incr *in, size_t page) {
@@ -326,8 +328,14 @@ static void incr_start(struct incr *in) {
     int rc = toffload_guard_begin(in->token, &env);
     if (rc < 0)
         return incr_fail(in, rc);
-    in->old = counters[in->slot * SLOT_WORDS]; /* the read */
-    if (in->kind == KIND_GET) {
+    if (in->kind == KIND_SUM) {
+        in->old = 0;
+        for (size_t i = 0; i < INCR_SLOTS; i++)
+            in->old += counters[i * SLOT_WORDS];
+    } else {
+        in->old = counters[in->slot * SLOT_WORDS]; /* the read */
+    }
+    if (in->kind == KIND_GET || in->kind == KIND_SUM) {
         incr_end(in);
         RedisModule_UnblockClient(in->op.bc, in);
         return;
@@ -350,8 +358,8 @@ static int incr_reply(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     (void)argv, (void)argc;
     struct incr *in = RedisModule_GetBlockedClientPrivateData(ctx);
     if (in->op.status < 0)
-        return reply_errno(ctx, in->kind == KIND_GET ? "guard" : "accel_done", in->op.status);
-    if (in->kind == KIND_GET)
+        return reply_errno(ctx, in->kind >= KIND_GET ? "guard" : "accel_done", in->op.status);
+    if (in->kind >= KIND_GET)
         return RedisModule_ReplyWithLongLong(ctx, (long long)in->old);
     toffload_guard_resume(in->token);
     counters[in->slot * SLOT_WORDS] = in->old + 1; /* the write back */
@@ -386,12 +394,12 @@ static int incr_timeout(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
 }
 
 static int incr_command(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, enum incr_kind kind) {
-    if (argc != 2)
+    if (argc != (kind == KIND_SUM ? 1 : 2))
         return RedisModule_WrongArity(ctx);
     if (RedisModule_GetContextFlags(ctx) & REDISMODULE_CTX_FLAGS_DENY_BLOCKING)
-        return RedisModule_ReplyWithError(ctx, "ERR ACCEL.INCR, INCRLOCKED and GET cannot run in MULTI or scripts");
+        return RedisModule_ReplyWithError(ctx, "ERR ACCEL.INCR, INCRLOCKED, GET and SUM cannot run in MULTI or scripts");
     struct incr *in = RedisModule_Alloc(sizeof *in);
-    *in = (struct incr){.token = ++next_token, .slot = slot_of(argv[1]), .kind = kind};
+    *in = (struct incr){.token = ++next_token, .slot = kind == KIND_SUM ? 0 : slot_of(argv[1]), .kind = kind};
     in->op.bc = RedisModule_BlockClient(ctx, incr_reply, incr_timeout, incr_free, ASYNC_TIMEOUT_MS);
     RedisModule_SetDisconnectCallback(in->op.bc, incr_abandon);
     incr_start(in);
@@ -408,6 +416,10 @@ static int incr_locked_cmd(RedisModuleCtx *ctx, RedisModuleString **argv, int ar
 
 static int get_cmd(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     return incr_command(ctx, argv, argc, KIND_GET);
+}
+
+static int sum_cmd(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return incr_command(ctx, argv, argc, KIND_SUM);
 }
 
 static int guard_cmd(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
@@ -446,6 +458,7 @@ static int incr_init(RedisModuleCtx *ctx) {
     if (RedisModule_CreateCommand(ctx, "accel.incr", incr_cmd, "write", 1, 1, 1) != REDISMODULE_OK ||
         RedisModule_CreateCommand(ctx, "accel.incrlocked", incr_locked_cmd, "write", 1, 1, 1) != REDISMODULE_OK ||
         RedisModule_CreateCommand(ctx, "accel.get", get_cmd, "readonly", 1, 1, 1) != REDISMODULE_OK ||
+        RedisModule_CreateCommand(ctx, "accel.sum", sum_cmd, "readonly", 0, 0, 0) != REDISMODULE_OK ||
         RedisModule_CreateCommand(ctx, "accel.guard", guard_cmd, "readonly", 0, 0, 0) != REDISMODULE_OK)
         return REDISMODULE_ERR;
     return REDISMODULE_OK;
