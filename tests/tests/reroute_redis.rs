@@ -717,12 +717,35 @@ struct Run {
 
 /// One redis-benchmark run (pinned to `cpu`): its CSV line for the custom command.
 fn bench(exe: &Path, port: u16, cmd: &str, clients: usize, n: usize, cpu: Option<usize>) -> Run {
+    bench_keys(exe, port, cmd, "key", None, clients, n, cpu)
+}
+
+/// redis-benchmark on `cmd key`; with a `keyspace`, `__rand_int__` in the key is
+/// replaced by a number below it, drawn per request.
+#[allow(clippy::too_many_arguments)]
+fn bench_keys(
+    exe: &Path,
+    port: u16,
+    cmd: &str,
+    key: &str,
+    keyspace: Option<usize>,
+    clients: usize,
+    n: usize,
+    cpu: Option<usize>,
+) -> Run {
     let mut c = Command::new("timeout");
     c.arg("120").arg(exe);
-    c.args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(["-c", &clients.to_string(), "-n", &n.to_string(), "--csv"])
-        .args([cmd, "key"])
-        .stdin(Stdio::null());
+    c.args(["-h", "127.0.0.1", "-p", &port.to_string()]).args([
+        "-c",
+        &clients.to_string(),
+        "-n",
+        &n.to_string(),
+        "--csv",
+    ]);
+    if let Some(k) = keyspace {
+        c.args(["-r", &k.to_string()]);
+    }
+    c.args([cmd, key]).stdin(Stdio::null());
     pin(&mut c, cpu);
     let o = c.output().expect("running redis-benchmark");
     let out = String::from_utf8_lossy(&o.stdout);
@@ -734,7 +757,7 @@ fn bench(exe: &Path, port: u16, cmd: &str, clients: usize, n: usize, cpu: Option
     );
     let line = out
         .lines()
-        .find(|l| l.starts_with(&format!("\"{cmd} key\"")))
+        .find(|l| l.starts_with(&format!("\"{cmd} {key}\"")))
         .unwrap_or_else(|| panic!("redis-benchmark printed no {cmd} line:\n{out}"));
     let f: Vec<f64> = line
         .split(',')
@@ -1131,4 +1154,158 @@ fn incr_bad_arguments_are_error_replies() {
         Ok(_) => panic!("the module loaded with TOFFLOAD_GUARD=sometimes"),
         Err(log) => assert!(log.contains("TOFFLOAD_GUARD"), "no reason logged:\n{log}"),
     }
+}
+
+/// The heading of guard.md's Redis section: the benchmark replaces everything from it
+/// on, so that `cargo xtask bench guard` (toffload-guard-bench, then this) regenerates
+/// the whole file.
+const GUARD_SECTION: &str = "### Redis module: ACCEL.INCR through the guard's C API";
+
+/// The guard benchmark's configurations, in its table's column order: (the server's
+/// TOFFLOAD_GUARD, the command): unguarded, detect, coarse lock, enforce.
+const GUARD_CONFIGS: [(&str, &str); 4] = [
+    ("off", "ACCEL.INCR"),
+    ("detect", "ACCEL.INCR"),
+    ("off", "ACCEL.INCRLOCKED"),
+    ("enforce", "ACCEL.INCR"),
+];
+
+/// ACCEL.INCR unguarded, under detect, under a coarse lock (ACCEL.INCRLOCKED) and under
+/// enforce, with redis-benchmark; with TOFFLOAD_GUARD_REDIS_OUT=path (guard.md), writes
+/// its section there.
+#[test]
+fn guard_redis_benchmark() {
+    let _g = serial();
+    let Some((server, benchmark)) = redis_exes() else {
+        return;
+    };
+    let dir = TempDir::new("module");
+    let module = build_module(&dir.0);
+    let rounds: usize = match std::env::var("TOFFLOAD_GUARD_REDIS_ROUNDS") {
+        Err(_) => 1,
+        Ok(v) => v.parse().ok().filter(|&n| n > 0).unwrap_or_else(|| {
+            panic!("TOFFLOAD_GUARD_REDIS_ROUNDS={v:?}: want a positive integer")
+        }),
+    };
+    let clients = 50;
+    let (scpu, bcpu) = if harness::cpus() > 1 {
+        (Some(0), Some(1))
+    } else {
+        (None, None)
+    };
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let workloads: [(&str, &str, Option<usize>); 2] = [
+        ("one key (every increment on one counter)", "counter", None),
+        (
+            "`-r 100000` keys over 1024 counters on 16 pages",
+            "k:__rand_int__",
+            Some(100_000),
+        ),
+    ];
+    let mut rows = Vec::new();
+    let mut lost_guarded = 0;
+    let mut many_keys_ratio = f64::MAX;
+    for lat_us in [200u64, 1000] {
+        // About 2-3 s per run for the coarse lock, which serves one increment per offload.
+        let n = (2_500_000 / (lat_us as usize + 100)).max(2000);
+        for (what, key, keyspace) in workloads {
+            // [config] -> per-round (req/s, lost, conflicts)
+            let mut got: Vec<Vec<(f64, i64, i64)>> = vec![Vec::new(); GUARD_CONFIGS.len()];
+            for _ in 0..rounds {
+                for (i, &(mode, cmd)) in GUARD_CONFIGS.iter().enumerate() {
+                    let env = vec![
+                        ("TOFFLOAD_GUARD", mode.to_string()),
+                        ("TOFFLOAD_EMU_LAT_US", lat_us.to_string()),
+                        ("TOFFLOAD_EMU_LANES", "64".to_string()),
+                    ];
+                    let r = Redis::start(&server, &module, &env, scpu)
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    let run = bench_keys(&benchmark, r.port, cmd, key, keyspace, clients, n, bcpu);
+                    let mut c = r.client();
+                    let lost = n as i64 - c.sum();
+                    let g = c.guard();
+                    assert_eq!(g.mode, mode);
+                    got[i].push((run.rps, lost, g.conflicts));
+                }
+            }
+            let med = |i: usize| median(got[i].iter().map(|x| x.0).collect());
+            let lost = |i: usize| got[i].iter().map(|x| x.1).max().unwrap_or(0);
+            let conflicts = |i: usize| median(got[i].iter().map(|x| x.2 as f64).collect());
+            let ratio = med(3) / med(2);
+            lost_guarded += lost(2) + lost(3);
+            if keyspace.is_some() {
+                many_keys_ratio = many_keys_ratio.min(ratio);
+            }
+            println!(
+                "{lat_us} us, {what}: unguarded {:.0} (lost {}), detect {:.0} ({} conflicts, lost {}), \
+                 lock {:.0} (lost {}), enforce {:.0} (lost {}): {ratio:.2}x",
+                med(0),
+                lost(0),
+                med(1),
+                conflicts(1),
+                lost(1),
+                med(2),
+                lost(2),
+                med(3),
+                lost(3)
+            );
+            rows.push(format!(
+                "| {lat_us} | {what} | {:.0} ({}) | {:.0} ({:.0}, {}) | {:.0} ({}) | {:.0} ({}) | {ratio:.2}x |",
+                med(0),
+                lost(0),
+                med(1),
+                conflicts(1),
+                lost(1),
+                med(2),
+                lost(2),
+                med(3),
+                lost(3)
+            ));
+        }
+    }
+    let md = format!(
+        "{GUARD_SECTION}\n\n\
+         toffload_redis.so in Debian's stock redis-server ({ver}), no fibers and no preload: the module \
+         calls the guard's C API (toffload_accel.h) around its suspension. `ACCEL.INCR key` reads a \
+         counter, offloads (rerouted: the client blocked, the others served), writes it back plus one; \
+         `ACCEL.INCRLOCKED` does the same holding one coarse lock across the offload. The counters are \
+         module memory registered with the guard (1024 counters, 64 to a page). redis-benchmark `-c \
+         {clients} -n N` per run (N = {n200} at 200 us, {n1000} at 1000 us); a fresh server per run (the \
+         mode is per process); emulated device, 64 lanes. Server on core 0, redis-benchmark on core 1. \
+         {rounds} round(s), each running every configuration back to back; req/s are medians, lost the \
+         largest over rounds: lost = requests - ACCEL.SUM (every request is acknowledged). Load average at \
+         the start: {load}.\n\
+         Written by `guard_redis_benchmark` in tests/tests/reroute_redis.rs with TOFFLOAD_GUARD_REDIS_OUT \
+         set (`cargo xtask bench guard` runs it after toffload-guard-bench, with 3 rounds).\n\n\
+         | offload us | keys | unguarded req/s (lost) | detect req/s (conflicts, lost) | coarse lock req/s (lost) | enforce req/s (lost) | enforce / lock |\n\
+         |---:|---|---:|---:|---:|---:|---:|\n{}\n\n\
+         One key is the one-hot-word bound: every correct scheme runs those increments one at a time, so \
+         enforce ~= lock there. With many keys enforce serializes only increments on the same page. \
+         Target (the paper: 1.8x): enforce faster than the coarse lock with many keys, lost 0: {}.\n",
+        rows.join("\n"),
+        if many_keys_ratio > 1.0 && lost_guarded == 0 {
+            format!("met ({many_keys_ratio:.2}x at least)")
+        } else {
+            format!("not met ({many_keys_ratio:.2}x, lost {lost_guarded})")
+        },
+        ver = redis_version(&server),
+        n200 = (2_500_000 / 300usize).max(2000),
+        n1000 = (2_500_000 / 1100usize).max(2000),
+        load = load.trim(),
+    );
+    println!("\n{md}");
+    if let Some(out) = std::env::var_os("TOFFLOAD_GUARD_REDIS_OUT") {
+        let old = std::fs::read_to_string(&out).unwrap_or_default();
+        let kept = old.find(GUARD_SECTION).map_or(old.as_str(), |i| &old[..i]);
+        let sep = if kept.is_empty() || kept.ends_with("\n\n") {
+            ""
+        } else if kept.ends_with('\n') {
+            "\n"
+        } else {
+            "\n\n"
+        };
+        std::fs::write(&out, format!("{kept}{sep}{md}")).expect("writing the results file");
+        println!("wrote {}", Path::new(&out).display());
+    }
+    assert_eq!(lost_guarded, 0, "the coarse lock or enforce lost updates");
 }

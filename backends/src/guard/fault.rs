@@ -41,7 +41,7 @@ pub fn install() -> Result<(), i32> {
 extern "C" fn on_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel's siginfo for this SIGSEGV.
     let addr = unsafe { (*info).si_addr() } as usize;
-    if handle(addr, ctx) {
+    if handle(addr) {
         return;
     }
     chain(sig, info, ctx);
@@ -73,21 +73,8 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-fn is_write(ctx: *mut libc::c_void) -> bool {
-    let uc = ctx as *const libc::ucontext_t;
-    // x86 page-fault error code: bit 1 = write access.
-    // SAFETY: the kernel's ucontext of this fault.
-    unsafe { (*uc).uc_mcontext.gregs[libc::REG_ERR as usize] & 2 != 0 }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn is_write(_: *mut libc::c_void) -> bool {
-    true
-}
-
 /// True when the fault was the guard's (the access can be retried).
-fn handle(addr: usize, ctx: *mut libc::c_void) -> bool {
+fn handle(addr: usize) -> bool {
     let Ok(m) = super::mode() else { return false };
     let page = addr & !(PAGE - 1);
     let mut g = state();
@@ -106,7 +93,6 @@ fn handle(addr: usize, ctx: *mut libc::c_void) -> bool {
         0
     };
     let cur = if st.tokens.contains_key(&cur) { cur } else { 0 };
-    let write = is_write(ctx);
     match m {
         Mode::Off => false,
         Mode::Detect => {
@@ -119,14 +105,14 @@ fn handle(addr: usize, ctx: *mut libc::c_void) -> bool {
             true
         }
         Mode::Enforce if cur != 0 && (pg.owner == 0 || pg.owner == cur) => {
+            // The owner gets the page whole: a read-modify-write then costs one fault,
+            // not a read fault and a write fault.
             st.pages.get_mut(&page).expect("present").owner = cur;
             let t = st.tokens.get_mut(&cur).expect("present");
-            match t.owned.iter_mut().find(|(p, _)| *p == page) {
-                Some(e) => e.1 |= write,
-                None => t.owned.push((page, write)),
+            if !t.owned.contains(&page) {
+                t.owned.push(page);
             }
-            let w = t.owned.iter().any(|&(p, w)| p == page && w);
-            protect(page, PAGE, if w { RW } else { libc::PROT_READ });
+            protect(page, PAGE, RW);
             true
         }
         Mode::Enforce => {

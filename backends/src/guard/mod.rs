@@ -11,8 +11,9 @@
 //!   protected again when that token parks or ends. A token that writes a page after
 //!   it resumed, which another token wrote while it was parked, is a conflict.
 //! - enforce: page ownership. Registered pages are inaccessible; a token's first
-//!   access makes it the owner until it ends, and the owner's pages are inaccessible
-//!   again while it is parked. A token that touches a page another (parked) token
+//!   access makes it the owner until it ends (the page opened whole: one fault per
+//!   read-modify-write), and the owner's pages are inaccessible again while it is
+//!   parked. A token that touches a page another (parked) token
 //!   owns cannot wait on the event loop's thread: the guard releases what the token
 //!   took so far and jumps back to the integration's sigsetjmp point, which defers
 //!   the request until a token ends.
@@ -76,8 +77,8 @@ struct Token {
     /// The park window: (clock at park, clock at resume), once resumed.
     window: Option<Window>,
     parked_at: u64,
-    /// Enforce: pages it owns, with whether it wrote them.
-    owned: Vec<(usize, bool)>,
+    /// Enforce: pages it owns (open to it whole while it runs).
+    owned: Vec<usize>,
 }
 
 #[derive(Default, Clone, Copy)]
@@ -203,7 +204,7 @@ pub fn park(token: u64) -> Result<(), i32> {
     t.parked_at = clock;
     t.window = None;
     if m == Mode::Enforce {
-        for &(p, _) in &t.owned {
+        for &p in &t.owned {
             protect(p, PAGE, libc::PROT_NONE);
         }
     }
@@ -220,8 +221,8 @@ pub fn resume(token: u64) -> Result<(), i32> {
     let t = st.tokens.get_mut(&token).ok_or(-libc::ENOENT)?;
     t.window = Some((t.parked_at, clock));
     if m == Mode::Enforce {
-        for &(p, w) in &t.owned {
-            protect(p, PAGE, if w { RW } else { libc::PROT_READ });
+        for &p in &t.owned {
+            protect(p, PAGE, RW);
         }
     }
     // Resumed code has no sigsetjmp point: an access that would wait gives the page up.
@@ -244,8 +245,8 @@ pub fn end(token: u64) -> Result<usize, i32> {
 }
 
 /// Enforce: frees `owned` (inaccessible again, no owner).
-fn release(st: &mut State, owned: &[(usize, bool)]) -> usize {
-    for &(p, _) in owned {
+fn release(st: &mut State, owned: &[usize]) -> usize {
+    for &p in owned {
         if let Some(x) = st.pages.get_mut(&p) {
             x.owner = 0;
             if !x.released {
