@@ -1170,6 +1170,12 @@ const GUARD_CONFIGS: [(&str, &str); 4] = [
     ("enforce", "ACCEL.INCR"),
 ];
 
+/// Requests per run of the guard benchmark at `lat_us`: about 2-3 s for the coarse
+/// lock, which serves one increment per offload.
+fn guard_requests(lat_us: u64) -> usize {
+    (2_500_000 / (lat_us as usize + 100)).max(2000)
+}
+
 /// ACCEL.INCR unguarded, under detect, under a coarse lock (ACCEL.INCRLOCKED) and under
 /// enforce, with redis-benchmark; with TOFFLOAD_GUARD_REDIS_OUT=path (guard.md), writes
 /// its section there.
@@ -1206,8 +1212,7 @@ fn guard_redis_benchmark() {
     let mut lost_guarded = 0;
     let mut many_keys_ratio = f64::MAX;
     for lat_us in [200u64, 1000] {
-        // About 2-3 s per run for the coarse lock, which serves one increment per offload.
-        let n = (2_500_000 / (lat_us as usize + 100)).max(2000);
+        let n = guard_requests(lat_us);
         for (what, key, keyspace) in workloads {
             // [config] -> per-round (req/s, lost, conflicts)
             let mut got: Vec<Vec<(f64, i64, i64)>> = vec![Vec::new(); GUARD_CONFIGS.len()];
@@ -1289,8 +1294,8 @@ fn guard_redis_benchmark() {
             format!("not met ({many_keys_ratio:.2}x, lost {lost_guarded})")
         },
         ver = redis_version(&server),
-        n200 = (2_500_000 / 300usize).max(2000),
-        n1000 = (2_500_000 / 1100usize).max(2000),
+        n200 = guard_requests(200),
+        n1000 = guard_requests(1000),
         load = load.trim(),
     );
     println!("\n{md}");

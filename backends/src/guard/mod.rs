@@ -43,20 +43,23 @@ pub enum Mode {
 }
 
 /// The mode, or Err with the malformed value.
-pub fn mode() -> Result<Mode, &'static str> {
-    static MODE: OnceLock<Result<Mode, String>> = OnceLock::new();
-    match MODE.get_or_init(|| parse_mode(std::env::var("TOFFLOAD_GUARD").ok().as_deref())) {
-        Ok(m) => Ok(*m),
-        Err(v) => Err(v.as_str()),
-    }
+pub fn mode() -> Result<Mode, &'static crate::ConfigError> {
+    static MODE: OnceLock<Result<Mode, crate::ConfigError>> = OnceLock::new();
+    MODE.get_or_init(|| mode_from(&crate::config::from_env))
+        .as_ref()
+        .map(|m| *m)
 }
 
-fn parse_mode(v: Option<&str>) -> Result<Mode, String> {
-    match v.map(str::trim) {
-        None | Some("off") => Ok(Mode::Off),
-        Some("detect") => Ok(Mode::Detect),
-        Some("enforce") => Ok(Mode::Enforce),
-        Some(other) => Err(other.to_string()),
+fn mode_from(get: &dyn Fn(&str) -> Option<String>) -> Result<Mode, crate::ConfigError> {
+    Ok(crate::config::knob(get, &crate::knobs::GUARD, parse_mode)?.unwrap_or(Mode::Off))
+}
+
+fn parse_mode(s: &str) -> Option<Mode> {
+    match s {
+        "off" => Some(Mode::Off),
+        "detect" => Some(Mode::Detect),
+        "enforce" => Some(Mode::Enforce),
+        _ => None,
     }
 }
 
@@ -272,9 +275,11 @@ mod tests {
 
     #[test]
     fn modes_parse_like_the_runtime_knob() {
-        assert_eq!(parse_mode(None), Ok(Mode::Off));
-        assert_eq!(parse_mode(Some(" detect")), Ok(Mode::Detect));
-        assert_eq!(parse_mode(Some("enforce")), Ok(Mode::Enforce));
-        assert_eq!(parse_mode(Some("on")), Err("on".into()));
+        let env = |v: Option<&'static str>| move |_: &str| v.map(String::from);
+        assert_eq!(mode_from(&env(None)), Ok(Mode::Off));
+        assert_eq!(mode_from(&env(Some(" detect"))), Ok(Mode::Detect));
+        assert_eq!(mode_from(&env(Some("enforce"))), Ok(Mode::Enforce));
+        let e = mode_from(&env(Some("on"))).unwrap_err();
+        assert_eq!((e.var, e.value.as_str()), ("TOFFLOAD_GUARD", "on"));
     }
 }
