@@ -90,7 +90,8 @@ int accel_completion_fd(void);
 int toffload_guard_mode(void);
 
 /* Guard the whole pages covering ptr[0..len): page-aligned memory of the caller's
- * own (e.g. mmap'ed) is best, since everything else on those pages is guarded too.
+ * own (e.g. mmap'ed) is best, since everything else on those pages is guarded too;
+ * never pages the allocator itself writes (its fault handler allocates).
  * -EEXIST when it overlaps a range already registered. */
 int toffload_guard_register(void *ptr, size_t len);
 

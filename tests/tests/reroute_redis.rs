@@ -1156,6 +1156,47 @@ fn incr_bad_arguments_are_error_replies() {
     }
 }
 
+#[test]
+fn incr_clients_gone_while_waiting_leave_nothing_stuck() {
+    let _g = serial();
+    let Some((server, _)) = redis_exes() else {
+        return;
+    };
+    let dir = TempDir::new("module");
+    let module = build_module(&dir.0);
+    // 50 ms offloads on one counter: under enforce one runs, the others wait in the
+    // module's queue, and half of them hang up there (or while in flight).
+    let mut r = Redis::start(&server, &module, &guarded("enforce", 50_000), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut clients: Vec<Client> = (0..16).map(|_| r.client()).collect();
+    for c in &mut clients {
+        c.send(&[b"ACCEL.INCR", b"counter"]).expect("send");
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let (gone, stay) = clients.split_at_mut(8);
+    for c in gone.iter() {
+        let _ = c.w.shutdown(Shutdown::Both);
+    }
+    let acked = stay
+        .iter_mut()
+        .map(|c| match c.read() {
+            Ok(Reply::Int(_)) => 1,
+            other => panic!("ACCEL.INCR: {other:?}"),
+        })
+        .sum::<i64>();
+    let mut c = r.client();
+    let took = c.sum();
+    let (now, _, _) = c.stats();
+    let g = c.guard();
+    println!("8 of 16 clients gone: {acked} acknowledged, {took} took effect, {g:?}");
+    assert_eq!(acked, 8);
+    assert!((8..=16).contains(&took), "{took} increments took effect");
+    assert_eq!(now, 0, "operations left in flight");
+    assert_eq!(g.released, 0);
+    assert_eq!(c.ok(&[b"ACCEL.INCR", b"counter"]), Reply::Int(took + 1));
+    assert!(r.alive(), "redis-server died:\n{}", r.log());
+}
+
 /// The heading of guard.md's Redis section: the benchmark replaces everything from it
 /// on, so that `cargo xtask bench guard` (toffload-guard-bench, then this) regenerates
 /// the whole file.
