@@ -60,7 +60,9 @@ int accel_completion_fd(void);
  * fiber runtime's conflict rule and mechanisms (docs/safety.md). The mode is
  * TOFFLOAD_GUARD, the runtime's knob, read once per process:
  *   off      every call below is a no-op that returns 0 (the default);
- *   detect   registered pages are write-protected; a token that writes a page after
+ *   detect   registered pages are write-protected (userfaultfd asynchronous
+ *            write-protect and a PAGEMAP_SCAN per switch where the kernel has them,
+ *            Linux 6.7+, else mprotect); a token that writes a page after
  *            it resumed, which another token wrote while it was parked, is a conflict
  *            (counted; the write happens);
  *   enforce  page ownership: a token's first access to a registered page makes it the
@@ -113,6 +115,8 @@ int toffload_guard_end(uint64_t token);
 
 struct toffload_guard_stats {
     int mode;                     /* as toffload_guard_mode() */
+    int uffd_async;               /* detect: 1 when userfaultfd async write-protect
+                                     watches (Linux 6.7+), 0 mprotect */
     unsigned long long pages;     /* registered */
     unsigned long long faults;    /* accesses the guard saw */
     unsigned long long conflicts; /* detect: conflicting writes */

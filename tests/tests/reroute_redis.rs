@@ -927,6 +927,8 @@ fn redis_version(server: &Path) -> String {
 #[derive(Debug)]
 struct GuardStats {
     mode: String,
+    /// How detect sees writes: uffd-async or mprotect (enforce: mprotect).
+    mech: String,
     pages: i64,
     faults: i64,
     conflicts: i64,
@@ -938,9 +940,10 @@ impl Client {
     fn guard(&mut self) -> GuardStats {
         match self.ok(&[b"ACCEL.GUARD"]) {
             Reply::Array(v) => match &v[..] {
-                [Reply::Simple(m), Reply::Int(p), Reply::Int(f), Reply::Int(c), Reply::Int(d), Reply::Int(r)] => {
+                [Reply::Simple(m), Reply::Simple(k), Reply::Int(p), Reply::Int(f), Reply::Int(c), Reply::Int(d), Reply::Int(r)] => {
                     GuardStats {
                         mode: m.clone(),
+                        mech: k.clone(),
                         pages: *p,
                         faults: *f,
                         conflicts: *c,
@@ -1074,6 +1077,10 @@ fn incr_detect_reports_conflicts() {
     println!("TOFFLOAD_GUARD=detect: {run:?}, lost {}, {g:?}", run.lost());
     assert!(run.errors.is_empty(), "error replies: {:?}", run.errors);
     assert_eq!(g.mode, "detect");
+    assert!(
+        ["uffd-async", "mprotect"].contains(&g.mech.as_str()),
+        "{g:?}"
+    );
     assert!(g.pages > 0 && g.faults > 0, "the guard saw no write: {g:?}");
     // Detect reports and does not prevent (one conflicting write-back can overwrite
     // several updates, so the counts need not match).
@@ -1252,6 +1259,7 @@ fn guard_redis_benchmark() {
     let mut rows = Vec::new();
     let mut lost_guarded = 0;
     let mut many_keys_ratio = f64::MAX;
+    let mut detect_mech = String::new();
     for lat_us in [200u64, 1000] {
         let n = guard_requests(lat_us);
         for (what, key, keyspace) in workloads {
@@ -1271,6 +1279,9 @@ fn guard_redis_benchmark() {
                     let lost = n as i64 - c.sum();
                     let g = c.guard();
                     assert_eq!(g.mode, mode);
+                    if mode == "detect" {
+                        detect_mech = g.mech.clone();
+                    }
                     got[i].push((run.rps, lost, g.conflicts));
                 }
             }
@@ -1315,7 +1326,8 @@ fn guard_redis_benchmark() {
          calls the guard's C API (toffload_accel.h) around its suspension. `ACCEL.INCR key` reads a \
          counter, offloads (rerouted: the client blocked, the others served), writes it back plus one; \
          `ACCEL.INCRLOCKED` does the same holding one coarse lock across the offload. The counters are \
-         module memory registered with the guard (1024 counters, 64 to a page). redis-benchmark `-c \
+         module memory registered with the guard (1024 counters, 64 to a page); detect saw writes with \
+         {detect_mech}. redis-benchmark `-c \
          {clients} -n N` per run (N = {n200} at 200 us, {n1000} at 1000 us); a fresh server per run (the \
          mode is per process); emulated device, 64 lanes. Server on core 0, redis-benchmark on core 1. \
          {rounds} round(s), each running every configuration back to back; req/s are medians, lost the \

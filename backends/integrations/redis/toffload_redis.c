@@ -18,7 +18,7 @@
  *   ACCEL.INCRLOCKED key  the same under one coarse lock held across the offload.
  *   ACCEL.GET key         the key's counter.
  *   ACCEL.SUM             the sum of all counters (the increments that took effect).
- *   ACCEL.GUARD           [mode, pages, faults, conflicts, deferred, released].
+ *   ACCEL.GUARD           [mode, mechanism, pages, faults, conflicts, deferred, released].
  *
  * Both reply with the value at key transformed by the device (AES-128-CTR on every
  * backend, see toffload_accel.h) as a bulk string; the stored value is not changed.
@@ -430,9 +430,10 @@ static int guard_cmd(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     int rc = toffload_guard_stats(&s);
     if (rc < 0)
         return reply_errno(ctx, "toffload_guard_stats", rc);
-    RedisModule_ReplyWithArray(ctx, 6);
+    RedisModule_ReplyWithArray(ctx, 7);
     static const char *const modes[] = {"off", "detect", "enforce"};
     RedisModule_ReplyWithSimpleString(ctx, s.mode >= 0 && s.mode <= 2 ? modes[s.mode] : "invalid");
+    RedisModule_ReplyWithSimpleString(ctx, s.mode == 0 ? "off" : s.mode == 1 && s.uffd_async ? "uffd-async" : "mprotect");
     RedisModule_ReplyWithLongLong(ctx, (long long)s.pages);
     RedisModule_ReplyWithLongLong(ctx, (long long)s.faults);
     RedisModule_ReplyWithLongLong(ctx, (long long)s.conflicts);

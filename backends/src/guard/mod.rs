@@ -6,9 +6,13 @@
 //! ledger, compiled from runtime/src/guard/ledger.rs so both paths share one rule)
 //! with the runtime's mprotect mechanisms:
 //!
-//! - detect: registered pages are read-only; the first write to a page after a token
-//!   switch faults, is recorded as the running token's, the page is opened and
-//!   protected again when that token parks or ends. A token that writes a page after
+//! - detect: registered pages are write-protected. With userfaultfd's asynchronous
+//!   write-protect (Linux 6.7+; the runtime's uffd.rs) the kernel resolves the writes
+//!   itself and one PAGEMAP_SCAN per token switch (begin, park, end) finds the pages
+//!   written since the last one, recorded as the token's that ran; elsewhere the pages
+//!   are read-only (mprotect), the first write to a page after a switch faults, is
+//!   recorded as the running token's, and the page is protected again when that token
+//!   parks or ends. A token that writes a page after
 //!   it resumed, which another token wrote while it was parked, is a conflict.
 //! - enforce: page ownership. Registered pages are inaccessible; a token's first
 //!   access makes it the owner until it ends (the page opened whole: one fault per
@@ -25,6 +29,21 @@ pub mod capi;
 mod fault;
 #[path = "../../../runtime/src/guard/ledger.rs"]
 mod ledger;
+// The runtime's userfaultfd write-protect, for detect's asynchronous mechanism.
+#[allow(dead_code)]
+#[path = "../../../runtime/src/guard/uffd.rs"]
+mod uffd;
+
+/// What uffd.rs calls `super::regions`.
+mod regions {
+    pub use super::PAGE;
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Range {
+        pub start: usize,
+        pub end: usize,
+    }
+}
 
 use ledger::{Ledger, Window};
 use std::collections::HashMap;
@@ -68,6 +87,8 @@ fn parse_mode(s: &str) -> Option<Mode> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
     pub mode: i32,
+    /// Detect: 1 when asynchronous userfaultfd write-protect watches (0: mprotect).
+    pub uffd_async: i32,
     pub pages: u64,
     pub faults: u64,
     pub conflicts: u64,
@@ -100,6 +121,10 @@ struct State {
     ledger: Ledger,
     /// Detect: pages opened for a write since the last re-protect.
     dirty: Vec<usize>,
+    /// Detect: (uffd, /proc/self/pagemap) of the asynchronous mechanism, once tried.
+    uffd_async: Option<Option<(libc::c_int, libc::c_int)>>,
+    /// Detect: the ranges it watches (the others are mprotect's).
+    async_ranges: Vec<(usize, usize)>,
     stats: Stats,
 }
 
@@ -148,6 +173,9 @@ pub fn register(start: usize, len: usize) -> Result<(), i32> {
         st.pages.insert(p, Page::default());
     }
     st.stats.pages += ((e - s) / PAGE) as u64;
+    if m == Mode::Detect && watch_async(st, s, e) {
+        return Ok(());
+    }
     // Detect sees writes; enforce sees every first access.
     let prot = if m == Mode::Enforce {
         libc::PROT_NONE
@@ -162,6 +190,37 @@ pub fn register(start: usize, len: usize) -> Result<(), i32> {
     Ok(())
 }
 
+/// Detect: watches [s, e) with asynchronous write-protect, if the kernel has it.
+fn watch_async(st: &mut State, s: usize, e: usize) -> bool {
+    let fds = *st.uffd_async.get_or_insert_with(|| uffd::open_async().ok());
+    let Some((fd, _)) = fds else { return false };
+    let r = regions::Range { start: s, end: e };
+    if uffd::watch(fd, r) && uffd::protect(fd, s, e - s, true) {
+        st.async_ranges.push((s, e));
+        st.stats.uffd_async = 1;
+        return true;
+    }
+    false
+}
+
+/// Detect, asynchronous: records the pages written since the last scan as `token`'s
+/// (0: no token's), with its window as it is now.
+fn collect(st: &mut State, token: u64) {
+    let Some(Some((fd, pm))) = st.uffd_async else {
+        return;
+    };
+    let window = st.tokens.get(&token).and_then(|t| t.window);
+    let (ledger, stats) = (&mut st.ledger, &mut st.stats);
+    for &(s, e) in &st.async_ranges {
+        uffd::scan_written(pm, fd, s, e, |page| {
+            stats.faults += 1;
+            if ledger.write(page, token, window) {
+                stats.conflicts += 1;
+            }
+        });
+    }
+}
+
 fn on_mode() -> Option<Mode> {
     mode().ok().filter(|&m| m != Mode::Off)
 }
@@ -174,6 +233,8 @@ pub fn begin(token: u64, retry: usize) -> Result<(), i32> {
     let Some(_) = on_mode() else { return Ok(()) };
     let mut g = state();
     let Some(st) = g.as_mut() else { return Ok(()) };
+    // Writes since the last switch were no token's.
+    collect(st, 0);
     st.tokens.entry(token).or_default();
     run(token, retry);
     Ok(())
@@ -202,8 +263,13 @@ pub fn park(token: u64) -> Result<(), i32> {
     let Some(m) = on_mode() else { return Ok(()) };
     let mut g = state();
     let Some(st) = g.as_mut() else { return Ok(()) };
+    if !st.tokens.contains_key(&token) {
+        return Err(-libc::ENOENT);
+    }
+    // Its writes since it began or resumed belong to the window now closing.
+    collect(st, token);
     let clock = st.ledger.clock();
-    let t = st.tokens.get_mut(&token).ok_or(-libc::ENOENT)?;
+    let t = st.tokens.get_mut(&token).expect("present");
     t.parked_at = clock;
     t.window = None;
     if m == Mode::Enforce {
@@ -239,7 +305,11 @@ pub fn end(token: u64) -> Result<usize, i32> {
     let Some(m) = on_mode() else { return Ok(0) };
     let mut g = state();
     let Some(st) = g.as_mut() else { return Ok(0) };
-    let t = st.tokens.remove(&token).ok_or(-libc::ENOENT)?;
+    if !st.tokens.contains_key(&token) {
+        return Err(-libc::ENOENT);
+    }
+    collect(st, token);
+    let t = st.tokens.remove(&token).expect("present");
     let n = release(st, &t.owned);
     if CURRENT.load(Acquire) == token {
         stop(st, m);

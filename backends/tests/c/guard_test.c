@@ -83,8 +83,8 @@ int main(int argc, char **argv) {
 
     struct toffload_guard_stats s;
     check(toffload_guard_stats(&s) == 0 && s.mode == mode, "stats");
-    printf("counter %llu, sent back %d, pages %llu, faults %llu, conflicts %llu, deferred %llu, released %llu\n",
-           *counter, sent_back, s.pages, s.faults, s.conflicts, s.deferred, s.released);
+    printf("uffd_async %d, counter %llu, sent back %d, pages %llu, faults %llu, conflicts %llu, deferred %llu, released %llu\n",
+           s.uffd_async, *counter, sent_back, s.pages, s.faults, s.conflicts, s.deferred, s.released);
     switch (mode) {
     case 0:
         check(*counter == 1 && s.faults == 0, "off: an update lost, nothing seen");
