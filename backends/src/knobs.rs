@@ -57,6 +57,8 @@ knobs! {
         "operations in flight before -EAGAIN", Accel;
     EMU_CPU: "TOFFLOAD_EMU_CPU", "unpinned", "a CPU number from 0 to 4095",
         "pin the device thread", Accel;
+    GUARD: "TOFFLOAD_GUARD", "off", "`off`, `detect` or `enforce`",
+        "the mode of the guard's C API (toffload_accel.h), for integrations that suspend without fibers; the runtime's own guard reads the same variable", Accel;
     CUDA_DEVICE: "TOFFLOAD_CUDA_DEVICE", "0", "a device ordinal from 0 to 1023",
         "cuda: the device ordinal", Accel;
     CUDA_STREAMS: "TOFFLOAD_CUDA_STREAMS", "16", "an integer from 1 to 1024",

@@ -12,6 +12,14 @@ pub mod cuda;
 pub mod emulated;
 mod error;
 mod futex;
+pub mod guard;
+
+/// What runtime/src/guard/uffd.rs (compiled into guard/ too) calls `crate::real`.
+mod real {
+    pub fn errno() -> libc::c_int {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+}
 pub mod knobs;
 pub mod remote;
 mod slots;

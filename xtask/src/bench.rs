@@ -16,7 +16,8 @@ pub enum Which {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// The conflict guard: enforce vs a coarse lock, detect's overhead, fault costs.
+    /// The conflict guard: enforce vs a coarse lock, detect's overhead, fault costs;
+    /// then the Redis module's ACCEL.INCR through the guard's C API (the same file).
     Guard {
         /// Extra arguments for toffload-guard-bench (see its --help).
         #[arg(last = true)]
@@ -104,16 +105,28 @@ pub fn run(which: Which) -> Result {
         }
         Which::Guard { args } => {
             let dist = crate::build::all()?;
-            charted(
-                Bench::Guard,
-                proc::run(
-                    Command::new(dist.bin.join("toffload-guard-bench"))
-                        .arg("--out")
-                        .arg(paths::results().join("guard.md"))
-                        .args(&args)
-                        .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist")),
-                ),
+            let out = paths::results().join("guard.md");
+            let run = proc::run(
+                Command::new(dist.bin.join("toffload-guard-bench"))
+                    .arg("--out")
+                    .arg(&out)
+                    .args(&args)
+                    .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist")),
             )
+            // Then the Redis module's section (the guard's C API on the rerouted path),
+            // which the test appends to the file just written.
+            .and_then(|()| {
+                proc::run(
+                    proc::cargo()
+                        .args(["test", "--release", "-p", "toffload-tests"])
+                        .args(["--test", "reroute_redis", "--"])
+                        .args(["--exact", "guard_redis_benchmark", "--nocapture"])
+                        .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist"))
+                        .env("TOFFLOAD_GUARD_REDIS_OUT", &out)
+                        .env("TOFFLOAD_GUARD_REDIS_ROUNDS", "3"),
+                )
+            });
+            charted(Bench::Guard, run)
         }
         Which::Runtime { args } => {
             let dist = crate::build::all()?;

@@ -55,6 +55,7 @@ REDISMODULE_API_PTR(int, ReplyWithError, (RedisModuleCtx *ctx, const char *err))
 REDISMODULE_API_PTR(int, ReplyWithStringBuffer, (RedisModuleCtx *ctx, const char *buf, size_t len));
 REDISMODULE_API_PTR(int, ReplyWithLongLong, (RedisModuleCtx *ctx, long long ll));
 REDISMODULE_API_PTR(int, ReplyWithArray, (RedisModuleCtx *ctx, long len));
+REDISMODULE_API_PTR(int, ReplyWithSimpleString, (RedisModuleCtx *ctx, const char *msg));
 REDISMODULE_API_PTR(const char *, StringPtrLen, (const RedisModuleString *str, size_t *len));
 REDISMODULE_API_PTR(RedisModuleKey *, OpenKey, (RedisModuleCtx *ctx, RedisModuleString *keyname, int mode));
 REDISMODULE_API_PTR(void, CloseKey, (RedisModuleKey *kp));
@@ -82,7 +83,7 @@ static int RedisModule_Init(RedisModuleCtx *ctx, const char *name, int ver, int 
         REDISMODULE_GET_API(Alloc) || REDISMODULE_GET_API(Free) || REDISMODULE_GET_API(Log) ||
         REDISMODULE_GET_API(WrongArity) || REDISMODULE_GET_API(ReplyWithError) ||
         REDISMODULE_GET_API(ReplyWithStringBuffer) || REDISMODULE_GET_API(ReplyWithLongLong) ||
-        REDISMODULE_GET_API(ReplyWithArray) || REDISMODULE_GET_API(StringPtrLen) ||
+        REDISMODULE_GET_API(ReplyWithArray) || REDISMODULE_GET_API(ReplyWithSimpleString) || REDISMODULE_GET_API(StringPtrLen) ||
         REDISMODULE_GET_API(OpenKey) || REDISMODULE_GET_API(CloseKey) || REDISMODULE_GET_API(KeyType) ||
         REDISMODULE_GET_API(StringDMA) || REDISMODULE_GET_API(GetContextFlags) ||
         REDISMODULE_GET_API(BlockClient) || REDISMODULE_GET_API(UnblockClient) ||
