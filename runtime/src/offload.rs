@@ -331,6 +331,7 @@ pub fn poll_interval(c: &Carrier, now: u64) -> Option<u64> {
 /// # Safety
 /// As call_blocking.
 pub unsafe fn interposed(row: usize, a: Args) -> c_long {
+    let _phase = crate::handoff::scope();
     let saved = real::errno();
     let r = match fiber::current() {
         // SAFETY: `a` are the caller's arguments for this row (our own contract).

@@ -342,6 +342,15 @@ pub fn window_text(w: &Window, title: &str) -> String {
             r.guard_faults,
             r.guard_pages
         );
+        if r.handoffs > 0 {
+            let _ = writeln!(
+                s,
+                "  handoffs: {} ({:.1}/s): a carrier blocked below libc handed its other fibers \
+                 to a spare thread",
+                r.handoffs,
+                r.handoffs as f64 / w.secs.max(1e-9)
+            );
+        }
         if r.guard_released > 0 {
             let _ = writeln!(
                 s,
