@@ -117,9 +117,9 @@ pub struct Config {
     pub handoff_max_spares: usize,
 }
 
-/// TOFFLOAD_HANDOFF_US's default (README, "Blocked-carrier handoff": well above the
-/// longest stretch a fiber of the test servers runs between runtime calls, well below
-/// a client's patience).
+/// TOFFLOAD_HANDOFF_US's default: the monitor's cost while carriers are awake doubles
+/// as it halves, and each wait below libc costs about this much (measured in
+/// docs/architecture.md, "Blocked-carrier handoff").
 pub const DEFAULT_HANDOFF_US: u64 = 2000;
 
 /// TOFFLOAD_GUARD_SAMPLE's default: the largest share at which detect's overhead on

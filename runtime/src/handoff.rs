@@ -3,8 +3,8 @@
 //! thread, and with it every other fiber of that carrier, possibly the one that would
 //! end the wait. Here, as Go's sysmon does for goroutines in system calls, a monitor
 //! thread notices a carrier that has stayed in application code past
-//! TOFFLOAD_HANDOFF_US while it has work (runnable fibers, ready events, due timers)
-//! and hands the carrier (its run queue, epoll, timers, fibers) to a spare thread.
+//! TOFFLOAD_HANDOFF_US, its thread asleep in the kernel, while it has work (runnable
+//! fibers, ready events, due timers) and hands the carrier (its run queue, epoll, timers, fibers) to a spare thread.
 //!
 //! Threads ("workers") and carriers are apart: a worker runs at most one carrier. Each
 //! worker has a phase word, written only by itself with plain stores: `app` (odd, with
@@ -370,6 +370,8 @@ fn workers() -> Vec<&'static Worker> {
 }
 
 extern "C" fn monitor_main(_: *mut libc::c_void) -> *mut libc::c_void {
+    // SAFETY: naming our own thread (a NUL-terminated literal of <= 16 bytes).
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"toffload-mon".as_ptr()) };
     let threshold = crate::settings().handoff_us * 1000;
     let tick = (threshold / 2).max(50_000);
     loop {
@@ -448,7 +450,24 @@ fn reserve_spare() -> Option<&'static Worker> {
     None
 }
 
+/// True when thread `tid` sleeps in the kernel (a call that waits), false when it is
+/// running or runnable (computing, or preempted on a busy host: handing its carrier
+/// off would only add a thread switch).
+fn waits_in_kernel(tid: i32) -> bool {
+    let Ok(st) = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")) else {
+        return true;
+    };
+    // The state follows the parenthesised command, which may contain anything.
+    let state = st
+        .rsplit_once(')')
+        .and_then(|(_, r)| r.trim_start().chars().next());
+    !matches!(state, Some('R'))
+}
+
 fn try_steal(w: &'static Worker, c: &'static Carrier, seen: u64) {
+    if !waits_in_kernel(w.tid.load(Relaxed)) {
+        return;
+    }
     let Some(spare) = reserve_spare() else { return };
     w.steal.store(PENDING, SeqCst);
     const PRIVATE_EXPEDITED: libc::c_long = 1 << 3;

@@ -231,6 +231,13 @@ mod tests {
         w[18] = 1234;
         let c = decode(&w).unwrap();
         assert_eq!((c.guard_sample, c.guard_watched_ms), (25, 1234));
+        w[19] = 7;
+        assert_eq!(decode(&w).unwrap().handoffs, 7);
+        // A version-3 runtime: no handoff word.
+        w[1] = VERSION_3;
+        let c = decode(&w).unwrap();
+        assert_eq!((c.guard_watched_ms, c.handoffs), (1234, 0));
+        w[1] = VERSION;
         // A version-2 runtime: its first 17 words, whatever follows them.
         w[1] = VERSION_2;
         let c = decode(&w).unwrap();
