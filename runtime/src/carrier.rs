@@ -176,11 +176,13 @@ impl Carrier {
     }
 
     /// The handoff monitor, from its own thread: does this carrier have something to
-    /// run (queued fibers, ready events or completions, a due deadline)?
+    /// run (queued fibers, ready events or completions, a due deadline, or offloads
+    /// that are polled rather than signalled)?
     pub fn has_work(&self, now: u64) -> bool {
         if self.inject_len.load(Relaxed) != 0
             || self.runq_len.load(Relaxed) != 0
             || self.next_deadline.load(Relaxed) <= now
+            || (self.live.load(Relaxed) > 1 && crate::offload::polled_inflight())
         {
             return true;
         }

@@ -202,13 +202,25 @@ pub fn enter(w: &'static Worker) -> &'static Worker {
     stolen(w)
 }
 
+/// Until the monitor has decided a steal it announced: a membarrier and a load, so
+/// microseconds, unless the monitor is preempted meanwhile (then yield to it).
+fn wait_decided(w: &Worker) {
+    let mut spins = 0u32;
+    while w.steal.load(Acquire) == PENDING {
+        spins += 1;
+        if spins < 1000 {
+            std::hint::spin_loop();
+        } else {
+            // SAFETY: no arguments; raw, since sched_yield is interposed.
+            unsafe { libc::syscall(libc::SYS_sched_yield) };
+        }
+    }
+}
+
 #[cold]
 #[inline(never)]
 fn stolen(w: &'static Worker) -> &'static Worker {
-    // The monitor decides within microseconds (a membarrier and a load).
-    while w.steal.load(Acquire) == PENDING {
-        std::hint::spin_loop();
-    }
+    wait_decided(w);
     if w.steal.load(Acquire) != COMMITTED {
         return w;
     }
@@ -231,9 +243,7 @@ pub fn lost_carrier(w: &Worker) -> bool {
     if w.steal.load(Acquire) == NONE {
         return false;
     }
-    while w.steal.load(Acquire) == PENDING {
-        std::hint::spin_loop();
-    }
+    wait_decided(w);
     w.steal.load(Acquire) == COMMITTED
 }
 
