@@ -77,8 +77,6 @@ static SPARES: AtomicUsize = AtomicUsize::new(0);
 static MONITOR: AtomicBool = AtomicBool::new(false);
 /// 1 while the monitor sleeps without a deadline (every carrier asleep).
 static DEEP: AtomicU32 = AtomicU32::new(0);
-/// Handoffs committed, for the stats.
-pub static HANDOFFS: AtomicUsize = AtomicUsize::new(0);
 
 /// This thread's worker. Never inlined: a fiber may move to another thread inside a
 /// runtime call, and the thread-local's address must be computed afresh after that.
@@ -491,7 +489,6 @@ fn try_steal(w: &'static Worker, c: &'static Carrier, seen: u64) {
         return;
     }
     w.steal.store(COMMITTED, Release);
-    HANDOFFS.fetch_add(1, Relaxed);
     stats::COUNTERS.handoffs.fetch_add(1, Relaxed);
     spare
         .assigned
