@@ -7,11 +7,11 @@
 use crate::fiber::{Fiber, Yield, NOTIFIED, PARKED, RUNNING};
 use crate::offload::OffloadWait;
 use crate::spinlock::SpinLock;
-use crate::{real, stats, time};
+use crate::{handoff, real, stats, time};
 use libc::c_int;
 use std::cell::{Cell, UnsafeCell};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering::*};
 
 /// epoll data of the carrier's own wake-up eventfd; offload completion fds use
 /// COMPLETION_TAG | row; anything else is an application fd.
@@ -29,13 +29,16 @@ pub struct Carrier {
     pub index: usize,
     pub tid: AtomicI32,
     pub pthread: Cell<libc::pthread_t>,
-    pub current: Cell<*const Fiber>,
-    epfd: Cell<c_int>,
+    /// Read by the handoff monitor (poll for ready events), hence atomic.
+    epfd: AtomicI32,
     wakefd: Cell<c_int>,
     sleeping: AtomicBool,
     inject: SpinLock<Vec<*const Fiber>>,
     inject_len: AtomicUsize,
     runq: UnsafeCell<VecDeque<*const Fiber>>,
+    /// runq's length and the first deadline, mirrored for the handoff monitor.
+    runq_len: AtomicUsize,
+    next_deadline: AtomicU64,
     timers: UnsafeCell<BTreeMap<(u64, u64), *const Fiber>>,
     timer_seq: Cell<u64>,
     fdwait: UnsafeCell<HashMap<c_int, Vec<FdWaiter>>>,
@@ -48,24 +51,26 @@ pub struct Carrier {
     pub idle_poll: crate::idle_poll::Poll,
 }
 
-// SAFETY: the UnsafeCell/Cell fields are used only by the carrier's own thread (and by
-// the fork child handler, when no other thread exists); cross-thread fields are atomics
-// or locked.
+// SAFETY: the UnsafeCell/Cell fields are used only by the thread running the carrier
+// (its first thread, or the spare it was handed to: handoff.rs hands it over only while
+// the old thread runs application code, and that thread never touches it again), and
+// by the fork child handler, when no other thread exists; cross-thread fields are
+// atomics or locked.
 unsafe impl Sync for Carrier {}
 // SAFETY: nothing in a carrier is tied to the thread that built it (fds, atomics, cells
 // of plain data); it is built on the spawning thread, then run by its own.
 unsafe impl Send for Carrier {}
 
-thread_local! {
-    static THIS: Cell<*const Carrier> = const { Cell::new(std::ptr::null()) };
-}
-
-/// The carrier running on this thread, if this is a carrier thread.
+/// The carrier running on this thread, if this is a carrier thread. Called from a
+/// fiber's application code, it is a runtime entry: if the carrier was handed to a
+/// spare meanwhile, the fiber moves there first (handoff.rs).
 #[inline]
 pub fn this<'a>() -> Option<&'a Carrier> {
-    let p = THIS.with(|c| c.get());
-    // SAFETY: carriers are never freed.
-    (!p.is_null()).then(|| unsafe { &*p })
+    let mut w = handoff::worker()?;
+    if w.in_app_code() {
+        w = handoff::enter(w);
+    }
+    w.carrier()
 }
 
 /// Every carrier started in this process, in start order.
@@ -100,13 +105,14 @@ impl Carrier {
             index,
             tid: AtomicI32::new(0),
             pthread: Cell::new(0),
-            current: Cell::new(std::ptr::null()),
-            epfd: Cell::new(ep),
+            epfd: AtomicI32::new(ep),
             wakefd: Cell::new(wake),
             sleeping: AtomicBool::new(false),
             inject: SpinLock::new(Vec::new()),
             inject_len: AtomicUsize::new(0),
             runq: UnsafeCell::new(VecDeque::new()),
+            runq_len: AtomicUsize::new(0),
+            next_deadline: AtomicU64::new(u64::MAX),
             timers: UnsafeCell::new(BTreeMap::new()),
             timer_seq: Cell::new(0),
             fdwait: UnsafeCell::new(HashMap::new()),
@@ -122,8 +128,7 @@ impl Carrier {
     /// Queues a runnable fiber on this carrier (from any thread).
     pub fn enqueue(&self, f: &Fiber) {
         if this().is_some_and(|c| std::ptr::eq(c, self)) {
-            // SAFETY: we are this carrier's thread.
-            unsafe { (*self.runq.get()).push_back(f) };
+            self.push_local(f);
             return;
         }
         self.inject.lock().push(f);
@@ -143,6 +148,55 @@ impl Carrier {
         }
     }
 
+    /// Queues on our own run queue (this carrier's thread only).
+    fn push_local(&self, f: *const Fiber) {
+        // SAFETY: carrier-local, and we are its thread.
+        let q = unsafe { &mut *self.runq.get() };
+        q.push_back(f);
+        self.runq_len.store(q.len(), Relaxed);
+    }
+
+    fn pop_local(&self) -> Option<*const Fiber> {
+        // SAFETY: carrier-local, and we are its thread.
+        let q = unsafe { &mut *self.runq.get() };
+        let f = q.pop_front();
+        self.runq_len.store(q.len(), Relaxed);
+        f
+    }
+
+    fn note_deadline(&self) {
+        // SAFETY: carrier-local.
+        let first = unsafe { (*self.timers.get()).keys().next().map_or(u64::MAX, |k| k.0) };
+        self.next_deadline.store(first, Relaxed);
+    }
+
+    /// True while the carrier sleeps in epoll (the handoff monitor's test).
+    pub fn is_sleeping(&self) -> bool {
+        self.sleeping.load(SeqCst)
+    }
+
+    /// The handoff monitor, from its own thread: does this carrier have something to
+    /// run (queued fibers, ready events or completions, a due deadline, or offloads
+    /// that are polled rather than signalled)?
+    pub fn has_work(&self, now: u64) -> bool {
+        if self.inject_len.load(Relaxed) != 0
+            || self.runq_len.load(Relaxed) != 0
+            || self.next_deadline.load(Relaxed) <= now
+            || (self.live.load(Relaxed) > 1 && crate::offload::polled_inflight())
+        {
+            return true;
+        }
+        let mut p = libc::pollfd {
+            fd: self.epfd.load(Relaxed),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // An epoll fd polls readable while it has ready events; poll() reports without
+        // taking them. Raw: poll is interposed.
+        // SAFETY: one valid pollfd.
+        unsafe { libc::syscall(libc::SYS_poll, &mut p as *mut libc::pollfd, 1, 0) == 1 }
+    }
+
     // ---- timers ----------------------------------------------------------
 
     pub fn add_timer(&self, f: &Fiber, deadline: u64) {
@@ -151,12 +205,14 @@ impl Carrier {
         // SAFETY: carrier-local.
         unsafe { (*self.timers.get()).insert((deadline, seq), f) };
         f.timer_key.set(Some((deadline, seq)));
+        self.note_deadline();
     }
 
     pub fn cancel_timer(&self, f: &Fiber) {
         if let Some(k) = f.timer_key.take() {
             // SAFETY: carrier-local.
             unsafe { (*self.timers.get()).remove(&k) };
+            self.note_deadline();
         }
     }
 
@@ -174,6 +230,7 @@ impl Carrier {
             f.timer_fired.set(true);
             crate::fiber::wake(f);
         }
+        self.note_deadline();
     }
 
     // ---- I/O ---------------------------------------------------------------
@@ -203,7 +260,8 @@ impl Carrier {
             u64: fd as u64,
         };
         // SAFETY: valid epoll fd and event.
-        if unsafe { libc::epoll_ctl(self.epfd.get(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+        if unsafe { libc::epoll_ctl(self.epfd.load(Relaxed), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0
+        {
             let e = real::errno();
             return if e == libc::EEXIST { Ok(false) } else { Err(e) };
         }
@@ -255,7 +313,8 @@ impl Carrier {
             u64: COMPLETION_TAG | row as u64,
         };
         // SAFETY: valid fds.
-        let r = unsafe { libc::epoll_ctl(self.epfd.get(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        let r =
+            unsafe { libc::epoll_ctl(self.epfd.load(Relaxed), libc::EPOLL_CTL_ADD, fd, &mut ev) };
         if r == 0 || real::errno() == libc::EEXIST {
             self.completion_watched
                 .set(self.completion_watched.get() | bit);
@@ -273,11 +332,14 @@ impl Carrier {
         // SAFETY: carrier-local.
         let runq = unsafe { &mut *self.runq.get() };
         runq.extend(q.drain(..));
+        self.runq_len.store(runq.len(), Relaxed);
     }
 
-    fn run(&self, f: &Fiber) {
+    /// Runs `f` until it yields; false when this thread lost the carrier meanwhile
+    /// (handed off while it was blocked): then it must not touch it any more.
+    fn run(&'static self, w: &'static handoff::Worker, f: &Fiber) -> bool {
         let cfg = crate::settings();
-        self.current.set(f);
+        w.set_current(f);
         if !cfg.disabled.errno {
             real::set_errno(f.errno.get());
         }
@@ -287,7 +349,13 @@ impl Carrier {
         if !cfg.disabled.errno {
             f.errno.set(real::errno());
         }
-        self.current.set(std::ptr::null());
+        w.set_current(std::ptr::null());
+        if handoff::lost_carrier(w) {
+            // Handed off while the fiber ran (it yields with Migrate when it noticed):
+            // the carrier is another thread's now.
+            handoff::release(w, self, f, r);
+            return false;
+        }
         // After a fork from inside the fiber, this carrier was reset in place: still us.
         match r {
             Some(Yield::Park) => {
@@ -297,16 +365,14 @@ impl Carrier {
                 {
                     debug_assert_eq!(f.state.load(Acquire), NOTIFIED);
                     f.state.store(RUNNING, Release);
-                    // SAFETY: carrier-local.
-                    unsafe { (*self.runq.get()).push_back(f) };
+                    self.push_local(f);
                 }
             }
-            Some(Yield::Requeue) => {
+            Some(Yield::Requeue | Yield::Migrate) => {
                 if f.state.load(Acquire) == NOTIFIED {
                     f.state.store(RUNNING, Release);
                 }
-                // SAFETY: carrier-local.
-                unsafe { (*self.runq.get()).push_back(f) };
+                self.push_local(f);
             }
             Some(Yield::Exit) | None => {
                 f.release_stack();
@@ -315,21 +381,23 @@ impl Carrier {
                 crate::thread::on_fiber_finished(f);
             }
         }
+        true
     }
 
     /// One turn: run what is runnable, then poll I/O, completions and deadlines (without
     /// sleeping when work remains).
-    fn turn(&self) {
+    fn turn(&'static self, w: &'static handoff::Worker) {
         self.drain_inject();
         // SAFETY: carrier-local.
         let n = unsafe { (*self.runq.get()).len() };
         for _ in 0..n {
-            // SAFETY: carrier-local.
-            let Some(f) = (unsafe { (*self.runq.get()).pop_front() }) else {
+            let Some(f) = self.pop_local() else {
                 break;
             };
             // SAFETY: queued fibers are alive.
-            self.run(unsafe { &*f });
+            if !self.run(w, unsafe { &*f }) {
+                return;
+            }
         }
         // SAFETY: carrier-local.
         let busy = unsafe { !(*self.runq.get()).is_empty() };
@@ -394,7 +462,7 @@ impl Carrier {
         let n = unsafe {
             libc::syscall(
                 libc::SYS_epoll_pwait2,
-                self.epfd.get(),
+                self.epfd.load(Relaxed),
                 evs.as_mut_ptr(),
                 evs.len() as c_int,
                 tsp,
@@ -404,6 +472,7 @@ impl Carrier {
         };
         if sleeping {
             self.sleeping.store(false, SeqCst);
+            handoff::carrier_woke();
         }
         for ev in evs.iter().take(n.max(0) as usize) {
             let (data, events) = (ev.u64, ev.events);
@@ -433,13 +502,15 @@ impl Carrier {
         // SAFETY: as above.
         unsafe {
             (*self.runq.get()).clear();
+            self.runq_len.store(0, Relaxed);
+            self.next_deadline.store(u64::MAX, Relaxed);
             (*self.timers.get()).clear();
             (*self.fdwait.get()).clear();
             (*self.offloads.get()).clear();
         }
         // Not closed: the parent still uses them; ours are fresh.
         if let Some((ep, wake)) = new_fds() {
-            self.epfd.set(ep);
+            self.epfd.store(ep, Relaxed);
             self.wakefd.set(wake);
         }
         self.completion_watched.set(0);
@@ -452,11 +523,14 @@ impl Carrier {
     }
 }
 
+/// A worker thread: runs its carrier (a carrier's first thread, or a spare given a
+/// stolen one); without one, waits as a spare (handoff.rs).
 extern "C" fn carrier_main(arg: *mut libc::c_void) -> *mut libc::c_void {
-    // SAFETY: `arg` is a leaked &'static Carrier.
-    let c: &'static Carrier = unsafe { &*(arg as *const Carrier) };
-    THIS.with(|t| t.set(c));
-    c.tid.store(real::gettid(), SeqCst);
+    let w = handoff::Worker::register();
+    if !arg.is_null() {
+        // SAFETY: `arg` is a leaked &'static Carrier.
+        w.adopt(unsafe { &*(arg as *const Carrier) });
+    }
     crate::stack::install_altstack();
     calibrate();
     // Decided here, on the carrier's own stack: under auto it reads sysfs, which an
@@ -464,14 +538,34 @@ extern "C" fn carrier_main(arg: *mut libc::c_void) -> *mut libc::c_void {
     crate::idle_poll::enabled();
     crate::log_at!(
         crate::log::INFO,
-        "carrier {} started (tid {})",
-        c.index,
+        "worker for carrier {:?} started (tid {})",
+        w.carrier().map(|c| c.index),
         real::gettid()
     );
     loop {
-        // Re-read: a fork from a fiber resets the carrier in place, never moves it.
-        this().expect("carrier").turn();
+        // Re-read: a fork from a fiber resets the carrier in place, never moves it; a
+        // handoff takes it away.
+        match w.carrier() {
+            Some(c) => c.turn(w),
+            None => {
+                w.wait_for_carrier();
+            }
+        }
     }
+}
+
+/// Starts a worker thread for `c`, or a spare (None). False if no thread could start.
+pub fn spawn_worker(c: Option<&'static Carrier>) -> bool {
+    let arg = c.map_or(std::ptr::null_mut(), |c| {
+        c as *const Carrier as *mut libc::c_void
+    });
+    let mut t: libc::pthread_t = 0;
+    // SAFETY: real pthread_create with a static carrier (or null) as argument.
+    let r = unsafe { (real::pthread_create())(&mut t, std::ptr::null(), carrier_main, arg) };
+    if r != 0 {
+        crate::log_at!(crate::log::ERROR, "cannot start a worker thread: errno {r}");
+    }
+    r == 0
 }
 
 /// Measures a park + resume (two stack switches and the bookkeeping around them) once,
@@ -531,13 +625,17 @@ fn ensure_started() -> bool {
         list.push(c as *const Carrier as usize);
     }
     stats::COUNTERS.carriers.store(list.len(), Relaxed);
-    !list.is_empty()
+    drop(list);
+    handoff::start_monitor();
+    crate::stats::COUNTERS.carriers.load(Relaxed) > 0
 }
 
 /// Picks the carrier for a new fiber: the creating fiber's own carrier (keeps a
 /// connection's helpers together), else round robin.
 pub fn pick() -> Option<&'static Carrier> {
     if let Some(c) = this() {
+        // A forked child keeps its carrier but not the monitor thread.
+        handoff::start_monitor();
         // SAFETY: carriers are 'static.
         return Some(unsafe { &*(c as *const Carrier) });
     }

@@ -87,6 +87,9 @@ pub struct Disabled {
     /// Enforce does not look for ownership cycles (a cycle then waits for the last
     /// resort, guard/own.rs).
     pub guardcycle: bool,
+    /// No blocked-carrier handoff: a carrier stuck in a call the runtime does not see
+    /// keeps its other fibers (handoff.rs).
+    pub handoff: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -107,7 +110,17 @@ pub struct Config {
     /// it, exact). Enforce ignores it (it must see every access).
     pub guard_sample: u8,
     pub idle_poll: IdlePoll,
+    /// TOFFLOAD_HANDOFF_US: how long a carrier may stay in application code, with
+    /// other fibers waiting for it, before its fibers move to a spare thread.
+    pub handoff_us: u64,
+    /// TOFFLOAD_HANDOFF_MAX_SPARES: spare threads the handoff may start.
+    pub handoff_max_spares: usize,
 }
+
+/// TOFFLOAD_HANDOFF_US's default: the monitor's cost while carriers are awake doubles
+/// as it halves, and each wait below libc costs about this much (measured in
+/// docs/architecture.md, "Blocked-carrier handoff").
+pub const DEFAULT_HANDOFF_US: u64 = 2000;
 
 /// TOFFLOAD_GUARD_SAMPLE's default: the largest share at which detect's overhead on
 /// hostile_server at 200 us stays within 10% (tests/results/guard.md).
@@ -129,6 +142,8 @@ impl Default for Config {
             guard_regions: Vec::new(),
             guard_sample: DEFAULT_GUARD_SAMPLE,
             idle_poll: IdlePoll::Off,
+            handoff_us: DEFAULT_HANDOFF_US,
+            handoff_max_spares: 64,
         }
     }
 }
@@ -251,6 +266,7 @@ fn parse_disabled(s: &str) -> Option<Disabled> {
             "join" => d.join = true,
             "fdfacts" => d.fdfacts = true,
             "guardcycle" => d.guardcycle = true,
+            "handoff" => d.handoff = true,
             _ => return None,
         }
     }
@@ -382,6 +398,34 @@ pub const KNOBS: &[Knob] = &[
         },
     },
     Knob {
+        var: "TOFFLOAD_HANDOFF_US",
+        default: "2000",
+        form: "microseconds, an integer from 100 to 10000000",
+        doc: "how long a carrier may stay inside a call the runtime does not see (a raw futex, \
+              io_uring_enter, a driver ioctl) while its other fibers wait, before they move to \
+              a spare thread",
+        section: Section::Runtime,
+        set: |c, v| {
+            int_in(v.trim(), 100, 10_000_000)
+                .map(|n| c.handoff_us = n)
+                .is_some()
+        },
+    },
+    Knob {
+        var: "TOFFLOAD_HANDOFF_MAX_SPARES",
+        default: "64",
+        form: "an integer from 0 to 256 (0: no handoff)",
+        doc: "spare threads the blocked-carrier handoff may start; the process has at most \
+              carriers + this many runtime threads running fibers. Each fiber waiting below \
+              libc at the same time holds one: with fewer, the last waits stay blocked",
+        section: Section::Runtime,
+        set: |c, v| {
+            int_in(v.trim(), 0, 256)
+                .map(|n| c.handoff_max_spares = n as usize)
+                .is_some()
+        },
+    },
+    Knob {
         var: "TOFFLOAD_STATS",
         default: "(none)",
         form: "a path (`%p` = pid)",
@@ -397,7 +441,7 @@ pub const KNOBS: &[Knob] = &[
         var: "TOFFLOAD_TEST_DISABLE",
         default: "(none)",
         form: "a comma-separated list of errno, keys, sync, io, fork, offload, join, fdfacts, \
-               guardcycle (tests only)",
+               guardcycle, handoff (tests only)",
         doc: "tests only: turn a mitigation off to show the hazard it prevents",
         section: Section::Runtime,
         set: |c, v| parse_disabled(v.trim()).map(|d| c.disabled = d).is_some(),

@@ -31,6 +31,7 @@ fn on_fiber_sync<'a>() -> Option<&'a Fiber> {
 
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
+    let _phase = crate::handoff::scope();
     // SAFETY: buf is writable for n bytes, read(2)'s contract with our caller; both paths
     // pass them on unchanged.
     unsafe {
@@ -43,6 +44,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
 
 #[no_mangle]
 pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: usize, buflen: usize) -> isize {
+    let _phase = crate::handoff::scope();
     // SAFETY: __chk_fail takes nothing and does not return; past the check, read's contract
     // is the caller's.
     unsafe {
@@ -58,6 +60,7 @@ pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: usize, bufle
 
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize {
+    let _phase = crate::handoff::scope();
     // SAFETY: buf is readable for n bytes, write(2)'s contract with our caller; both paths
     // pass them on unchanged.
     unsafe {
@@ -70,6 +73,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize
 
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: usize, flags: c_int) -> isize {
+    let _phase = crate::handoff::scope();
     // SAFETY: buf is writable for n bytes, recv(2)'s contract with our caller; null
     // addr/alen ask for no address.
     unsafe {
@@ -96,6 +100,7 @@ pub unsafe extern "C" fn __recv_chk(
     buflen: usize,
     flags: c_int,
 ) -> isize {
+    let _phase = crate::handoff::scope();
     // SAFETY: __chk_fail takes nothing and does not return; past the check, recv's contract
     // is the caller's.
     unsafe {
@@ -111,6 +116,7 @@ pub unsafe extern "C" fn __recv_chk(
 
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: usize, flags: c_int) -> isize {
+    let _phase = crate::handoff::scope();
     // SAFETY: buf is readable for n bytes, send(2)'s contract with our caller; a null addr
     // means none.
     unsafe {
@@ -130,6 +136,7 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> isize {
+    let _phase = crate::handoff::scope();
     // SAFETY: buf (n bytes), addr and alen are valid or null as recvfrom(2) requires of our
     // caller; both paths pass them on unchanged.
     unsafe {
@@ -150,6 +157,7 @@ pub unsafe extern "C" fn __recvfrom_chk(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> isize {
+    let _phase = crate::handoff::scope();
     // SAFETY: __chk_fail takes nothing and does not return; past the check, recvfrom's
     // contract is the caller's.
     unsafe {
@@ -172,6 +180,7 @@ pub unsafe extern "C" fn sendto(
     addr: *const sockaddr,
     alen: socklen_t,
 ) -> isize {
+    let _phase = crate::handoff::scope();
     // SAFETY: buf (n bytes) and addr (alen bytes) are valid as sendto(2) requires of our
     // caller; both paths pass them on unchanged.
     unsafe {
@@ -184,6 +193,7 @@ pub unsafe extern "C" fn sendto(
 
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> isize {
+    let _phase = crate::handoff::scope();
     // SAFETY: iov holds cnt valid iovecs, readv(2)'s contract with our caller; both paths
     // pass them on unchanged.
     unsafe {
@@ -196,6 +206,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> isiz
 
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> isize {
+    let _phase = crate::handoff::scope();
     // SAFETY: iov holds cnt valid iovecs, writev(2)'s contract with our caller; both paths
     // pass them on unchanged.
     unsafe {
@@ -208,6 +219,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> isi
 
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> isize {
+    let _phase = crate::handoff::scope();
     // SAFETY: msg and its buffers are valid as recvmsg(2) requires of our caller; both
     // paths pass them on unchanged.
     unsafe {
@@ -220,6 +232,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> i
 
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> isize {
+    let _phase = crate::handoff::scope();
     // SAFETY: msg and its buffers are valid as sendmsg(2) requires of our caller; both
     // paths pass them on unchanged.
     unsafe {
@@ -244,6 +257,7 @@ fn accepted(r: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: addr and alen are valid or null as accept(2) requires of our caller; both
     // paths pass them on unchanged.
     unsafe {
@@ -261,6 +275,7 @@ pub unsafe extern "C" fn accept4(
     alen: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: addr and alen are valid or null as accept4(2) requires of our caller; both
     // paths pass them on unchanged.
     unsafe {
@@ -273,6 +288,7 @@ pub unsafe extern "C" fn accept4(
 
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, alen: socklen_t) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: addr is valid for alen bytes, connect(2)'s contract with our caller; both
     // paths pass them on unchanged.
     unsafe {
@@ -285,6 +301,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, alen: socklen
 
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: fds holds n pollfds, poll(2)'s contract with our caller; both paths pass them
     // on unchanged.
     unsafe {
@@ -305,6 +322,7 @@ pub unsafe extern "C" fn __poll_chk(
     timeout: c_int,
     fdslen: usize,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: __chk_fail takes nothing and does not return; past the check, poll's contract
     // is the caller's.
     unsafe {
@@ -325,6 +343,7 @@ pub unsafe extern "C" fn ppoll(
     ts: *const timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: fds holds n pollfds and ts/mask are valid or null, ppoll(2)'s contract with
     // our caller.
     unsafe {
@@ -358,6 +377,7 @@ pub unsafe extern "C" fn __ppoll_chk(
     mask: *const libc::sigset_t,
     fdslen: usize,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: __chk_fail takes nothing and does not return; past the check, ppoll's
     // contract is the caller's.
     unsafe {
@@ -379,6 +399,7 @@ pub unsafe extern "C" fn select(
     e: *mut libc::fd_set,
     tv: *mut libc::timeval,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: the fd_sets and tv are valid or null, select(2)'s contract with our caller;
     // tv is dereferenced only when non-null.
     unsafe {
@@ -425,6 +446,7 @@ fn keep_errno<T>(r: T, after: impl FnOnce()) -> T {
 
 #[no_mangle]
 pub unsafe extern "C" fn __toffload_fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: fcntl's integer-or-pointer argument, as the caller gave it to csrc/shim.c.
     let r = unsafe { (real::fcntl())(fd, cmd, arg) };
     keep_errno(r, || fd_facts::after_fcntl(fd, cmd, arg, r))
@@ -432,6 +454,7 @@ pub unsafe extern "C" fn __toffload_fcntl(fd: c_int, cmd: c_int, arg: usize) -> 
 
 #[no_mangle]
 pub unsafe extern "C" fn __toffload_ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: ioctl's integer-or-pointer argument, as the caller gave it to csrc/shim.c.
     let r = unsafe { (real::ioctl())(fd, req, arg) };
     // SAFETY: the caller's own argument for this request.
@@ -446,6 +469,7 @@ pub unsafe extern "C" fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: val is valid for len bytes, setsockopt(2)'s contract with our caller.
     let r = unsafe { (real::setsockopt())(fd, level, opt, val, len) };
     keep_errno(r, || fd_facts::after_setsockopt(fd, level, opt, r))
@@ -453,6 +477,7 @@ pub unsafe extern "C" fn setsockopt(
 
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    let _phase = crate::handoff::scope();
     // Forgotten first: once closed, the number may be another thread's new fd.
     fd_facts::forget(fd);
     // SAFETY: close takes only an integer.
@@ -461,6 +486,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: dup takes only an integer.
     let r = unsafe { (real::dup())(fd) };
     keep_errno(r, || fd_facts::forget(r))
@@ -468,6 +494,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: dup2 takes only integers.
     let r = unsafe { (real::dup2())(old, new) };
     keep_errno(r, || fd_facts::forget(new))
@@ -475,6 +502,7 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: dup3 takes only integers.
     let r = unsafe { (real::dup3())(old, new, flags) };
     keep_errno(r, || fd_facts::forget(new))
@@ -482,6 +510,7 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: socket takes only integers.
     let r = unsafe { (real::socket())(domain, ty, proto) };
     keep_errno(r, || fd_facts::forget(r))
@@ -494,6 +523,7 @@ pub unsafe extern "C" fn socketpair(
     proto: c_int,
     sv: *mut c_int,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: sv has room for two fds, socketpair(2)'s contract with our caller.
     let r = unsafe { (real::socketpair())(domain, ty, proto, sv) };
     if r == 0 && !sv.is_null() {
@@ -511,6 +541,7 @@ pub unsafe extern "C" fn socketpair(
 
 #[no_mangle]
 pub unsafe extern "C" fn sleep(s: c_uint) -> c_uint {
+    let _phase = crate::handoff::scope();
     // SAFETY: sleep takes only an integer.
     unsafe {
         match on_fiber_io() {
@@ -525,6 +556,7 @@ pub unsafe extern "C" fn sleep(s: c_uint) -> c_uint {
 
 #[no_mangle]
 pub unsafe extern "C" fn usleep(us: libc::useconds_t) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: usleep takes only an integer.
     unsafe {
         match on_fiber_io() {
@@ -539,6 +571,7 @@ pub unsafe extern "C" fn usleep(us: libc::useconds_t) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn nanosleep(req: *const timespec, rem: *mut timespec) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: req is valid and rem writable or null, nanosleep(2)'s contract with our
     // caller; rem is written only when non-null.
     unsafe {
@@ -568,6 +601,7 @@ pub unsafe extern "C" fn clock_nanosleep(
     req: *const timespec,
     rem: *mut timespec,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: req is valid and rem writable or null, clock_nanosleep(2)'s contract with our
     // caller; rem is written only when non-null.
     unsafe {
@@ -601,6 +635,7 @@ pub unsafe extern "C" fn epoll_wait(
     max: c_int,
     timeout: c_int,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: evs has room for max events, epoll_wait(2)'s contract with our caller; both
     // paths pass them on unchanged.
     unsafe {
@@ -622,6 +657,7 @@ pub unsafe extern "C" fn epoll_pwait(
     timeout: c_int,
     mask: *const libc::sigset_t,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: evs has room for max events and mask is valid or null, epoll_pwait(2)'s
     // contract with our caller.
     unsafe {
@@ -637,6 +673,7 @@ pub unsafe extern "C" fn epoll_pwait(
 
 #[no_mangle]
 pub unsafe extern "C" fn sched_yield() -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: sched_yield takes no arguments.
     unsafe {
         match fiber::current() {
@@ -659,12 +696,14 @@ pub unsafe extern "C" fn __toffload_pthread_create(
     arg: *mut c_void,
     caller: *const c_void,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: the application's pthread_create arguments, relayed by csrc/shim.c unchanged.
     unsafe { thread::create(out, attr, start, arg, caller as usize) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_join(t: pthread_t, ret: *mut *mut c_void) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: ret is writable or null, pthread_join(3)'s contract with our caller; t is not
     // a stale fiber handle.
     unsafe {
@@ -691,6 +730,7 @@ pub unsafe extern "C" fn pthread_join(t: pthread_t, ret: *mut *mut c_void) -> c_
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_tryjoin_np(t: pthread_t, ret: *mut *mut c_void) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: ret is writable or null, pthread_tryjoin_np(3)'s contract with our caller; t
     // is not a stale fiber handle.
     unsafe {
@@ -707,6 +747,7 @@ pub unsafe extern "C" fn pthread_timedjoin_np(
     ret: *mut *mut c_void,
     ts: *const timespec,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: ret is writable or null and ts valid, as pthread_timedjoin_np(3) requires of
     // our caller.
     unsafe {
@@ -730,6 +771,7 @@ pub unsafe extern "C" fn pthread_clockjoin_np(
     clock: clockid_t,
     ts: *const timespec,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: ret is writable or null and ts valid, as pthread_clockjoin_np(3) requires of
     // our caller.
     unsafe {
@@ -748,6 +790,7 @@ pub unsafe extern "C" fn pthread_clockjoin_np(
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_detach(t: pthread_t) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: t is not a stale fiber handle; the real call takes only the handle.
     unsafe {
         if thread::is_stale_fiber(t) {
@@ -759,6 +802,7 @@ pub unsafe extern "C" fn pthread_detach(t: pthread_t) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_exit(ret: *mut c_void) -> ! {
+    let _phase = crate::handoff::scope();
     // SAFETY: ret is the caller's opaque value; thread::exit returns only on a real thread,
     // which glibc then ends.
     unsafe {
@@ -770,6 +814,7 @@ pub unsafe extern "C" fn pthread_exit(ret: *mut c_void) -> ! {
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_getattr_np(t: pthread_t, attr: *mut pthread_attr_t) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: attr is writable, pthread_getattr_np(3)'s contract with our caller; t is not
     // a stale fiber handle.
     unsafe {
@@ -782,6 +827,7 @@ pub unsafe extern "C" fn pthread_getattr_np(t: pthread_t, attr: *mut pthread_att
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_kill(t: pthread_t, sig: c_int) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: t is not a stale fiber handle; the real call takes only the handle and a
     // signal number.
     unsafe {
@@ -794,6 +840,7 @@ pub unsafe extern "C" fn pthread_kill(t: pthread_t, sig: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_setname_np(t: pthread_t, name: *const c_char) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: name is a C string, pthread_setname_np(3)'s contract with our caller; t is
     // not a stale fiber handle.
     unsafe {
@@ -806,6 +853,7 @@ pub unsafe extern "C" fn pthread_setname_np(t: pthread_t, name: *const c_char) -
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_getname_np(t: pthread_t, name: *mut c_char, len: usize) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: name has room for len bytes, pthread_getname_np(3)'s contract with our
     // caller; t is not a stale fiber handle.
     unsafe {
@@ -818,6 +866,7 @@ pub unsafe extern "C" fn pthread_getname_np(t: pthread_t, name: *mut c_char, len
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_cancel(t: pthread_t) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: t is a real thread here (fibers returned above).
     unsafe {
         if thread::is_stale_fiber(t) {
@@ -839,6 +888,7 @@ pub unsafe extern "C" fn pthread_cancel(t: pthread_t) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_mutex_lock(m: *mut pthread_mutex_t) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: m is an initialized mutex, pthread_mutex_lock(3)'s contract with our caller;
     // both paths pass them on unchanged.
     unsafe {
@@ -851,6 +901,7 @@ pub unsafe extern "C" fn pthread_mutex_lock(m: *mut pthread_mutex_t) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_mutex_trylock(m: *mut pthread_mutex_t) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: m is an initialized mutex, pthread_mutex_trylock(3)'s contract with our
     // caller; both paths pass them on unchanged.
     unsafe {
@@ -866,6 +917,7 @@ pub unsafe extern "C" fn pthread_mutex_timedlock(
     m: *mut pthread_mutex_t,
     ts: *const timespec,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: m is an initialized mutex and ts valid, as pthread_mutex_timedlock(3)
     // requires of our caller.
     unsafe {
@@ -885,6 +937,7 @@ pub unsafe extern "C" fn pthread_mutex_clocklock(
     clock: clockid_t,
     ts: *const timespec,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: m is an initialized mutex and ts valid, as pthread_mutex_clocklock(3)
     // requires of our caller.
     unsafe {
@@ -900,6 +953,7 @@ pub unsafe extern "C" fn pthread_mutex_clocklock(
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_mutex_unlock(m: *mut pthread_mutex_t) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: m is an initialized mutex, pthread_mutex_unlock(3)'s contract with our
     // caller; both paths pass them on unchanged.
     unsafe {
@@ -917,6 +971,7 @@ macro_rules! rw_lock {
     ($name:ident, $real:ident, $write:expr) => {
         #[no_mangle]
         pub unsafe extern "C" fn $name(l: *mut pthread_rwlock_t) -> c_int {
+            let _phase = crate::handoff::scope();
             // SAFETY: l is an initialized rwlock, the contract of the interposed lock with
             // our caller; both paths pass them on unchanged.
             unsafe {
@@ -935,6 +990,7 @@ macro_rules! rw_timed {
     ($name:ident, $real:ident, $write:expr) => {
         #[no_mangle]
         pub unsafe extern "C" fn $name(l: *mut pthread_rwlock_t, ts: *const timespec) -> c_int {
+            let _phase = crate::handoff::scope();
             // SAFETY: l is an initialized rwlock and ts valid, as the interposed timed lock
             // requires of our caller.
             unsafe {
@@ -964,6 +1020,7 @@ macro_rules! rw_clock {
             clock: clockid_t,
             ts: *const timespec,
         ) -> c_int {
+            let _phase = crate::handoff::scope();
             // SAFETY: l is an initialized rwlock and ts valid, as the interposed clock lock
             // requires of our caller.
             unsafe {
@@ -987,6 +1044,7 @@ rw_clock!(pthread_rwlock_clockwrlock, pthread_rwlock_clockwrlock, true);
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_rwlock_unlock(l: *mut pthread_rwlock_t) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: l is an initialized rwlock, pthread_rwlock_unlock(3)'s contract with our
     // caller; both paths pass them on unchanged.
     unsafe {
@@ -1002,6 +1060,7 @@ pub unsafe extern "C" fn pthread_rwlock_unlock(l: *mut pthread_rwlock_t) -> c_in
 
 #[no_mangle]
 pub unsafe extern "C" fn sem_wait(s: *mut libc::sem_t) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: s is an initialized semaphore, sem_wait(3)'s contract with our caller; both
     // paths pass them on unchanged.
     unsafe {
@@ -1014,6 +1073,7 @@ pub unsafe extern "C" fn sem_wait(s: *mut libc::sem_t) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn sem_timedwait(s: *mut libc::sem_t, ts: *const timespec) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: s is an initialized semaphore and ts valid, as sem_timedwait(3) requires of
     // our caller.
     unsafe {
@@ -1036,6 +1096,7 @@ pub unsafe extern "C" fn sem_clockwait(
     clock: clockid_t,
     ts: *const timespec,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: s is an initialized semaphore and ts valid, as sem_clockwait(3) requires of
     // our caller.
     unsafe {
@@ -1054,6 +1115,7 @@ pub unsafe extern "C" fn sem_clockwait(
 
 #[no_mangle]
 pub unsafe extern "C" fn sem_post(s: *mut libc::sem_t) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: s is an initialized semaphore, sem_post(3)'s contract with our caller; both
     // paths pass them on unchanged.
     unsafe {
@@ -1067,6 +1129,7 @@ pub unsafe extern "C" fn sem_post(s: *mut libc::sem_t) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_once(ctl: *mut c_int, init: unsafe extern "C" fn()) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: ctl is a pthread_once_t and init a routine, pthread_once(3)'s contract with
     // our caller.
     unsafe {
@@ -1089,24 +1152,28 @@ fn abi(v: c_int) -> Abi {
 
 #[no_mangle]
 pub unsafe extern "C" fn __toffload_cond_init(v: c_int, c: *mut c_void, a: *const c_void) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: the caller's cond and attr, relayed by csrc/shim.c with its ABI version.
     unsafe { cond::init(abi(v), c, a) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn __toffload_cond_destroy(v: c_int, c: *mut c_void) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: the caller's cond, relayed by csrc/shim.c with its ABI version.
     unsafe { cond::destroy(abi(v), c) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn __toffload_cond_signal(v: c_int, c: *mut c_void) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: the caller's cond, relayed by csrc/shim.c with its ABI version.
     unsafe { cond::signal(abi(v), c) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn __toffload_cond_broadcast(v: c_int, c: *mut c_void) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: the caller's cond, relayed by csrc/shim.c with its ABI version.
     unsafe { cond::broadcast(abi(v), c) }
 }
@@ -1117,6 +1184,7 @@ pub unsafe extern "C" fn __toffload_cond_wait(
     c: *mut c_void,
     m: *mut pthread_mutex_t,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: the caller's cond and locked mutex, relayed by csrc/shim.c with its ABI
     // version.
     unsafe { cond::wait(abi(v), c, m, None) }
@@ -1129,6 +1197,7 @@ pub unsafe extern "C" fn __toffload_cond_timedwait(
     m: *mut pthread_mutex_t,
     ts: *const timespec,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: the caller's cond, locked mutex and deadline, relayed by csrc/shim.c with its
     // ABI version.
     unsafe { cond::wait(abi(v), c, m, Some((None, ts))) }
@@ -1141,6 +1210,7 @@ pub unsafe extern "C" fn pthread_cond_clockwait(
     clock: clockid_t,
     ts: *const timespec,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: c is a cond of the 2.3.2 ABI (the only one with clockwait), m locked and ts
     // valid: the caller's contract.
     unsafe { cond::wait(Abi::V2_3_2, c, m, Some((Some(clock), ts))) }
@@ -1153,6 +1223,7 @@ pub unsafe extern "C" fn pthread_key_create(
     k: *mut pthread_key_t,
     d: Option<unsafe extern "C" fn(*mut c_void)>,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: k is writable and d a destructor or none, pthread_key_create(3)'s contract
     // with our caller.
     unsafe { keys::create(k, d) }
@@ -1160,6 +1231,7 @@ pub unsafe extern "C" fn pthread_key_create(
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_key_delete(k: pthread_key_t) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: the key goes to glibc's pthread_key_delete, which checks it.
     unsafe { keys::delete(k) }
 }
@@ -1171,6 +1243,7 @@ fn on_fiber_keys<'a>() -> Option<&'a Fiber> {
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_getspecific(k: pthread_key_t) -> *mut c_void {
+    let _phase = crate::handoff::scope();
     // SAFETY: the real call takes only the key.
     unsafe {
         match on_fiber_keys() {
@@ -1182,6 +1255,7 @@ pub unsafe extern "C" fn pthread_getspecific(k: pthread_key_t) -> *mut c_void {
 
 #[no_mangle]
 pub unsafe extern "C" fn pthread_setspecific(k: pthread_key_t, v: *const c_void) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: v is the caller's opaque value, stored and never dereferenced.
     unsafe {
         match on_fiber_keys() {
@@ -1195,6 +1269,7 @@ pub unsafe extern "C" fn pthread_setspecific(k: pthread_key_t, v: *const c_void)
 
 #[no_mangle]
 pub unsafe extern "C" fn accel_run(buf: *mut u8, n: c_int) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: buf is valid for n bytes, accel_run's contract with our caller; row 0 is
     // accel_run itself.
     unsafe { offload::interposed(0, [buf as usize, n as usize, 0, 0, 0, 0]) as c_int }
@@ -1208,6 +1283,7 @@ pub unsafe extern "C" fn sigaction(
     act: *const libc::sigaction,
     old: *mut libc::sigaction,
 ) -> c_int {
+    let _phase = crate::handoff::scope();
     // SAFETY: act and old are valid or null, sigaction(2)'s contract with our caller; both
     // paths pass them on unchanged.
     unsafe {
@@ -1220,6 +1296,7 @@ pub unsafe extern "C" fn sigaction(
 
 #[no_mangle]
 pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    let _phase = crate::handoff::scope();
     // SAFETY: an all-zero sigaction is a valid empty one; act and old are locals.
     unsafe {
         // glibc's signal() calls its internal sigaction, not ours: intercept it here too.
@@ -1240,6 +1317,7 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc
 /// 0, or -EINVAL.
 #[no_mangle]
 pub extern "C" fn toffload_guard_region(ptr: *mut c_void, len: usize) -> c_int {
+    let _phase = crate::handoff::scope();
     crate::guard::add_region(ptr as usize, len)
 }
 
@@ -1248,5 +1326,6 @@ pub extern "C" fn toffload_guard_region(ptr: *mut c_void, len: usize) -> c_int {
 /// > 0 inside a fiber (its id), 0 on a real thread.
 #[no_mangle]
 pub extern "C" fn toffload_fiber_id() -> c_long {
+    let _phase = crate::handoff::scope();
     fiber::current().map_or(0, |f| f.id as c_long)
 }

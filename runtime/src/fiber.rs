@@ -6,7 +6,7 @@
 //! do not interpose (pthread_setschedparam, ...) that is handed a fiber handle reads a
 //! thread id of 0 and fails with ESRCH instead of dereferencing garbage.
 
-use crate::carrier::{self, Carrier};
+use crate::carrier::Carrier;
 use crate::spinlock::SpinLock;
 use crate::stack::FiberStack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
@@ -27,6 +27,8 @@ pub enum Yield {
     Requeue,
     /// pthread_exit: abandon the stack.
     Exit,
+    /// Its carrier was handed off while it blocked: queue it there (handoff.rs).
+    Migrate,
 }
 
 pub type Co = Coroutine<(), Yield, (), FiberStack>;
@@ -74,6 +76,8 @@ pub struct Fiber {
     pub timer_key: Cell<Option<(u64, u64)>>,
     pub name: UnsafeCell<[u8; 16]>,
     pub guard: crate::guard::FiberGuard,
+    /// Nesting of interposed calls (handoff::Scope): 0 in application code.
+    pub runtime_depth: Cell<u32>,
 }
 
 // SAFETY: cross-thread access is limited to `state`, `join` (locked), `exited` and
@@ -122,13 +126,22 @@ impl Fiber {
             timer_key: Cell::new(None),
             name: UnsafeCell::new([0; 16]),
             guard: Default::default(),
+            runtime_depth: Cell::new(0),
         }));
         let fp = f as usize;
         let co = Co::with_stack(st, move |y: &Yielder<(), Yield>, ()| {
             // SAFETY: the fiber outlives its coroutine (freed only after it finished).
             let f = unsafe { &*(fp as *const Fiber) };
             f.yielder.set(y as *const _);
+            if let Some(w) = crate::handoff::worker() {
+                w.leave();
+            }
             let ret = (f.start)(f.arg);
+            // The runtime's from here on (its thread-exit work calls destructors).
+            if let Some(w) = crate::handoff::worker() {
+                crate::handoff::enter(w);
+            }
+            f.runtime_depth.set(1);
             crate::thread::on_fiber_return(f, ret);
         });
         // SAFETY: freshly allocated, not shared yet.
@@ -200,15 +213,22 @@ impl Fiber {
 /// The fiber running on this thread, if any.
 #[inline]
 pub fn current<'a>() -> Option<&'a Fiber> {
-    let c = carrier::this()?;
-    let f = c.current.get();
-    // SAFETY: `current` is set by this thread's carrier while the fiber runs.
+    let mut w = crate::handoff::worker()?;
+    if w.in_app_code() {
+        // A runtime entry: it may move the fiber to another thread first.
+        w = crate::handoff::enter(w);
+    }
+    let f = w.current();
+    // SAFETY: `current` is set by this thread's scheduler while the fiber runs.
     (!f.is_null()).then(|| unsafe { &*f })
 }
 
-/// Guard range and stack size of the running fiber, for the SIGSEGV handler.
+/// Guard range and stack size of the running fiber, for the SIGSEGV handler (which
+/// must not move the fiber: no runtime entry here).
 pub fn current_guard() -> Option<(usize, usize, usize)> {
-    let f = current()?;
+    let f = crate::handoff::worker()?.current();
+    // SAFETY: set by this thread's scheduler while the fiber runs.
+    let f = (!f.is_null()).then(|| unsafe { &*f })?;
     Some((f.guard_lo, f.stack_lo, (f.stack_hi - f.stack_lo) >> 10))
 }
 

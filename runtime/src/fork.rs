@@ -17,6 +17,7 @@ extern "C" fn in_child() {
         crate::keys::after_fork_child();
         crate::sync::after_fork_child();
         crate::thread::after_fork_child();
+        crate::handoff::after_fork_child();
         crate::carrier::after_fork_child();
     }
     crate::offload::after_fork_child();

@@ -22,6 +22,7 @@ pub mod fmt_buf;
 pub mod fork;
 pub mod got;
 pub mod guard;
+pub mod handoff;
 pub mod idle_poll;
 pub mod io;
 pub mod keys;

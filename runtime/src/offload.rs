@@ -300,6 +300,12 @@ pub fn scan(c: &Carrier, completion_seen: bool) {
 }
 
 /// For an idle carrier with offloads on polled rows: how soon to look again.
+/// True while offloads without a completion fd are in flight (some carrier must look
+/// at them on time: the handoff monitor's test).
+pub fn polled_inflight() -> bool {
+    POLLED_INFLIGHT.load(Relaxed) != 0
+}
+
 pub fn poll_interval(c: &Carrier, now: u64) -> Option<u64> {
     if POLLED_INFLIGHT.load(Relaxed) == 0 {
         return None;
@@ -331,6 +337,7 @@ pub fn poll_interval(c: &Carrier, now: u64) -> Option<u64> {
 /// # Safety
 /// As call_blocking.
 pub unsafe fn interposed(row: usize, a: Args) -> c_long {
+    let _phase = crate::handoff::scope();
     let saved = real::errno();
     let r = match fiber::current() {
         // SAFETY: `a` are the caller's arguments for this row (our own contract).

@@ -34,6 +34,7 @@ fn sum() -> usize {
         &c.io_parks,
         &c.guard_faults,
         &c.guard_serialized,
+        &c.handoffs,
     ]
     .iter()
     .map(|c| c.load(Relaxed))
@@ -42,7 +43,7 @@ fn sum() -> usize {
 
 pub fn json() -> String {
     format!(
-        "{{\"pid\":{},\"engaged\":{},\"carriers\":{},\"fibers_created\":{},\"fibers_live\":{},\"parks\":{},\"offloads\":{},\"offloads_parked\":{},\"offloads_inline\":{},\"io_parks\":{},\"park_cost_ns\":{},\"guard\":\"{}\",\"guard_pages\":{},\"guard_faults\":{},\"guard_conflicts\":{},\"guard_serialized\":{},\"guard_released\":{},\"guard_released_by_thread\":{},\"guard_sample\":{},\"guard_watched_ms\":{}}}\n",
+        "{{\"pid\":{},\"engaged\":{},\"carriers\":{},\"fibers_created\":{},\"fibers_live\":{},\"parks\":{},\"offloads\":{},\"offloads_parked\":{},\"offloads_inline\":{},\"io_parks\":{},\"park_cost_ns\":{},\"guard\":\"{}\",\"guard_pages\":{},\"guard_faults\":{},\"guard_conflicts\":{},\"guard_serialized\":{},\"guard_released\":{},\"guard_released_by_thread\":{},\"guard_sample\":{},\"guard_watched_ms\":{},\"handoffs\":{}}}\n",
         // SAFETY: getpid cannot fail.
         unsafe { libc::getpid() },
         crate::engaged(),
@@ -67,6 +68,7 @@ pub fn json() -> String {
             crate::guard::update_watched();
             crate::stats::COUNTERS.guard_watched_ms.load(Relaxed)
         },
+        COUNTERS.handoffs.load(Relaxed),
     )
 }
 

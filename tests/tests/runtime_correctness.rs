@@ -62,9 +62,10 @@ fn fibers(name: &str) -> Run {
     stock(name).runtime().env("TOFFLOAD_FIBERIZE", "all")
 }
 
-/// The same with one mitigation turned off.
+/// The same with one mitigation turned off, and the blocked-carrier handoff too (it
+/// would rescue a carrier that the hazard blocks: each mitigation is shown alone).
 fn hazard(name: &str, disable: &str) -> Run {
-    fibers(name).env("TOFFLOAD_TEST_DISABLE", disable)
+    fibers(name).env("TOFFLOAD_TEST_DISABLE", format!("{disable},handoff"))
 }
 
 /// Carrier counts every runtime-side check runs with: the default, and several
@@ -388,7 +389,7 @@ fn queue_stress_real_threads_and_fibers() {
     // first wait blocks the carrier and the fiber that would signal never runs.
     let o = stock("rt_stress")
         .runtime()
-        .env("TOFFLOAD_TEST_DISABLE", "sync")
+        .env("TOFFLOAD_TEST_DISABLE", "sync,handoff")
         .timeout(DEADLOCK_LIMIT)
         .run();
     show("TOFFLOAD_TEST_DISABLE=sync", &o);
@@ -934,7 +935,11 @@ fn extra_offload_row_overlaps_blocking_calls() {
     };
     // Hazard: without the rows, the blocking calls block the carrier: 16 x 100 ms
     // in a row.
-    let o = fibers("rt_xoffload").preload(&lib).run();
+    // (Without the handoff, which would move the other fibers off the blocked carrier.)
+    let o = fibers("rt_xoffload")
+        .preload(&lib)
+        .env("TOFFLOAD_TEST_DISABLE", "handoff")
+        .run();
     show("runtime, no TOFFLOAD_OFFLOAD rows", &o);
     expect_ok(&o);
     eq(&o, "on_fiber", 16.0);
@@ -1079,7 +1084,14 @@ fn cuda_synchronize_calls_overlap_on_fibers() {
         s.expect_alive(sync);
         r
     };
-    let off = run("stream", true, &[("TOFFLOAD_CUDA_ROWS", "off")]);
+    let off = run(
+        "stream",
+        true,
+        &[
+            ("TOFFLOAD_CUDA_ROWS", "off"),
+            ("TOFFLOAD_TEST_DISABLE", "handoff"),
+        ],
+    );
     assert_clean("stream, runtime, CUDA rows off", &off);
     for sync in ["stream", "event", "cu-stream", "cu-event"] {
         let stock = run(sync, false, &[]);
@@ -1230,7 +1242,7 @@ fn client_reset_mid_request() {
                 .env("TOFFLOAD_CARRIERS", carriers),
         );
         if let Some(d) = disable {
-            s = s.env("TOFFLOAD_TEST_DISABLE", d);
+            s = s.env("TOFFLOAD_TEST_DISABLE", format!("{d},handoff"));
         }
         s
     };
@@ -1368,7 +1380,7 @@ fn forking_daemon(disable: Option<&str>, env: &[(&str, &str)]) -> Report {
             .env("DAEMON_PIDFILE", pidfile.display().to_string()),
     );
     if let Some(d) = disable {
-        spec = spec.env("TOFFLOAD_TEST_DISABLE", d);
+        spec = spec.env("TOFFLOAD_TEST_DISABLE", format!("{d},handoff"));
     }
     for (k, v) in env {
         spec = spec.env(k, *v);
@@ -1564,7 +1576,7 @@ fn foreign_threaded_binary_runs_on_fibers() {
     let o = run()
         .runtime()
         .env("TOFFLOAD_FIBERIZE", "all")
-        .env("TOFFLOAD_TEST_DISABLE", "sync")
+        .env("TOFFLOAD_TEST_DISABLE", "sync,handoff")
         .timeout(DEADLOCK_LIMIT)
         .run();
     println!(

@@ -4,6 +4,11 @@
  * around every offload they take and release a process-wide lock built on raw
  * syscall(SYS_futex) and signal an "event" word with FUTEX_WAKE, so glibc's pthread
  * code never sees it. toffload-watch must call it below-libc.
+ *
+ * --hold-lock: hold the raw lock across accel_run instead (InnoDB holds its mutexes
+ * across I/O). Under the fiber runtime a second connection's raw FUTEX_WAIT then
+ * blocks the carrier that must complete the holder's offload: without the runtime's
+ * blocked-carrier handoff the server freezes.
  */
 #include "common.h"
 #include "toffload_accel.h"
@@ -11,6 +16,7 @@
 #include <linux/futex.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -58,7 +64,25 @@ static int offload(unsigned char *buf, int n)
     return accel_run(buf, n);
 }
 
+static int offload_holding(unsigned char *buf, int n)
+{
+    raw_lock();
+    atomic_fetch_add(&event_word, 1);
+    int r = accel_run(buf, n);
+    raw_unlock();
+    return r;
+}
+
 int main(int argc, char **argv)
 {
-    thread_per_connection_main(PROG, argc, argv, offload); /* never returns */
+    int (*fn)(unsigned char *, int) = offload;
+    int k = 1;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--hold-lock") == 0)
+            fn = offload_holding;
+        else
+            argv[k++] = argv[i];
+    }
+    argv[k] = NULL;
+    thread_per_connection_main(PROG, k, argv, fn); /* never returns */
 }

@@ -7,8 +7,9 @@ use core::sync::atomic::{AtomicU64, AtomicUsize};
 /// "TOFFLOAD" in little-endian ASCII: says the block is what the watcher expects.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"TOFFLOAD");
 /// The layout version: 3 appends the sampled guard's two words to version 2's
-/// seventeen (a version-2 runtime is still read, without them).
-pub const VERSION: u64 = 3;
+/// seventeen, 4 the handoff count (older runtimes are still read, without them).
+pub const VERSION: u64 = 4;
+pub const VERSION_3: u64 = 3;
 pub const VERSION_2: u64 = 2;
 
 /// The block, C-laid-out, every field one 64-bit word.
@@ -40,6 +41,9 @@ pub struct Counters {
     /// Milliseconds the guard has watched since it armed (up to date within 50 ms
     /// while watching).
     pub guard_watched_ms: AtomicUsize,
+    /// Blocked-carrier handoffs: a carrier's fibers moved to a spare thread because
+    /// its thread stayed in a call the runtime does not see. (Layout version 4.)
+    pub handoffs: AtomicUsize,
 }
 
 impl Counters {
@@ -65,6 +69,7 @@ impl Counters {
             state: AtomicUsize::new(RuntimeState::Loading as usize),
             guard_sample: AtomicUsize::new(0),
             guard_watched_ms: AtomicUsize::new(0),
+            handoffs: AtomicUsize::new(0),
         }
     }
 }
@@ -79,6 +84,8 @@ impl Default for Counters {
 pub const WORDS: usize = core::mem::size_of::<Counters>() / 8;
 /// The words every block has (version 2's): up to guard_sample.
 pub const WORDS_V2: usize = core::mem::offset_of!(Counters, guard_sample) / 8;
+/// Version 3's words: up to handoffs.
+pub const WORDS_V3: usize = core::mem::offset_of!(Counters, handoffs) / 8;
 
 /// The word index of a field at byte offset `off` (core::mem::offset_of!).
 pub const fn word(off: usize) -> usize {
@@ -154,7 +161,8 @@ mod tests {
     /// The layout the watcher has always read: versions 2 and 3 word by word.
     #[test]
     fn words_stay_where_readers_expect_them() {
-        assert_eq!((WORDS_V2, WORDS), (17, 19));
+        assert_eq!((WORDS_V2, WORDS_V3, WORDS), (17, 19, 20));
+        assert_eq!(word(offset_of!(Counters, handoffs)), 19);
         assert_eq!(word(offset_of!(Counters, fibers_created)), 2);
         assert_eq!(word(offset_of!(Counters, guard_mode)), 10);
         assert_eq!(word(offset_of!(Counters, state)), 16);

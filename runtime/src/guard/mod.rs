@@ -281,15 +281,7 @@ fn clock() -> u64 {
 
 /// The uffd handler thread's view of a fault: which fiber was running on that thread.
 fn on_uffd_write(page: usize, tid: i32) {
-    let fiber = crate::carrier::all()
-        .into_iter()
-        .find(|c| c.tid.load(Relaxed) == tid)
-        .and_then(|c| {
-            // SAFETY: the carrier is blocked in this very fault; `current` is stable.
-            let p = unsafe { std::ptr::read_volatile(c.current.as_ptr()) };
-            // SAFETY: a carrier's current fiber is alive while it runs on it.
-            (!p.is_null()).then(|| unsafe { &*p })
-        });
+    let fiber = crate::handoff::fiber_of_thread(tid);
     record_write(page, fiber);
     st().dirty.lock().push(page);
     st().dirty_n.fetch_add(1, Relaxed);

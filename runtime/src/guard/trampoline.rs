@@ -82,6 +82,7 @@ extern "C" {
 }
 
 extern "C" fn guard_wait() {
+    let _phase = crate::handoff::scope();
     if let Some(f) = crate::fiber::current() {
         let saved = crate::real::errno();
         super::own::wait_for_page(f);

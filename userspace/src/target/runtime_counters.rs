@@ -8,7 +8,8 @@ use crate::target::{symbol, AddressSpace};
 use core::mem::offset_of;
 use serde::{Serialize, Serializer};
 use toffload_abi::runtime::{
-    word, Counters, GuardMode, RuntimeState, MAGIC, VERSION, VERSION_2, WORDS, WORDS_V2,
+    word, Counters, GuardMode, RuntimeState, MAGIC, VERSION, VERSION_2, VERSION_3, WORDS, WORDS_V2,
+    WORDS_V3,
 };
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -37,6 +38,8 @@ pub struct RuntimeCounters {
     pub guard_sample: u64,
     /// Milliseconds the guard watched.
     pub guard_watched_ms: u64,
+    /// Blocked-carrier handoffs (0 from a runtime older than layout version 4).
+    pub handoffs: u64,
 }
 
 fn guard_name<S: Serializer>(m: &GuardMode, s: S) -> Result<S::Ok, S::Error> {
@@ -62,6 +65,7 @@ impl RuntimeCounters {
             guard_conflicts: f(self.guard_conflicts, o.guard_conflicts),
             guard_serialized: f(self.guard_serialized, o.guard_serialized),
             guard_released: f(self.guard_released, o.guard_released),
+            handoffs: f(self.handoffs, o.handoffs),
             ..*self
         }
     }
@@ -133,10 +137,11 @@ pub fn decode(w: &[u64; WORDS]) -> Option<RuntimeCounters> {
         };
     }
     let version = at!(version);
-    if at!(magic) != MAGIC || !(version == VERSION || version == VERSION_2) {
+    if at!(magic) != MAGIC || ![VERSION, VERSION_3, VERSION_2].contains(&version) {
         return None;
     }
-    let v3 = version == VERSION;
+    let v3 = version != VERSION_2;
+    let v4 = version == VERSION;
     Some(RuntimeCounters {
         fibers_created: at!(fibers_created),
         fibers_live: at!(fibers_live),
@@ -155,6 +160,7 @@ pub fn decode(w: &[u64; WORDS]) -> Option<RuntimeCounters> {
         state: RuntimeState::from_word(at!(state)),
         guard_sample: if v3 { at!(guard_sample) } else { 0 },
         guard_watched_ms: if v3 { at!(guard_watched_ms) } else { 0 },
+        handoffs: if v4 { at!(handoffs) } else { 0 },
     })
 }
 
@@ -191,9 +197,12 @@ pub fn read(pid: u32, addr: u64) -> Option<RuntimeCounters> {
     if !read_words(pid, addr, &mut w[..WORDS_V2]) {
         return None;
     }
-    if w[word(offset_of!(Counters, version))] == VERSION
-        && !read_words(pid, addr + WORDS_V2 as u64 * 8, &mut w[WORDS_V2..])
-    {
+    let words = match w[word(offset_of!(Counters, version))] {
+        VERSION => WORDS,
+        VERSION_3 => WORDS_V3,
+        _ => WORDS_V2,
+    };
+    if words > WORDS_V2 && !read_words(pid, addr + WORDS_V2 as u64 * 8, &mut w[WORDS_V2..words]) {
         return None;
     }
     decode(&w)
@@ -222,6 +231,13 @@ mod tests {
         w[18] = 1234;
         let c = decode(&w).unwrap();
         assert_eq!((c.guard_sample, c.guard_watched_ms), (25, 1234));
+        w[19] = 7;
+        assert_eq!(decode(&w).unwrap().handoffs, 7);
+        // A version-3 runtime: no handoff word.
+        w[1] = VERSION_3;
+        let c = decode(&w).unwrap();
+        assert_eq!((c.guard_watched_ms, c.handoffs), (1234, 0));
+        w[1] = VERSION;
         // A version-2 runtime: its first 17 words, whatever follows them.
         w[1] = VERSION_2;
         let c = decode(&w).unwrap();

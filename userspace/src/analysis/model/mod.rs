@@ -553,8 +553,10 @@ pub fn assess(
             None,
             None,
             Some(
-                "below the libc wall: a fiber would block its whole carrier in a raw \
-                  futex or io_uring wait; do not inject"
+                "below the libc wall: the runtime will not deadlock it (a fiber blocked in a \
+                  raw futex or io_uring wait hands its carrier's other fibers to a spare \
+                  thread) but will not overlap those waits either: each holds a thread, as \
+                  it does stock; injecting gains nothing there"
                     .into(),
             ),
         ),
