@@ -25,6 +25,7 @@ pub mod guard;
 pub mod idle_poll;
 pub mod io;
 pub mod keys;
+pub mod latency;
 pub mod log;
 pub mod offload;
 pub mod real;

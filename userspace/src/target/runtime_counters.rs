@@ -4,11 +4,13 @@
 //! the symbol's address in the target. No environment variable or file is needed, and
 //! a process without the runtime simply has none.
 
+use crate::hist::Hist;
 use crate::target::{symbol, AddressSpace};
 use core::mem::offset_of;
 use serde::{Serialize, Serializer};
 use toffload_abi::runtime::{
-    word, Counters, GuardMode, RuntimeState, MAGIC, VERSION, VERSION_2, WORDS, WORDS_V2,
+    word, Counters, GuardMode, RuntimeState, LAT_BUCKETS, MAGIC, VERSION, VERSION_2, VERSION_3,
+    WORDS, WORDS_V2, WORDS_V3,
 };
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -124,19 +126,43 @@ impl TracedView {
     }
 }
 
-/// Decodes the block (version 2: its first 17 words are read); None unless the magic
-/// and version match.
-pub fn decode(w: &[u64; WORDS]) -> Option<RuntimeCounters> {
+/// The runtime's latency histograms (layout version 4), cumulative since it loaded:
+/// a window's are the difference of two readings.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RuntimeLatency {
+    /// Request latency as the runtime sees it (runtime/src/latency.rs), ns.
+    pub request: Hist,
+    /// Offload wait, submit to the fiber going on, ns.
+    pub offload_wait: Hist,
+}
+
+impl RuntimeLatency {
+    /// The latencies counted since `earlier`.
+    pub fn minus(&self, earlier: &RuntimeLatency) -> RuntimeLatency {
+        RuntimeLatency {
+            request: self.request.minus(&earlier.request),
+            offload_wait: self.offload_wait.minus(&earlier.offload_wait),
+        }
+    }
+}
+
+fn known(version: u64) -> bool {
+    matches!(version, VERSION | VERSION_3 | VERSION_2)
+}
+
+/// Decodes the block's counters (version 2: its first 17 words are read); None
+/// unless the magic and version match.
+pub fn decode(w: &[u64; WORDS_V3]) -> Option<RuntimeCounters> {
     macro_rules! at {
         ($field:ident) => {
             w[word(offset_of!(Counters, $field))]
         };
     }
     let version = at!(version);
-    if at!(magic) != MAGIC || !(version == VERSION || version == VERSION_2) {
+    if at!(magic) != MAGIC || !known(version) {
         return None;
     }
-    let v3 = version == VERSION;
+    let v3 = version != VERSION_2;
     Some(RuntimeCounters {
         fibers_created: at!(fibers_created),
         fibers_live: at!(fibers_live),
@@ -187,16 +213,38 @@ fn read_words(pid: u32, addr: u64, w: &mut [u64]) -> bool {
 /// Reads the counters at `addr` in `pid` (root, or the same user with ptrace rights):
 /// version 2's words, then the rest where the block says it has them.
 pub fn read(pid: u32, addr: u64) -> Option<RuntimeCounters> {
-    let mut w = [0u64; WORDS];
+    let mut w = [0u64; WORDS_V3];
     if !read_words(pid, addr, &mut w[..WORDS_V2]) {
         return None;
     }
-    if w[word(offset_of!(Counters, version))] == VERSION
+    if w[word(offset_of!(Counters, version))] != VERSION_2
         && !read_words(pid, addr + WORDS_V2 as u64 * 8, &mut w[WORDS_V2..])
     {
         return None;
     }
     decode(&w)
+}
+
+/// The histograms from the block's words after its counters; None unless the block
+/// is version 4 (an older runtime measures no latency).
+pub fn decode_latency(version: u64, hists: &[u64]) -> Option<RuntimeLatency> {
+    (version == VERSION && hists.len() == 2 * LAT_BUCKETS).then(|| RuntimeLatency {
+        request: Hist::fine(hists[..LAT_BUCKETS].to_vec()),
+        offload_wait: Hist::fine(hists[LAT_BUCKETS..].to_vec()),
+    })
+}
+
+/// Reads the latency histograms at `addr` in `pid` (the block `read` reads), where
+/// the runtime has them.
+pub fn read_latency(pid: u32, addr: u64) -> Option<RuntimeLatency> {
+    let mut head = [0u64; 2];
+    if !read_words(pid, addr, &mut head) || head[0] != MAGIC || head[1] != VERSION {
+        return None;
+    }
+    let mut w = vec![0u64; WORDS - WORDS_V3];
+    read_words(pid, addr + WORDS_V3 as u64 * 8, &mut w)
+        .then(|| decode_latency(head[1], &w))
+        .flatten()
 }
 
 #[cfg(test)]
@@ -205,7 +253,7 @@ mod tests {
 
     #[test]
     fn decodes_only_the_known_layout() {
-        let mut w = [0u64; WORDS];
+        let mut w = [0u64; WORDS_V3];
         assert_eq!(decode(&w), None);
         w[0] = MAGIC;
         w[1] = VERSION;
@@ -229,8 +277,26 @@ mod tests {
             (c.guard_conflicts, c.guard_sample, c.guard_watched_ms),
             (5, 0, 0)
         );
+        w[1] = VERSION_3;
+        assert_eq!(decode(&w).unwrap().guard_conflicts, 5);
         w[1] = VERSION + 1;
         assert_eq!(decode(&w), None, "an unknown version is not guessed at");
+    }
+
+    /// Only a version-4 block has histograms; each is its own half of the words.
+    #[test]
+    fn latency_histograms_decode_from_version_4_only() {
+        let mut h = vec![0u64; 2 * LAT_BUCKETS];
+        h[toffload_abi::runtime::latency_bucket(30_000)] = 7;
+        h[LAT_BUCKETS + toffload_abi::runtime::latency_bucket(20_000)] = 3;
+        let l = decode_latency(VERSION, &h).unwrap();
+        assert_eq!((l.request.total(), l.offload_wait.total()), (7, 3));
+        let p50 = l.request.quantile(0.5).unwrap();
+        assert!((28_000.0..32_000.0).contains(&p50), "{p50}");
+        assert_eq!(decode_latency(VERSION_3, &h), None);
+        assert_eq!(decode_latency(VERSION, &h[1..]), None);
+        let d = l.minus(&l);
+        assert_eq!((d.request.total(), d.offload_wait.total()), (0, 0));
     }
 
     /// The states are enums here and the same strings as ever in the JSON.
