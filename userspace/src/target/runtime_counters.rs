@@ -136,7 +136,49 @@ pub struct RuntimeLatency {
     pub offload_wait: Hist,
 }
 
+/// One latency histogram over a window, as percentiles; null ones where the window
+/// counted none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct LatencyPercentiles {
+    /// Latencies counted in the window.
+    pub count: u64,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub p999_us: Option<f64>,
+}
+
+impl LatencyPercentiles {
+    /// Percentiles of `h` (ns), in us, interpolated inside the bucket (within about
+    /// 3%: the fine geometry).
+    pub fn of(h: &Hist) -> LatencyPercentiles {
+        let q = |p: f64| h.quantile(p).map(|ns| ns / 1e3);
+        LatencyPercentiles {
+            count: h.total(),
+            p50_us: q(0.5),
+            p99_us: q(0.99),
+            p999_us: q(0.999),
+        }
+    }
+}
+
+/// The runtime's latencies over a window (the `runtime_latency` of a window's JSON).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct LatencySummary {
+    /// Request latency as the runtime sees it: from the carrier seeing a waiting
+    /// connection readable to the server's next write on it.
+    pub request: LatencyPercentiles,
+    /// Offload wait: submit to the fiber going on.
+    pub offload_wait: LatencyPercentiles,
+}
+
 impl RuntimeLatency {
+    pub fn summary(&self) -> LatencySummary {
+        LatencySummary {
+            request: LatencyPercentiles::of(&self.request),
+            offload_wait: LatencyPercentiles::of(&self.offload_wait),
+        }
+    }
+
     /// The latencies counted since `earlier`.
     pub fn minus(&self, earlier: &RuntimeLatency) -> RuntimeLatency {
         RuntimeLatency {
@@ -297,6 +339,39 @@ mod tests {
         assert_eq!(decode_latency(VERSION, &h[1..]), None);
         let d = l.minus(&l);
         assert_eq!((d.request.total(), d.offload_wait.total()), (0, 0));
+        let s = d.summary();
+        assert_eq!((s.request.count, s.request.p50_us), (0, None));
+    }
+
+    /// Percentiles from a histogram: p50, p99 and p99.9 of 1..=10000 us within the
+    /// fine geometry's few percent.
+    #[test]
+    fn percentiles_from_the_histogram() {
+        let mut counts = vec![0u64; LAT_BUCKETS];
+        for us in 1..=10_000u64 {
+            counts[toffload_abi::runtime::latency_bucket(us * 1000)] += 1;
+        }
+        let p = LatencyPercentiles::of(&Hist::fine(counts));
+        assert_eq!(p.count, 10_000);
+        for (got, want) in [
+            (p.p50_us, 5_000.0),
+            (p.p99_us, 9_900.0),
+            (p.p999_us, 9_990.0),
+        ] {
+            let got = got.unwrap();
+            assert!((got - want).abs() / want < 0.04, "{got} vs {want}");
+        }
+        // One outlier among 1000 fast ones moves p99.9, not p99.
+        let mut counts = vec![0u64; LAT_BUCKETS];
+        counts[toffload_abi::runtime::latency_bucket(20_000)] = 999;
+        counts[toffload_abi::runtime::latency_bucket(5_000_000)] = 1;
+        let p = LatencyPercentiles::of(&Hist::fine(counts));
+        assert!(p.p99_us.unwrap() < 25.0, "{p:?}");
+        assert!(p.p999_us.unwrap() > 19.0, "{p:?}");
+        assert!(
+            p.p50_us.unwrap() > 19.0 && p.p50_us.unwrap() < 21.5,
+            "{p:?}"
+        );
     }
 
     /// The states are enums here and the same strings as ever in the JSON.
