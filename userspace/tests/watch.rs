@@ -1160,8 +1160,18 @@ fn runtime_latency_tracks_the_load_generator() {
     // Every request the generator completed was timed (and a few in its warm-up).
     assert!(f("request", "count") >= r.completed as f64 * 0.8, "{l}");
     let (req, wait) = (f("request", "p50_us"), f("offload_wait", "p50_us"));
-    assert!(req <= r.p50_us, "runtime p50 {req} us > client p50 {} us", r.p50_us);
-    assert!(req >= wait, "request p50 {req} us < offload wait p50 {wait} us");
-    assert!(wait >= 190.0, "offload wait p50 {wait} us below the configured 200 us");
+    assert!(
+        req <= r.p50_us,
+        "runtime p50 {req} us > client p50 {} us",
+        r.p50_us
+    );
+    assert!(
+        req >= wait,
+        "request p50 {req} us < offload wait p50 {wait} us"
+    );
+    assert!(
+        wait >= 190.0,
+        "offload wait p50 {wait} us below the configured 200 us"
+    );
     assert!(f("request", "p99_us") >= req && f("request", "p999_us") >= f("request", "p99_us"));
 }
