@@ -420,6 +420,12 @@ impl Carrier {
         stats::maybe_flush(now);
     }
 
+    /// When the last poll returned (monotonic ns): for a fiber woken by an fd event,
+    /// when its fd was seen ready.
+    pub fn polled_at(&self) -> u64 {
+        self.last_poll.get()
+    }
+
     /// How long an idle carrier may sleep: until the next deadline, a polled offload's
     /// expected completion, or the next stats flush; None = until woken.
     fn idle_timeout(&self, now: u64) -> Option<u64> {

@@ -245,6 +245,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
 
 fn accepted(r: c_int) -> c_int {
     fd_facts::forget(r);
+    crate::latency::accepted(r);
     if r >= 0 && !thread::ACCEPTED.load(std::sync::atomic::Ordering::Relaxed) {
         thread::ACCEPTED.store(true, std::sync::atomic::Ordering::Release);
         crate::log_at!(

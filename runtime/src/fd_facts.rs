@@ -17,7 +17,7 @@ use libc::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 
 /// Fds above this are not remembered (asked every time, as before).
-const MAX_FD: usize = 1 << 16;
+pub(crate) const MAX_FD: usize = 1 << 16;
 
 /// Per fd: bits 0-1 the O_NONBLOCK fact, bits 8-15 the carrier (index + 1) whose
 /// epoll watches it, bits 32-63 the epoch of that registration.
@@ -47,7 +47,7 @@ const NB_NONBLOCKING: u64 = 2;
 const REG_SHIFT: u32 = 8;
 const REG_MASK: u64 = 0xff << REG_SHIFT;
 
-fn slot(fd: c_int) -> Option<usize> {
+pub(crate) fn slot(fd: c_int) -> Option<usize> {
     let i = usize::try_from(fd).ok()?;
     (i < MAX_FD).then_some(i)
 }
@@ -156,6 +156,9 @@ pub fn set_registered(fd: c_int, carrier: usize) {
 
 /// `fd` was closed, or is a new file: nothing about it is known.
 pub fn forget(fd: c_int) {
+    // An open request is dropped whatever the test switch says (it is not a fact
+    // the switch is about).
+    crate::latency::forget(fd);
     if !invalidating() {
         return;
     }

@@ -8,7 +8,7 @@
 #![allow(clippy::missing_safety_doc)] // C callers' pointers, taken as they come
 
 use crate::fiber::{self, Fiber};
-use crate::{fd_facts, real, stats, time};
+use crate::{fd_facts, latency, real, stats, time};
 use libc::{c_int, c_void, iovec, msghdr, sockaddr, socklen_t};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -94,9 +94,13 @@ fn retry_after(
     blocking: impl FnOnce() -> isize,
 ) -> isize {
     let mut deadline = None;
+    let mut polled_at = None;
     loop {
         let r = first.take().unwrap_or_else(&mut op);
         if !would_block(r) {
+            if let (Some(t), true) = (polled_at, r > 0 && events & IN != 0) {
+                latency::request_began(fd, t);
+            }
             return r;
         }
         if fd_facts::nonblocking(fd) {
@@ -108,7 +112,8 @@ fn retry_after(
                 real::set_errno(libc::EAGAIN);
                 return -1;
             }
-            Ok(false) => {}
+            // Woken by the carrier's poll: when it saw the fd ready.
+            Ok(false) => polled_at = Some(f.carrier().polled_at()),
             Err(_) => return blocking(),
         }
     }
@@ -278,6 +283,7 @@ pub unsafe fn sendto(
     alen: socklen_t,
 ) -> isize {
     crate::guard::handler_end(f);
+    latency::responding(fd);
     if flags & libc::MSG_DONTWAIT != 0 {
         // SAFETY: the caller's buf (n bytes) and addr (alen bytes), forwarded.
         return unsafe { (real::sendto())(fd, buf, n, flags, addr, alen) };
@@ -311,6 +317,7 @@ pub unsafe fn write(f: &Fiber, fd: c_int, buf: *const c_void, n: usize) -> isize
         return unsafe { (real::write())(fd, buf, n) };
     }
     crate::guard::handler_end(f);
+    latency::responding(fd);
     // SAFETY: the caller's buf of n bytes.
     let r = unsafe { (real::send())(fd, buf, n, libc::MSG_DONTWAIT) };
     if r < 0 && real::errno() == libc::ENOTSOCK {
@@ -404,6 +411,7 @@ pub unsafe fn recvmsg(f: &Fiber, fd: c_int, msg: *mut msghdr, flags: c_int) -> i
 /// Blocking stream semantics: everything is sent (datagrams go whole or not at all).
 pub unsafe fn sendmsg(f: &Fiber, fd: c_int, msg: *const msghdr, flags: c_int) -> isize {
     crate::guard::handler_end(f);
+    latency::responding(fd);
     // SAFETY: m is the caller's msghdr, or a copy of it over the rest of its iovecs.
     let call = |m: *const msghdr, fl: c_int| unsafe { (real::sendmsg())(fd, m, fl) };
     if flags & libc::MSG_DONTWAIT != 0 {
@@ -485,6 +493,7 @@ pub unsafe fn writev(f: &Fiber, fd: c_int, iov: *const iovec, cnt: c_int) -> isi
         return unsafe { (real::writev())(fd, iov, cnt) };
     }
     crate::guard::handler_end(f);
+    latency::responding(fd);
     // SAFETY: caller's iovec array of `cnt` entries.
     let v: Vec<iovec> = unsafe { std::slice::from_raw_parts(iov, cnt as usize) }.to_vec();
     let total: usize = v.iter().map(|x| x.iov_len).sum();

@@ -26,6 +26,7 @@ pub mod handoff;
 pub mod idle_poll;
 pub mod io;
 pub mod keys;
+pub mod latency;
 pub mod log;
 pub mod offload;
 pub mod real;

@@ -246,7 +246,9 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
             }
         }
     }
-    r.observe(time::now_ns().saturating_sub(t0));
+    let waited = time::now_ns().saturating_sub(t0);
+    r.observe(waited);
+    crate::latency::offload_waited(waited);
     if result.get() == DONE_ASK_BLOCKING {
         // The operation is complete: the real call returns its exact result at once.
         // SAFETY: `a` are the caller's arguments for this row.

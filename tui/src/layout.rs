@@ -18,6 +18,8 @@ pub struct ChartAreas {
     pub futex: Rect,
     pub switches: Rect,
     pub wakeup: Rect,
+    /// The runtime's request latency over time: a row of its own under the grid.
+    pub latency: Rect,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -96,13 +98,16 @@ pub fn areas(area: Rect, s: &State) -> Areas {
     }
 }
 
-/// Six cells: 3x2 when the left column is wide, else 2x3. Related charts sit side
-/// by side: stall p50/p99 next to the stall histogram, switches next to wakeups.
+/// Six cells, 3x2 when the left column is wide, else 2x3, and the latency chart as
+/// one more row across them. Related charts sit side by side: stall p50/p99 next to
+/// the stall histogram, switches next to wakeups.
 fn chart_grid(area: Rect) -> ChartAreas {
     let cols: u16 = if area.width >= 90 { 3 } else { 2 };
     let rows = 6 / cols;
+    let all = rows + 1;
     let row_areas =
-        Layout::vertical((0..rows).map(|_| Constraint::Ratio(1, rows.into()))).split(area);
+        Layout::vertical((0..all).map(|_| Constraint::Ratio(1, all.into()))).split(area);
+    let latency = row_areas[usize::from(rows)];
     let cell = |r: u16, c: u16| {
         Layout::horizontal((0..cols).map(|_| Constraint::Ratio(1, cols.into())))
             .split(row_areas[usize::from(r)])[usize::from(c)]
@@ -115,6 +120,7 @@ fn chart_grid(area: Rect) -> ChartAreas {
             futex: cell(1, 0),
             switches: cell(1, 1),
             wakeup: cell(1, 2),
+            latency,
         }
     } else {
         ChartAreas {
@@ -124,6 +130,7 @@ fn chart_grid(area: Rect) -> ChartAreas {
             stall_hist: cell(1, 1),
             switches: cell(2, 0),
             wakeup: cell(2, 1),
+            latency,
         }
     }
 }

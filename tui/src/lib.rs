@@ -47,8 +47,8 @@ use ratatui::{Frame, Terminal};
 pub use history::{History, DEFAULT_CAPACITY};
 pub use input::{handle_key, Command, Overlay, UiState};
 pub use model::{
-    GuardView, InjectionView, PredictionView, ProcessView, State, SyscallView, Target, VerdictView,
-    WindowView,
+    GuardView, InjectionView, LatencyView, PredictionView, ProcessView, State, SyscallView, Target,
+    VerdictView, WindowView,
 };
 
 /// The titles the panels carry, for tests that look for them on screen.
@@ -60,6 +60,7 @@ pub const PANEL_TITLES: &[&str] = &[
     "Futex/req",
     "Switches/s",
     "Wakeup",
+    "Latency",
     "Syscalls",
     "Prediction",
     "Injection",

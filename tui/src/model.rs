@@ -70,6 +70,22 @@ pub struct WindowView {
     pub syscalls: Vec<SyscallView>,
     /// The service's processes; shown when there are several.
     pub processes: Vec<ProcessView>,
+    /// The injected runtime's latencies in this window; None when its counters carry
+    /// none (a stock server, an older runtime), which the panel shows as N/A.
+    pub latency: Option<LatencyView>,
+}
+
+/// The injected runtime's own latency percentiles for one window, us (None: no
+/// request in the window).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LatencyView {
+    /// Request latency as the runtime sees it: from the connection seen readable to
+    /// the server's next write on it.
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub p999_us: Option<f64>,
+    /// The offload wait's p50 (submit to the fiber going on).
+    pub offload_wait_p50_us: Option<f64>,
 }
 
 /// The model's prediction for overlapping the wait.

@@ -3,7 +3,8 @@
 //! changing is a dashboard that stopped drawing.
 
 use crate::model::{
-    GuardView, InjectionView, PredictionView, State, SyscallView, Target, VerdictView, WindowView,
+    GuardView, InjectionView, LatencyView, PredictionView, State, SyscallView, Target, VerdictView,
+    WindowView,
 };
 
 /// Window `i` (one per second): requests/s ramps up by 250 a window with a wobble,
@@ -55,6 +56,21 @@ pub fn window(i: u64) -> WindowView {
             call("clock_gettime", 0.01, 0.1),
         ],
         processes: Vec::new(),
+        latency: None,
+    }
+}
+
+/// Window `i` of an injected server: its runtime's latencies too.
+pub fn injected_window(i: u64) -> WindowView {
+    let t = i as f64;
+    WindowView {
+        latency: Some(LatencyView {
+            p50_us: Some(260.0 + 10.0 * t.sin()),
+            p99_us: Some(520.0 + 40.0 * (t / 2.0).cos()),
+            p999_us: Some(900.0 + 80.0 * (t / 3.0).sin()),
+            offload_wait_p50_us: Some(205.0),
+        }),
+        ..window(i)
     }
 }
 

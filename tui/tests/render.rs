@@ -210,3 +210,43 @@ fn print_80x24() {
     println!("{}", draw(&screen_with(40), &s, 80, 24));
     println!("{}", draw(&screen_with(40), &s, 200, 50));
 }
+
+/// The latency panel: the runtime's percentiles where its counters carry them, N/A
+/// for a stock server, whose counters carry none.
+#[test]
+fn latency_panel_shows_numbers_or_na() {
+    let s = synthetic::state(9);
+    let stock = screen_with(5);
+    let mut injected = Screen::new();
+    for i in 0..5 {
+        injected.push_window(synthetic::injected_window(i));
+    }
+    let mut w = synthetic::injected_window(5);
+    w.latency = Some(toffload_tui::LatencyView {
+        p50_us: Some(271.0),
+        p99_us: Some(612.0),
+        p999_us: Some(1_234.0),
+        offload_wait_p50_us: Some(203.0),
+    });
+    injected.push_window(w);
+    for (w, h) in [(80, 24), (200, 50)] {
+        let text = draw(&stock, &s, w, h);
+        assert!(text.contains("Latency"), "{w}x{h}: no panel in\n{text}");
+        assert!(text.contains("N/A"), "{w}x{h}: stock shows N/A\n{text}");
+        let text = draw(&injected, &s, w, h);
+        assert!(!text.contains("N/A"), "{w}x{h}: injected\n{text}");
+        for want in ["p50 271us", "p99 612us", "p99.9 1.23ms"] {
+            assert!(text.contains(want), "{w}x{h}: no {want:?} in\n{text}");
+        }
+    }
+    // Big enough for the second line: the offload wait beside it.
+    assert!(draw(&injected, &s, 200, 50).contains("offload wait p50 203us"));
+    // Injected but idle: the window counted no request, a dash, not N/A.
+    let mut idle = Screen::new();
+    idle.push_window(toffload_tui::WindowView {
+        latency: Some(toffload_tui::LatencyView::default()),
+        ..synthetic::window(0)
+    });
+    let text = draw(&idle, &s, 200, 50);
+    assert!(!text.contains("N/A") && text.contains("p50 -"), "{text}");
+}

@@ -240,6 +240,7 @@ impl Tracked {
         first.wall = started.elapsed().as_secs_f64();
         first.unix = metrics::unix_now();
         first.runtime = counters_at.and_then(|at| runtime_counters::read(pid, at));
+        first.runtime_latency = counters_at.and_then(|at| runtime_counters::read_latency(pid, at));
         // The baseline: whatever ran between attach and now counts from zero, so that a
         // short-lived target (run mode) loses nothing.
         let baseline = Snapshot {
@@ -380,6 +381,10 @@ impl Tracked {
                 self.rt_view.view(now)
             }
         });
+        // Percentiles need no traced clock: the window's whole wall time counts.
+        s.runtime_latency = self
+            .counters_at
+            .and_then(|at| runtime_counters::read_latency(self.pid(), at));
         s.wall = started.elapsed().as_secs_f64();
         s.unix = metrics::unix_now();
         s

@@ -1113,3 +1113,65 @@ fn runtime_and_guard_counters_are_reported() {
     assert_eq!(c["guard_sample"], 25, "{c}");
     assert!(c["guard_watched_ms"].as_u64().unwrap_or(0) > 0, "{c}");
 }
+
+/// The runtime's own request latency against an independent count, the load
+/// generator's: conn_server on the emulated device (200 us), closed loop. None for a
+/// stock server (its counters carry none: the dashboard's N/A). Under the runtime the
+/// request latency runs from the carrier seeing the request to the response's
+/// write, inside the client's round trip, and holds the offload's wait: so its p50
+/// is at most the client's p50 and at least the offload wait's p50, which is at
+/// least the configured latency.
+#[test]
+fn runtime_latency_tracks_the_load_generator() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let spec = || {
+        ServerSpec::new("conn_server")
+            .arg("--cpu-us")
+            .arg("5")
+            .env("TOFFLOAD_EMU_LAT_US", "200")
+    };
+    let stock = Server::start(&spec()).expect("server");
+    let w = watch_pid(stock.pid(), 2.0);
+    drive(&stock, 8, 1.0);
+    let (code, lines, _) = w.finish();
+    assert_eq!(code, 0);
+    assert!(
+        get(&lines, "final")["total"]["runtime_latency"].is_null(),
+        "latency reported for a process without the runtime"
+    );
+    drop(stock);
+
+    let lib = harness::dist().join("lib/libtoffload.so");
+    let rt = Server::start(&spec().env("LD_PRELOAD", lib.display().to_string())).expect("server");
+    // Connections opened before the watch: the requests, not the accepts, are timed.
+    let w = watch_pid(rt.pid(), 3.0);
+    let r = drive(&rt, 16, 2.0);
+    let (code, lines, _) = w.finish();
+    assert_eq!(code, 0);
+    let l = &get(&lines, "final")["total"]["runtime_latency"];
+    println!(
+        "load generator: {:.0} req/s, p50 {:.0} us, p99 {:.0} us; runtime: {l}",
+        r.requests_per_sec, r.p50_us, r.p99_us
+    );
+    let f = |h: &str, k: &str| l[h][k].as_f64().unwrap_or_else(|| panic!("{h}.{k}: {l}"));
+    // Every request the generator completed was timed (and a few in its warm-up).
+    assert!(f("request", "count") >= r.completed as f64 * 0.8, "{l}");
+    let (req, wait) = (f("request", "p50_us"), f("offload_wait", "p50_us"));
+    assert!(
+        req <= r.p50_us,
+        "runtime p50 {req} us > client p50 {} us",
+        r.p50_us
+    );
+    assert!(
+        req >= wait,
+        "request p50 {req} us < offload wait p50 {wait} us"
+    );
+    assert!(
+        wait >= 190.0,
+        "offload wait p50 {wait} us below the configured 200 us"
+    );
+    assert!(f("request", "p99_us") >= req && f("request", "p999_us") >= f("request", "p99_us"));
+}

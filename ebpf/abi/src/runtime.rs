@@ -2,15 +2,35 @@
 //! watcher reads from the target's memory (process_vm_readv at the symbol's address).
 //! The watcher reads it as 64-bit words, each at its field's offset.
 
-use core::sync::atomic::{AtomicU64, AtomicUsize};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 /// "TOFFLOAD" in little-endian ASCII: says the block is what the watcher expects.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"TOFFLOAD");
 /// The layout version: 3 appends the sampled guard's two words to version 2's
-/// seventeen, 4 the handoff count (older runtimes are still read, without them).
+/// seventeen, 4 the handoff count and the two latency histograms (older runtimes are
+/// still read, without what they lack).
 pub const VERSION: u64 = 4;
 pub const VERSION_3: u64 = 3;
 pub const VERSION_2: u64 = 2;
+
+/// Buckets of a latency histogram: the fine (log-linear) geometry of crate::hist,
+/// cut at bucket 511 (2^34 ns, 17 s; everything longer lands in the last one).
+pub const LAT_BUCKETS: usize = 512;
+
+/// A latency histogram in nanoseconds, one word per bucket.
+pub type LatencyHist = [AtomicU64; LAT_BUCKETS];
+
+/// The bucket a latency of `ns` is counted in.
+#[inline]
+pub fn latency_bucket(ns: u64) -> usize {
+    (crate::hist::fine_bucket(ns) as usize).min(LAT_BUCKETS - 1)
+}
+
+/// Counts one latency of `ns` in `h`: one relaxed increment, no lock.
+#[inline]
+pub fn record_latency(h: &LatencyHist, ns: u64) {
+    h[latency_bucket(ns)].fetch_add(1, Relaxed);
+}
 
 /// The block, C-laid-out, every field one 64-bit word.
 #[repr(C)]
@@ -44,6 +64,11 @@ pub struct Counters {
     /// Blocked-carrier handoffs: a carrier's fibers moved to a spare thread because
     /// its thread stayed in a call the runtime does not see. (Layout version 4.)
     pub handoffs: AtomicUsize,
+    /// Request latency as the runtime sees it, ns (runtime/src/latency.rs says
+    /// exactly what it covers). (Layout version 4.)
+    pub request_latency: LatencyHist,
+    /// Offload wait: from submit until the waiting fiber goes on, ns.
+    pub offload_wait: LatencyHist,
 }
 
 impl Counters {
@@ -70,6 +95,8 @@ impl Counters {
             guard_sample: AtomicUsize::new(0),
             guard_watched_ms: AtomicUsize::new(0),
             handoffs: AtomicUsize::new(0),
+            request_latency: [const { AtomicU64::new(0) }; LAT_BUCKETS],
+            offload_wait: [const { AtomicU64::new(0) }; LAT_BUCKETS],
         }
     }
 }
@@ -84,8 +111,10 @@ impl Default for Counters {
 pub const WORDS: usize = core::mem::size_of::<Counters>() / 8;
 /// The words every block has (version 2's): up to guard_sample.
 pub const WORDS_V2: usize = core::mem::offset_of!(Counters, guard_sample) / 8;
-/// Version 3's words: up to handoffs.
+/// Version 3's words: up to handoffs (the first word of version 4).
 pub const WORDS_V3: usize = core::mem::offset_of!(Counters, handoffs) / 8;
+/// Version 4's counters, before its latency histograms.
+pub const SCALAR_WORDS: usize = core::mem::offset_of!(Counters, request_latency) / 8;
 
 /// The word index of a field at byte offset `off` (core::mem::offset_of!).
 pub const fn word(off: usize) -> usize {
@@ -161,12 +190,28 @@ mod tests {
     /// The layout the watcher has always read: versions 2 and 3 word by word.
     #[test]
     fn words_stay_where_readers_expect_them() {
-        assert_eq!((WORDS_V2, WORDS_V3, WORDS), (17, 19, 20));
+        assert_eq!((WORDS_V2, WORDS_V3), (17, 19));
         assert_eq!(word(offset_of!(Counters, handoffs)), 19);
+        assert_eq!(SCALAR_WORDS, 20);
+        assert_eq!(WORDS, 20 + 2 * LAT_BUCKETS);
+        assert_eq!(word(offset_of!(Counters, offload_wait)), 20 + LAT_BUCKETS);
         assert_eq!(word(offset_of!(Counters, fibers_created)), 2);
         assert_eq!(word(offset_of!(Counters, guard_mode)), 10);
         assert_eq!(word(offset_of!(Counters, state)), 16);
         assert_eq!(word(offset_of!(Counters, guard_watched_ms)), 18);
+    }
+
+    /// The latency buckets are crate::hist's fine ones, the longest in the last.
+    #[test]
+    fn latencies_land_in_the_fine_buckets() {
+        for ns in [0u64, 15, 20_000, 200_000, 1 << 33] {
+            let (lo, w) = crate::hist::fine_bounds(latency_bucket(ns));
+            assert!(lo <= ns && ns - lo < w, "{ns}");
+        }
+        assert_eq!(latency_bucket(u64::MAX), LAT_BUCKETS - 1);
+        let c = Counters::new();
+        record_latency(&c.offload_wait, 20_000);
+        assert_eq!(c.offload_wait[latency_bucket(20_000)].load(Relaxed), 1);
     }
 
     #[test]

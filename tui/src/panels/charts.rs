@@ -23,9 +23,11 @@ pub const STALL_HIST: &str = "Stall histogram";
 pub const FUTEX: &str = "Futex/req";
 pub const SWITCHES: &str = "Switches/s";
 pub const WAKEUP: &str = "Wakeup p50/p99";
+pub const LATENCY: &str = "Latency (runtime) p50/p99/p99.9";
 
 const P50: Color = Color::Cyan;
 const P99: Color = Color::Magenta;
+const P999: Color = Color::Red;
 
 /// One line of a chart.
 struct Series {
@@ -214,8 +216,64 @@ pub fn render(f: &mut Frame, a: &ChartAreas, h: &History) {
     };
     draw_line_chart(f, a.wakeup, &wakeup, t);
 
+    draw_line_chart(f, a.latency, &latency_chart(h), t);
+
     draw_histogram(f, a.stall_hist, latest.map(|w| w.stall_hist.as_slice()));
 }
+
+/// The injected runtime's request latency: N/A while no window carried the
+/// runtime's latency counters (a stock server), a dash for a window without requests.
+fn latency_chart(h: &History) -> LineChart<'static> {
+    let lat = |f: fn(&crate::model::LatencyView) -> Option<f64>| {
+        move |w: &WindowView| w.latency.as_ref().and_then(f)
+    };
+    let latest = h.latest().and_then(|w| w.latency);
+    let values = match (h.latest(), latest) {
+        (None, _) => Line::from(super::dim("waiting for data")),
+        (Some(_), None) => Line::from(vec![
+            Span::raw(NA),
+            super::dim(" (no runtime latency counters)"),
+        ]),
+        (Some(_), Some(l)) => Line::from(vec![
+            colored(format!("p50 {}", format::opt(l.p50_us, format::us)), P50),
+            Span::raw(" "),
+            colored(format!("p99 {}", format::opt(l.p99_us, format::us)), P99),
+            Span::raw(" "),
+            colored(
+                format!("p99.9 {}", format::opt(l.p999_us, format::us)),
+                P999,
+            ),
+        ]),
+    };
+    LineChart {
+        title: LATENCY,
+        values,
+        extra: latest.map(|l| {
+            Line::from(vec![
+                super::dim("readable to response; offload wait p50 "),
+                Span::raw(format::opt(l.offload_wait_p50_us, format::us)),
+            ])
+        }),
+        series: vec![
+            Series {
+                color: P50,
+                points: h.series(lat(|l| l.p50_us)),
+            },
+            Series {
+                color: P99,
+                points: h.series(lat(|l| l.p99_us)),
+            },
+            Series {
+                color: P999,
+                points: h.series(lat(|l| l.p999_us)),
+            },
+        ],
+        y_label: format::us,
+    }
+}
+
+/// What the latency panel says where the counters carry no latency.
+pub const NA: &str = "N/A";
 
 /// Big enough for axis labels and the extra line without squeezing the plot.
 fn roomy(r: Rect) -> bool {

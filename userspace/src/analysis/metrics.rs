@@ -211,6 +211,9 @@ pub struct Window {
     /// The fiber runtime's own counters, when the target runs under libtoffload.so
     /// (fibers, offloads, the conflict guard's faults, conflicts and waits).
     pub runtime_counters: Option<crate::runtime_counters::RuntimeCounters>,
+    /// The runtime's request latency and offload wait percentiles over the window
+    /// (its wall time, traced or not), when its counters carry latency histograms.
+    pub runtime_latency: Option<crate::runtime_counters::LatencySummary>,
     /// The model's prediction from this window (stock servers; see model/).
     pub model: Option<crate::model::Assessment>,
     /// After an injection: before/after throughput next to the prediction.
@@ -498,6 +501,13 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
             v
         },
         runtime_counters: cur.runtime,
+        runtime_latency: cur.runtime_latency.as_ref().map(|c| {
+            match &prev.runtime_latency {
+                Some(p) => c.minus(p),
+                None => c.clone(),
+            }
+            .summary()
+        }),
         model: None,
         injection: None,
         watcher: None,

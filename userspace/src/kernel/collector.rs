@@ -41,6 +41,9 @@ pub struct Snapshot {
     /// The fiber runtime's counters, read from the target's memory at the same time
     /// (None when it does not run libtoffload.so).
     pub runtime: Option<crate::runtime_counters::RuntimeCounters>,
+    /// Its latency histograms, read with them (None without the runtime, or from one
+    /// that measures none).
+    pub runtime_latency: Option<crate::runtime_counters::RuntimeLatency>,
     /// The watched processes as /proc shows them (the session reads it).
     pub procs: BTreeMap<u32, crate::processes::ProcInfo>,
 }
@@ -229,6 +232,7 @@ impl Collector {
             futex_stacks,
             // The kernel's side only; the session adds the runtime's counters.
             runtime: None,
+            runtime_latency: None,
             procs: BTreeMap::new(),
         }
     }

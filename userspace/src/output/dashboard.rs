@@ -170,6 +170,12 @@ pub fn view(w: &Window, switch_us: Option<f64>) -> tui::WindowView {
                 connections: p.connections,
             })
             .collect(),
+        latency: w.runtime_latency.as_ref().map(|l| tui::LatencyView {
+            p50_us: l.request.p50_us,
+            p99_us: l.request.p99_us,
+            p999_us: l.request.p999_us,
+            offload_wait_p50_us: l.offload_wait.p50_us,
+        }),
     }
 }
 

