@@ -191,10 +191,6 @@ impl RuntimeLatency {
     }
 }
 
-fn known(version: u64) -> bool {
-    matches!(version, VERSION | VERSION_3 | VERSION_2)
-}
-
 /// Decodes the block's counters (version 2: its first 17 words are read); None
 /// unless the magic and version match.
 pub fn decode(w: &[u64; SCALAR_WORDS]) -> Option<RuntimeCounters> {
