@@ -521,6 +521,69 @@ pub fn json_line<T: Serialize>(ty: LineType, v: &T, ts: f64) -> String {
 mod tests {
     use super::*;
 
+    /// The window's text keeps its lines and their order (each line is written by a
+    /// helper of window_text).
+    #[test]
+    fn window_text_lines_in_order() {
+        use crate::abi;
+        use crate::collector::Snapshot;
+        let prev = Snapshot::zero();
+        let mut cur = Snapshot::zero();
+        cur.t = 1.0;
+        cur.counters[abi::C_OFFLOAD_CALLS as usize] = 100;
+        cur.counters[abi::C_OFFLOAD_NS as usize] = 100 * 200_000;
+        cur.counters[abi::C_THREADS_MISSED as usize] = 3;
+        cur.stall.counts[abi::fine_bucket(200_000) as usize] = 100;
+        cur.outside.counts[abi::fine_bucket(20_000) as usize] = 100;
+        cur.runtime = Some(crate::runtime_counters::RuntimeCounters {
+            guard_released: 1,
+            ..Default::default()
+        });
+        let ctx = crate::metrics::Context {
+            runtime: crate::target::Runtime {
+                kind: crate::target::RuntimeKind::GlibcDynamic,
+                dynamic: true,
+                evidence: String::new(),
+            },
+            offload_probed: true,
+            root: 1,
+            unroutable: Vec::new(),
+        };
+        let mut w = crate::metrics::window(&prev, &cur, &ctx);
+        w.watcher = Some(crate::metrics::WatcherCost {
+            us_per_request: Some(1.0),
+            share_traced: 0.01,
+            duty: 1.0,
+            budget: None,
+        });
+        let text = window_text(&w, "window");
+        let starts: Vec<&str> = text
+            .lines()
+            .map(|l| l.trim_start().split([' ', ':']).next().unwrap_or(""))
+            .collect();
+        assert_eq!(
+            starts,
+            [
+                "[window",
+                "offload",
+                "stalls",
+                "CPU",
+                "futex",
+                "switches",
+                "threads",
+                "syscalls",
+                "libtoffload.so",
+                "WARNING",
+                "WARNING",
+                "watch",
+                "verdict"
+            ],
+            "{text}"
+        );
+        assert!(text
+            .starts_with("[window 0.0s +1.00s traced of 0.00s] 100 req/s (100 offload calls)\n"));
+    }
+
     #[test]
     fn envelope() {
         #[derive(Serialize)]
