@@ -528,6 +528,52 @@ pub struct Assessment {
     pub recipe_text: Option<String>,
 }
 
+/// Why zero-edit overlap does not apply to a server of this kind, and the speedup it
+/// is taken at (1.00x where the runtime loads and never engages). None: it may apply,
+/// and the prediction says.
+fn no_zero_edit(verdict: crate::classifier::Kind) -> Option<(Option<f64>, &'static str)> {
+    use crate::classifier::Kind;
+    match verdict {
+        Kind::Fiberizable | Kind::BehindWall => None,
+        Kind::EventLoop => Some((
+            Some(1.0),
+            "event loop: no thread per connection to turn into a fiber; the runtime \
+                  loads safely and never engages (1.00x): the minimal-edit reroute is the path",
+        )),
+        Kind::ThreadPool => Some((
+            Some(1.0),
+            "thread pool: each thread multiplexes many connections and no thread \
+                  belongs to one; the runtime would not engage (1.00x): the minimal-edit \
+                  reroute is the path",
+        )),
+        Kind::ProcessPerConnection => Some((
+            None,
+            "process per connection: the OS already overlaps the connections, one \
+                  process each, and a fiber runtime has no threads to interleave; the \
+                  reroute in each backend (submit, then wait on the completion) is the path",
+        )),
+        Kind::BelowLibcWall => Some((
+            None,
+            "below the libc wall: a fiber would block its whole carrier in a raw \
+                  futex or io_uring wait; do not inject",
+        )),
+        Kind::BesideWall => Some((
+            None,
+            "beside the libc wall: the managed runtime keeps thread identity in \
+                  native TLS, which fibers sharing a carrier would corrupt; do not inject",
+        )),
+        Kind::NotDynamic => Some((
+            None,
+            "statically linked: LD_PRELOAD cannot interpose anything",
+        )),
+        Kind::Undecided => Some((None, "no requests seen yet")),
+        Kind::UnderRuntime => Some((
+            None,
+            "already under the fiber runtime: compare with the stock windows",
+        )),
+    }
+}
+
 /// `inputs` is None when the window had no offload call to measure.
 pub fn assess(
     verdict: crate::classifier::Kind,
@@ -552,76 +598,19 @@ pub fn assess(
     let recipe_text = recipe
         .as_ref()
         .map(|r| recipes::describe(r, recipe_speedup, inputs.map(|i| i.latency_us)));
-    let (zero_edit, zero_edit_speedup, stop) = match (verdict, inputs) {
-        (Kind::Fiberizable | Kind::BehindWall, None) => (
+    let (zero_edit, zero_edit_speedup, stop) = match (no_zero_edit(verdict), inputs) {
+        (Some((speedup, why)), _) => (None, speedup, Some(why.to_string())),
+        (None, None) => (
             None,
             None,
             Some("no offload call seen: nothing to overlap".into()),
         ),
-        (Kind::Fiberizable | Kind::BehindWall, Some(inputs)) => {
+        (None, Some(inputs)) => {
             let p = predict(inputs);
             let s = p.speedup;
             let stop = p.stop.clone();
             (Some(p), Some(s), stop)
         }
-        (Kind::EventLoop, _) => (
-            None,
-            Some(1.0),
-            Some(
-                "event loop: no thread per connection to turn into a fiber; the runtime \
-                  loads safely and never engages (1.00x): the minimal-edit reroute is the path"
-                    .into(),
-            ),
-        ),
-        (Kind::ThreadPool, _) => (
-            None,
-            Some(1.0),
-            Some(
-                "thread pool: each thread multiplexes many connections and no thread \
-                  belongs to one; the runtime would not engage (1.00x): the minimal-edit \
-                  reroute is the path"
-                    .into(),
-            ),
-        ),
-        (Kind::ProcessPerConnection, _) => (
-            None,
-            None,
-            Some(
-                "process per connection: the OS already overlaps the connections, one \
-                  process each, and a fiber runtime has no threads to interleave; the \
-                  reroute in each backend (submit, then wait on the completion) is the path"
-                    .into(),
-            ),
-        ),
-        (Kind::BelowLibcWall, _) => (
-            None,
-            None,
-            Some(
-                "below the libc wall: a fiber would block its whole carrier in a raw \
-                  futex or io_uring wait; do not inject"
-                    .into(),
-            ),
-        ),
-        (Kind::BesideWall, _) => (
-            None,
-            None,
-            Some(
-                "beside the libc wall: the managed runtime keeps thread identity in \
-                  native TLS, which fibers sharing a carrier would corrupt; do not inject"
-                    .into(),
-            ),
-        ),
-        (Kind::NotDynamic, _) => (
-            None,
-            None,
-            Some("statically linked: LD_PRELOAD cannot interpose anything".into()),
-        ),
-        (Kind::Undecided, _) => (None, None, Some("no requests seen yet".into())),
-        (Kind::UnderRuntime, _) => (
-            None,
-            None,
-            Some("already under the fiber runtime: compare with the stock windows".into()),
-        ),
     };
     Assessment {
         zero_edit,
