@@ -11,7 +11,7 @@ use crate::cuda_rows;
 use crate::error::WatchError;
 use crate::futex::Layout;
 use crate::inject;
-use crate::inject::health::{Check, Health, Observed};
+use crate::inject::health::{Check, Health, Observed, Sick};
 use crate::inject_flow::{InjectAction, InjectEvent, InjectRequest, Tracker};
 use crate::loader::{self, Probes};
 use crate::metrics::{self, Context, Window};
@@ -558,6 +558,9 @@ struct InjectState {
 /// looked at (its exit is seen at every poll).
 const HEALTH_PROBE_EVERY: Duration = Duration::from_millis(100);
 
+/// A short poll: notices the exit and the user's keys quickly.
+const POLL: Duration = Duration::from_millis(20);
+
 /// Watches until the end; renders through `sink` and returns the final report.
 /// `calib` is measured before attaching (Calibration::measure), so that a command
 /// started for the watch does not run ahead of it.
@@ -575,191 +578,36 @@ pub async fn run(
     };
     let mut sigint = signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut sigterm = signal(tokio::signal::unix::SignalKind::terminate())?;
-    let started = Instant::now();
-    let mut tr = Tracked::new(a, calib, started)?;
-    sink.emit(Event::Header(&tr.header))?;
-    if let Some(why) = &calib.probe_cost_error {
-        let c = probe_cost::DEFAULT_COST;
-        // One line: the text report's status goes to stderr, the dashboard's to its
-        // status line.
-        let msg = format!(
-            "warning: {why}; the watch's cost per event is taken as syscall {:.0} ns, \
-             switch {:.0} ns, offload {:.0} ns",
-            c.syscall_ns, c.switch_ns, c.offload_ns
-        );
-        sink.status(&msg);
-    }
-    // Tests and scripts wait for this line before loading the target.
-    eprintln!("toffload-watch: attached to pid {}", tr.pid());
-
-    // A short poll: notices the exit and the user's keys quickly.
-    let poll = Duration::from_millis(20);
-    let mut next_window = opts.interval;
-    let mut duty = opts.sample.clamp(MIN_DUTY, 1.0);
-    // Whether this interval's early look (below) was taken.
-    let mut looked = 0usize;
-    let mut inj = InjectState::default();
-    let mut windows_emitted = 0u32;
-    let ended;
-    loop {
-        // Under a budget, an interval traced in full is looked at EARLY_LOOKS after
-        // tracing began in it: a server whose events cost more than the budget is then
-        // traced for the budget's share of this interval already, not only from the
-        // next.
-        let window_start = next_window.saturating_sub(opts.interval);
-        if let Some(budget) = opts.overhead_budget {
-            let from = window_start.max(tr.on_since);
-            let look_at = EARLY_LOOKS
-                .get(looked)
-                .map(|&d| from + d.min(opts.interval / 4));
-            if look_at.is_some_and(|t| duty >= 1.0 && tr.on && started.elapsed() >= t) {
-                looked += 1;
-                let w = tr.peek(started);
-                if let Some(c) = watch_cost(&w, calib.probe_cost.as_ref(), Some(budget), duty) {
-                    duty = c.duty;
-                }
-            }
-        }
-        // An --inject decision is made from whole windows: until it is made, every
-        // event is traced (a few windows; the budget applies after).
-        if opts.inject.is_some() && inj.outcome.is_none() {
-            duty = 1.0;
-            looked = EARLY_LOOKS.len();
-        }
-        let sampled = duty < 1.0;
-        if sampled {
-            let burst = opts.interval.mul_f64(duty);
-            tr.maybe_pause(started, burst)?;
-        }
-        tr.settle(started);
-        // An injection in its health window is judged before anything else: a crash
-        // there is rolled back, not reported as the watched process's exit, and the
-        // watch's duration waits for the verdict (a watch that ended first would leave
-        // a sick server in place).
-        if inj.health.is_some() {
-            match health_step(&mut tr, &mut inj, sink, started, calib)? {
-                Step::Continue => {}
-                Step::End(why) => {
-                    ended = why;
-                    break;
-                }
-            }
-        }
-        if let Some(d) = opts.duration {
-            if started.elapsed() >= d && inj.health.is_none() {
-                ended = Ended::Duration;
-                break;
-            }
-        }
-        // Seen dead here while in the health window (it died since the look above):
-        // that is the health window's to judge, which rolls it back.
-        if inj.health.is_some() && !tr.life.alive() {
-            match health_step(&mut tr, &mut inj, sink, started, calib)? {
-                Step::Continue => {}
-                Step::End(why) => {
-                    ended = why;
-                    break;
-                }
-            }
-        }
-        if !tr.life.alive() {
-            ended = Ended::ProcessExited;
-            break;
-        }
-        tr.refresh_maps();
-        tr.sample_connections(started);
-        let mut inject_now: Option<inject::Options> = None;
-        if started.elapsed() >= next_window {
-            next_window += opts.interval;
-            looked = 0;
-            let deciding = opts.inject.is_some() && inj.outcome.is_none();
-            let mut w = tr.window(started, opts.overhead_budget, duty);
-            if let Some(c) = &mut w.watcher {
-                if deciding {
-                    c.duty = 1.0;
-                }
-                duty = c.duty;
-            }
-            if let Some(h) = &mut inj.health {
-                h.window(w.requests > 0 || crate::inject_flow::served_rps(&w) > 0.0);
-            }
-            if inj.tracker.status.is_some() {
-                w.injection = inj.tracker.after(&w);
-            } else {
-                inj.tracker.stock(&w);
-            }
-            sink.emit(Event::Window(&w))?;
-            windows_emitted += 1;
-            if opts.windows.is_some_and(|n| windows_emitted >= n) {
-                ended = Ended::Count;
-                break;
-            }
-            if sampled || duty < 1.0 {
-                tr.resume(started)?;
-            }
-            if let Some(req) = &opts.inject {
-                if inj.outcome.is_none() && inj.tracker.windows_seen() >= req.after_windows {
-                    inject_now = Some(req.opts.clone());
-                }
-            }
-        }
-        match sink.poll() {
-            Some(UserCmd::Quit) => {
-                ended = Ended::Quit;
-                break;
-            }
-            // A plan or a refusal can be asked again (the verdict may have changed).
-            Some(UserCmd::Inject)
-                if matches!(
-                    inj.outcome,
-                    None | Some(
-                        InjectAction::Plan | InjectAction::Refused | InjectAction::Unreproducible
-                    )
-                ) =>
-            {
-                inject_now = Some(opts.interactive_inject.clone());
-            }
-            Some(UserCmd::Inject) => sink.status(&format!(
-                "not injecting again: this watch already did ({})",
-                inj.outcome.map_or("-", InjectAction::as_str)
-            )),
-            None => {}
-        }
-        if let Some(io) = inject_now {
-            match do_inject(&mut tr, &mut inj, &io, sink, started, calib)? {
-                Step::Continue => {
-                    // Windows restart from the injection, and the new process's cost is
-                    // looked at afresh.
-                    next_window = started.elapsed() + opts.interval;
-                    duty = opts.sample.clamp(MIN_DUTY, 1.0);
-                    looked = 0;
-                }
-                Step::End(why) => {
-                    ended = why;
-                    break;
-                }
-            }
+    let mut watch = WatchSession::start(a, calib, opts, sink)?;
+    let ended = loop {
+        if let Step::End(why) = watch.step()? {
+            break why;
         }
         tokio::select! {
-            _ = tokio::time::sleep(poll) => {}
-            _ = sigint.recv() => { ended = Ended::Interrupted; break; }
-            _ = sigterm.recv() => { ended = Ended::Terminated; break; }
+            _ = tokio::time::sleep(POLL) => {}
+            _ = sigint.recv() => break Ended::Interrupted,
+            _ = sigterm.recv() => break Ended::Terminated,
         }
-    }
-    let mut fin = tr.final_report(started, ended);
-    fin.injection = inj.tracker.status.clone();
-    fin.inject_outcome = inj.outcome;
-    if ended == Ended::ProcessExited {
-        eprintln!(
-            "toffload-watch: pid {} exited; final report follows",
-            tr.pid()
-        );
-    }
-    sink.emit(Event::Final(&fin))?;
-    // A relaunched server outlives the watch: the child handle is dropped, not killed.
-    drop(inj.child.take());
-    drop(inj.up.take());
-    Ok(fin)
+    };
+    watch.finish(ended)
+}
+
+/// One watch under way: the watched process, the sampling and window clock, and the
+/// injection, with what it runs under. One method per step of a poll.
+struct WatchSession<'a> {
+    tr: Tracked,
+    inj: InjectState,
+    opts: &'a Options,
+    calib: &'a Calibration,
+    sink: &'a mut dyn Sink,
+    started: Instant,
+    /// When the current window closes (since `started`).
+    next_window: Duration,
+    /// Share of each interval traced.
+    duty: f64,
+    /// How many of this interval's early looks (EARLY_LOOKS) were taken.
+    looked: usize,
+    windows_emitted: u32,
 }
 
 enum Step {
@@ -767,263 +615,498 @@ enum Step {
     End(Ended),
 }
 
-fn event(tr: &Tracked, inj: &InjectState, action: InjectAction, message: String) -> InjectEvent {
-    let (predicted_speedup, predicted_rps) = inj.tracker.predicted();
-    InjectEvent {
-        action,
-        old_pid: tr.pid(),
-        new_pid: None,
-        verdict: inj.tracker.verdict_text(),
-        message,
-        before_rps: inj.tracker.before_rps(),
-        predicted_speedup,
-        predicted_rps,
-        plan: None,
-    }
-}
-
-fn do_inject(
-    tr: &mut Tracked,
-    inj: &mut InjectState,
-    io: &inject::Options,
-    sink: &mut dyn Sink,
-    started: Instant,
-    calib: &Calibration,
-) -> Result<Step, WatchError> {
-    let interactive = sink.interactive();
-    let decided = inj
-        .tracker
-        .decide(io.force)
-        .and_then(|()| match unroutable_stop(&tr.ctx.unroutable) {
-            Some(why) if !io.force => Err(why),
-            _ => Ok(()),
-        })
-        .map_err(|why| {
-            inject::PlanError::Cannot(format!("not injecting: {why} (--force overrides)"))
-        })
-        .and_then(|()| inject::plan(tr.pid(), io));
-    let plan = match decided {
-        Ok(p) => p,
-        Err(err) => {
-            let (action, msg) = match err {
-                inject::PlanError::Cannot(msg) if msg.starts_with("not injecting") => {
-                    (InjectAction::Refused, msg)
-                }
-                e @ inject::PlanError::Cannot(_) => (InjectAction::Refused, e.to_string()),
-                e @ inject::PlanError::Unreproducible(_) => {
-                    (InjectAction::Unreproducible, e.to_string())
-                }
-            };
-            let e = event(tr, inj, action, msg);
-            sink.emit(Event::Inject(&e))?;
-            inj.outcome = Some(action);
-            // At the keys the user may try again; a scripted --inject ends here.
-            return Ok(if interactive {
-                Step::Continue
-            } else {
-                Step::End(Ended::InjectionRefused)
-            });
+impl<'a> WatchSession<'a> {
+    /// Reads the attached process's start and announces the watch.
+    fn start(
+        a: Attached,
+        calib: &'a Calibration,
+        opts: &'a Options,
+        sink: &'a mut dyn Sink,
+    ) -> Result<WatchSession<'a>, WatchError> {
+        let started = Instant::now();
+        let tr = Tracked::new(a, calib, started)?;
+        sink.emit(Event::Header(&tr.header))?;
+        if let Some(why) = &calib.probe_cost_error {
+            let c = probe_cost::DEFAULT_COST;
+            // One line: the text report's status goes to stderr, the dashboard's to its
+            // status line.
+            let msg = format!(
+                "warning: {why}; the watch's cost per event is taken as syscall {:.0} ns, \
+                 switch {:.0} ns, offload {:.0} ns",
+                c.syscall_ns, c.switch_ns, c.offload_ns
+            );
+            sink.status(&msg);
         }
-    };
-    if io.dry_run {
-        let mut e = event(
+        // Tests and scripts wait for this line before loading the target.
+        eprintln!("toffload-watch: attached to pid {}", tr.pid());
+        Ok(WatchSession {
             tr,
-            inj,
-            InjectAction::Plan,
-            "dry run: nothing was changed".into(),
-        );
-        e.plan = Some(plan.describe());
-        sink.emit(Event::Inject(&e))?;
-        inj.outcome = Some(InjectAction::Plan);
-        return Ok(Step::Continue);
+            inj: InjectState::default(),
+            opts,
+            calib,
+            sink,
+            started,
+            next_window: opts.interval,
+            duty: opts.sample.clamp(MIN_DUTY, 1.0),
+            looked: 0,
+            windows_emitted: 0,
+        })
     }
-    sink.status(&format!(
-        "injecting the fiber runtime into pid {}...",
-        tr.pid()
-    ));
-    let old = tr.pid();
-    match inject::execute(&plan) {
-        Ok(up) => {
-            let new_pid = up.server.pid;
-            inj.tracker.injected(old, new_pid);
-            let health = if plan.health.is_zero() {
-                String::new()
-            } else {
-                format!(
-                    "; its {:.0} s health window runs",
-                    plan.health.as_secs_f64()
-                )
-            };
-            let mut e = event(
-                tr,
-                inj,
-                InjectAction::Injected,
-                format!(
-                    "pid {old} restarted under {} as pid {new_pid}; listening again{health}",
-                    plan.runtime.display()
-                ),
-            );
-            e.new_pid = Some(new_pid);
-            if !plan.health.is_zero() {
-                // Requests are expected when the original served some.
-                let busy = inj.tracker.before_rps().is_some_and(|r| r > 0.0);
-                inj.health = Some(Health::new(Instant::now(), plan.health, busy));
-                inj.probed = None;
-            }
-            inj.up = Some((plan, up));
-            inj.outcome = Some(InjectAction::Injected);
-            follow(tr, new_pid, started, calib)?;
-            sink.emit(Event::Inject(&e))?;
-            sink.emit(Event::Header(&tr.header))?;
-            Ok(Step::Continue)
-        }
-        Err(f) => {
-            let (action, new_pid, msg) = match &f {
-                inject::Failure::NotStarted(_) => (InjectAction::Refused, None, f.to_string()),
-                inject::Failure::Restored { restored, .. } => {
-                    (InjectAction::Failed, Some(restored.pid), f.to_string())
-                }
-                inject::Failure::Down { .. } => (InjectAction::Down, None, f.to_string()),
-            };
-            let mut e = event(tr, inj, action, msg);
-            e.new_pid = new_pid;
-            inj.outcome = Some(action);
-            if let inject::Failure::Restored { restored, .. } = f {
-                let pid = restored.pid;
-                inj.child = Some(restored);
-                follow(tr, pid, started, calib)?;
-                sink.emit(Event::Inject(&e))?;
-                sink.emit(Event::Header(&tr.header))?;
-            } else {
-                sink.emit(Event::Inject(&e))?;
-            }
-            Ok(match action {
-                InjectAction::Down => Step::End(Ended::ServerDown),
-                InjectAction::Refused if !interactive => Step::End(Ended::InjectionRefused),
-                _ => Step::Continue,
-            })
-        }
-    }
-}
 
-/// One look at an injection in its health window: still pending, healthy (the
-/// injection stands), or sick (rolled back to the original command).
-fn health_step(
-    tr: &mut Tracked,
-    inj: &mut InjectState,
-    sink: &mut dyn Sink,
-    started: Instant,
-    calib: &Calibration,
-) -> Result<Step, WatchError> {
-    let (Some(h), Some((plan, up))) = (&mut inj.health, &mut inj.up) else {
-        return Ok(Step::Continue);
-    };
-    let now = Instant::now();
-    let mut seen = Observed {
-        // A leader that has exited shows as a zombie before its last thread is gone
-        // (and before it can be reaped): the watch's own liveness sees it first.
-        exited: up
-            .server
-            .exited()
-            .or_else(|| (!tr.life.alive()).then(|| "exited".to_string())),
-        ..Observed::default()
-    };
-    if seen.exited.is_none() && inj.probed.is_none_or(|t| now - t >= HEALTH_PROBE_EVERY) {
-        inj.probed = Some(now);
-        if let Some(n) = inject::health::read_calls(up.server.pid) {
-            h.reads(n);
+    /// One poll: sampling, the ends, the window when due, the user's keys, and an
+    /// injection when one is asked for.
+    fn step(&mut self) -> Result<Step, WatchError> {
+        self.early_look();
+        let sampled = self.sample()?;
+        if let Step::End(why) = self.check_end()? {
+            return Ok(Step::End(why));
         }
-        let have = inject::process::listening(up.server.pid);
-        seen.missing_ports = plan.ports.difference(&have).map(|l| l.port).collect();
-        seen.runtime_disabled = tr
-            .runtime_now()
-            .is_some_and(|c| c.state == toffload_abi::runtime::RuntimeState::Disabled);
+        self.tr.refresh_maps();
+        self.tr.sample_connections(self.started);
+        let mut inject_now = None;
+        if self.started.elapsed() >= self.next_window {
+            if let Step::End(why) = self.window(sampled)? {
+                return Ok(Step::End(why));
+            }
+            inject_now = self.inject_due();
+        }
+        match self.sink.poll() {
+            Some(UserCmd::Quit) => return Ok(Step::End(Ended::Quit)),
+            Some(UserCmd::Inject) => inject_now = self.inject_key().or(inject_now),
+            None => {}
+        }
+        match inject_now {
+            Some(io) => self.inject(&io),
+            None => Ok(Step::Continue),
+        }
     }
-    let limit = h.limit();
-    let sick = match h.check(now, &seen) {
-        Check::Pending => return Ok(Step::Continue),
-        Check::Healthy => {
-            let pid = up.server.pid;
-            let mut e = event(
-                tr,
-                inj,
-                InjectAction::Healthy,
-                format!(
-                    "pid {pid} served through its {:.0} s health window: the injection stands",
-                    limit.as_secs_f64()
-                ),
+
+    /// Under a budget, an interval traced in full is looked at EARLY_LOOKS after
+    /// tracing began in it: a server whose events cost more than the budget is then
+    /// traced for the budget's share of this interval already, not only from the next.
+    fn early_look(&mut self) {
+        let Some(budget) = self.opts.overhead_budget else {
+            return;
+        };
+        let window_start = self.next_window.saturating_sub(self.opts.interval);
+        let from = window_start.max(self.tr.on_since);
+        let look_at = EARLY_LOOKS
+            .get(self.looked)
+            .map(|&d| from + d.min(self.opts.interval / 4));
+        let due = look_at.is_some_and(|t| self.started.elapsed() >= t);
+        if due && self.duty >= 1.0 && self.tr.on {
+            self.looked += 1;
+            let w = self.tr.peek(self.started);
+            let cost = self.calib.probe_cost.as_ref();
+            if let Some(c) = watch_cost(&w, cost, Some(budget), self.duty) {
+                self.duty = c.duty;
+            }
+        }
+    }
+
+    /// An --inject decision is still to be made (from whole windows).
+    fn deciding(&self) -> bool {
+        self.opts.inject.is_some() && self.inj.outcome.is_none()
+    }
+
+    /// Detaches for the rest of the interval once its burst is traced; whether this
+    /// interval is sampled.
+    fn sample(&mut self) -> Result<bool, WatchError> {
+        // Until an --inject decision is made every event is traced (a few windows; the
+        // budget applies after).
+        if self.deciding() {
+            self.duty = 1.0;
+            self.looked = EARLY_LOOKS.len();
+        }
+        let sampled = self.duty < 1.0;
+        if sampled {
+            let burst = self.opts.interval.mul_f64(self.duty);
+            self.tr.maybe_pause(self.started, burst)?;
+        }
+        self.tr.settle(self.started);
+        Ok(sampled)
+    }
+
+    /// The ends other than the user's: the health window's verdict, the duration, the
+    /// process's exit.
+    fn check_end(&mut self) -> Result<Step, WatchError> {
+        // An injection in its health window is judged before anything else: a crash
+        // there is rolled back, not reported as the watched process's exit, and the
+        // watch's duration waits for the verdict (a watch that ended first would leave
+        // a sick server in place).
+        if self.inj.health.is_some() {
+            if let Step::End(why) = self.health_step()? {
+                return Ok(Step::End(why));
+            }
+        }
+        if let Some(d) = self.opts.duration {
+            if self.started.elapsed() >= d && self.inj.health.is_none() {
+                return Ok(Step::End(Ended::Duration));
+            }
+        }
+        // Seen dead here while in the health window (it died since the look above):
+        // that is the health window's to judge, which rolls it back.
+        if self.inj.health.is_some() && !self.tr.life.alive() {
+            if let Step::End(why) = self.health_step()? {
+                return Ok(Step::End(why));
+            }
+        }
+        if !self.tr.life.alive() {
+            return Ok(Step::End(Ended::ProcessExited));
+        }
+        Ok(Step::Continue)
+    }
+
+    /// Closes the window: its cost sets the next duty, the injection's view of it,
+    /// then out; resumes tracing after a sampled interval.
+    fn window(&mut self, sampled: bool) -> Result<Step, WatchError> {
+        self.next_window += self.opts.interval;
+        self.looked = 0;
+        let deciding = self.deciding();
+        let mut w = self
+            .tr
+            .window(self.started, self.opts.overhead_budget, self.duty);
+        if let Some(c) = &mut w.watcher {
+            if deciding {
+                c.duty = 1.0;
+            }
+            self.duty = c.duty;
+        }
+        if let Some(h) = &mut self.inj.health {
+            h.window(w.requests > 0 || crate::inject_flow::served_rps(&w) > 0.0);
+        }
+        if self.inj.tracker.status.is_some() {
+            w.injection = self.inj.tracker.after(&w);
+        } else {
+            self.inj.tracker.stock(&w);
+        }
+        self.sink.emit(Event::Window(&w))?;
+        self.windows_emitted += 1;
+        if self.opts.windows.is_some_and(|n| self.windows_emitted >= n) {
+            return Ok(Step::End(Ended::Count));
+        }
+        if sampled || self.duty < 1.0 {
+            self.tr.resume(self.started)?;
+        }
+        Ok(Step::Continue)
+    }
+
+    /// --inject's options once its windows are in and nothing was injected yet.
+    fn inject_due(&self) -> Option<inject::Options> {
+        let req = self.opts.inject.as_ref()?;
+        (self.inj.outcome.is_none() && self.inj.tracker.windows_seen() >= req.after_windows)
+            .then(|| req.opts.clone())
+    }
+
+    /// The dashboard's key i: a plan or a refusal can be asked again (the verdict may
+    /// have changed); anything else is said once.
+    fn inject_key(&mut self) -> Option<inject::Options> {
+        if matches!(
+            self.inj.outcome,
+            None | Some(InjectAction::Plan | InjectAction::Refused | InjectAction::Unreproducible)
+        ) {
+            return Some(self.opts.interactive_inject.clone());
+        }
+        self.sink.status(&format!(
+            "not injecting again: this watch already did ({})",
+            self.inj.outcome.map_or("-", InjectAction::as_str)
+        ));
+        None
+    }
+
+    /// The final report over the whole watch, with the injection's outcome.
+    fn finish(mut self, ended: Ended) -> Result<Final, WatchError> {
+        let mut fin = self.tr.final_report(self.started, ended);
+        fin.injection = self.inj.tracker.status.clone();
+        fin.inject_outcome = self.inj.outcome;
+        if ended == Ended::ProcessExited {
+            eprintln!(
+                "toffload-watch: pid {} exited; final report follows",
+                self.tr.pid()
             );
-            e.new_pid = Some(pid);
-            let (plan, up) = inj.up.take().expect("an injection is up");
-            e.old_pid = plan.old_pid;
-            inj.health = None;
-            inj.child = Some(up.server);
-            inj.outcome = Some(InjectAction::Healthy);
-            sink.emit(Event::Inject(&e))?;
+        }
+        self.sink.emit(Event::Final(&fin))?;
+        // A relaunched server outlives the watch: the child handle is dropped, not killed.
+        drop(self.inj.child.take());
+        drop(self.inj.up.take());
+        Ok(fin)
+    }
+
+    fn event(&self, action: InjectAction, message: String) -> InjectEvent {
+        let (predicted_speedup, predicted_rps) = self.inj.tracker.predicted();
+        InjectEvent {
+            action,
+            old_pid: self.tr.pid(),
+            new_pid: None,
+            verdict: self.inj.tracker.verdict_text(),
+            message,
+            before_rps: self.inj.tracker.before_rps(),
+            predicted_speedup,
+            predicted_rps,
+            plan: None,
+        }
+    }
+
+    /// Moves the watch to `pid`: fresh programs filtered on it, announced with a new
+    /// header after `e`.
+    fn follow(&mut self, pid: u32, e: &InjectEvent) -> Result<(), WatchError> {
+        let a = attach(pid, &[], &self.tr.a.probes.named, false)?;
+        self.tr = Tracked::new(a, self.calib, self.started)?;
+        self.sink.emit(Event::Inject(e))?;
+        self.sink.emit(Event::Header(&self.tr.header))
+    }
+
+    /// Injects as `io` says (or plans, or refuses); windows restart from an injection,
+    /// and the new process's cost is looked at afresh.
+    fn inject(&mut self, io: &inject::Options) -> Result<Step, WatchError> {
+        let step = self.try_inject(io)?;
+        if let Step::Continue = step {
+            self.next_window = self.started.elapsed() + self.opts.interval;
+            self.duty = self.opts.sample.clamp(MIN_DUTY, 1.0);
+            self.looked = 0;
+        }
+        Ok(step)
+    }
+
+    fn try_inject(&mut self, io: &inject::Options) -> Result<Step, WatchError> {
+        let plan = match self.decide(io) {
+            Ok(p) => p,
+            Err(err) => return self.refused(err),
+        };
+        if io.dry_run {
+            let mut e = self.event(InjectAction::Plan, "dry run: nothing was changed".into());
+            e.plan = Some(plan.describe());
+            self.sink.emit(Event::Inject(&e))?;
+            self.inj.outcome = Some(InjectAction::Plan);
             return Ok(Step::Continue);
         }
-        Check::Sick(why) => why,
-    };
-    let (plan, up) = inj.up.take().expect("an injection is up");
-    inj.health = None;
-    inj.tracker.rolled_back();
-    let sick_pid = up.server.pid;
-    sink.status(&format!(
-        "the injected server pid {sick_pid} failed its health window: {sick}; rolling back..."
-    ));
-    let why = format!(
-        "the injected server (pid {sick_pid}) failed its {:.0} s health window: {sick}",
-        limit.as_secs_f64()
-    );
-    match inject::rollback(&plan, up) {
-        Ok(restored) => {
-            let pid = restored.pid;
-            let mut e = event(
-                tr,
-                inj,
-                InjectAction::RolledBack,
-                format!(
-                    "{why}; rolled back: the original command runs again as pid {pid}, \
-                     without the runtime"
-                ),
-            );
-            e.old_pid = plan.old_pid;
-            e.new_pid = Some(pid);
-            inj.outcome = Some(InjectAction::RolledBack);
-            inj.child = Some(restored);
-            follow(tr, pid, started, calib)?;
-            sink.emit(Event::Inject(&e))?;
-            sink.emit(Event::Header(&tr.header))?;
-            Ok(Step::Continue)
-        }
-        Err(recovery) => {
-            let mut e = event(
-                tr,
-                inj,
-                InjectAction::Down,
-                format!(
-                    "{why}; restarting the original command failed too: {recovery}. The \
-                     server is DOWN"
-                ),
-            );
-            e.old_pid = plan.old_pid;
-            inj.outcome = Some(InjectAction::Down);
-            sink.emit(Event::Inject(&e))?;
-            Ok(Step::End(Ended::ServerDown))
+        self.sink.status(&format!(
+            "injecting the fiber runtime into pid {}...",
+            self.tr.pid()
+        ));
+        match inject::execute(&plan) {
+            Ok(up) => self.injected(plan, up),
+            Err(f) => self.inject_failed(f),
         }
     }
-}
 
-/// Moves the watch to `pid`: fresh programs filtered on it.
-fn follow(
-    tr: &mut Tracked,
-    pid: u32,
-    started: Instant,
-    calib: &Calibration,
-) -> Result<(), WatchError> {
-    let a = attach(pid, &[], &tr.a.probes.named, false)?;
-    *tr = Tracked::new(a, calib, started)?;
-    Ok(())
+    /// The verdict allows it (or --force), every offload can be rerouted, and the
+    /// command can be restarted: the plan.
+    fn decide(&self, io: &inject::Options) -> Result<inject::Plan, inject::PlanError> {
+        self.inj
+            .tracker
+            .decide(io.force)
+            .and_then(|()| match unroutable_stop(&self.tr.ctx.unroutable) {
+                Some(why) if !io.force => Err(why),
+                _ => Ok(()),
+            })
+            .map_err(|why| {
+                inject::PlanError::Cannot(format!("not injecting: {why} (--force overrides)"))
+            })
+            .and_then(|()| inject::plan(self.tr.pid(), io))
+    }
+
+    /// No plan: said, and at the keys the user may try again; a scripted --inject
+    /// ends here.
+    fn refused(&mut self, err: inject::PlanError) -> Result<Step, WatchError> {
+        let (action, msg) = match err {
+            inject::PlanError::Cannot(msg) if msg.starts_with("not injecting") => {
+                (InjectAction::Refused, msg)
+            }
+            e @ inject::PlanError::Cannot(_) => (InjectAction::Refused, e.to_string()),
+            e @ inject::PlanError::Unreproducible(_) => {
+                (InjectAction::Unreproducible, e.to_string())
+            }
+        };
+        let e = self.event(action, msg);
+        self.sink.emit(Event::Inject(&e))?;
+        self.inj.outcome = Some(action);
+        Ok(if self.sink.interactive() {
+            Step::Continue
+        } else {
+            Step::End(Ended::InjectionRefused)
+        })
+    }
+
+    /// Up under the runtime: the watch follows the new pid, and its health window
+    /// (if any) starts.
+    fn injected(&mut self, plan: inject::Plan, up: inject::Injected) -> Result<Step, WatchError> {
+        let old = self.tr.pid();
+        let new_pid = up.server.pid;
+        self.inj.tracker.injected(old, new_pid);
+        let health = if plan.health.is_zero() {
+            String::new()
+        } else {
+            format!(
+                "; its {:.0} s health window runs",
+                plan.health.as_secs_f64()
+            )
+        };
+        let mut e = self.event(
+            InjectAction::Injected,
+            format!(
+                "pid {old} restarted under {} as pid {new_pid}; listening again{health}",
+                plan.runtime.display()
+            ),
+        );
+        e.new_pid = Some(new_pid);
+        if !plan.health.is_zero() {
+            // Requests are expected when the original served some.
+            let busy = self.inj.tracker.before_rps().is_some_and(|r| r > 0.0);
+            self.inj.health = Some(Health::new(Instant::now(), plan.health, busy));
+            self.inj.probed = None;
+        }
+        self.inj.up = Some((plan, up));
+        self.inj.outcome = Some(InjectAction::Injected);
+        self.follow(new_pid, &e)?;
+        Ok(Step::Continue)
+    }
+
+    /// The restart failed: the original command runs again (followed), or not at all.
+    fn inject_failed(&mut self, f: inject::Failure) -> Result<Step, WatchError> {
+        let (action, new_pid, msg) = match &f {
+            inject::Failure::NotStarted(_) => (InjectAction::Refused, None, f.to_string()),
+            inject::Failure::Restored { restored, .. } => {
+                (InjectAction::Failed, Some(restored.pid), f.to_string())
+            }
+            inject::Failure::Down { .. } => (InjectAction::Down, None, f.to_string()),
+        };
+        let mut e = self.event(action, msg);
+        e.new_pid = new_pid;
+        self.inj.outcome = Some(action);
+        if let inject::Failure::Restored { restored, .. } = f {
+            let pid = restored.pid;
+            self.inj.child = Some(restored);
+            self.follow(pid, &e)?;
+        } else {
+            self.sink.emit(Event::Inject(&e))?;
+        }
+        Ok(match action {
+            InjectAction::Down => Step::End(Ended::ServerDown),
+            InjectAction::Refused if !self.sink.interactive() => Step::End(Ended::InjectionRefused),
+            _ => Step::Continue,
+        })
+    }
+
+    /// One look at an injection in its health window: still pending, healthy (the
+    /// injection stands), or sick (rolled back to the original command).
+    fn health_step(&mut self) -> Result<Step, WatchError> {
+        let now = Instant::now();
+        let Some(seen) = self.observe(now) else {
+            return Ok(Step::Continue);
+        };
+        let Some(h) = &mut self.inj.health else {
+            return Ok(Step::Continue);
+        };
+        let limit = h.limit();
+        match h.check(now, &seen) {
+            Check::Pending => Ok(Step::Continue),
+            Check::Healthy => self.healthy(limit),
+            Check::Sick(why) => self.sick(&why, limit),
+        }
+    }
+
+    /// What the health window judges: the injected server's exit, and (every
+    /// HEALTH_PROBE_EVERY) its reads, sockets and runtime. None: nothing is up.
+    fn observe(&mut self, now: Instant) -> Option<Observed> {
+        let (Some(h), Some((plan, up))) = (&mut self.inj.health, &mut self.inj.up) else {
+            return None;
+        };
+        let mut seen = Observed {
+            // A leader that has exited shows as a zombie before its last thread is gone
+            // (and before it can be reaped): the watch's own liveness sees it first.
+            exited: up
+                .server
+                .exited()
+                .or_else(|| (!self.tr.life.alive()).then(|| "exited".to_string())),
+            ..Observed::default()
+        };
+        let due = self
+            .inj
+            .probed
+            .is_none_or(|t| now - t >= HEALTH_PROBE_EVERY);
+        if seen.exited.is_none() && due {
+            self.inj.probed = Some(now);
+            if let Some(n) = inject::health::read_calls(up.server.pid) {
+                h.reads(n);
+            }
+            let have = inject::process::listening(up.server.pid);
+            seen.missing_ports = plan.ports.difference(&have).map(|l| l.port).collect();
+            seen.runtime_disabled = self
+                .tr
+                .runtime_now()
+                .is_some_and(|c| c.state == toffload_abi::runtime::RuntimeState::Disabled);
+        }
+        Some(seen)
+    }
+
+    /// Served through its health window: the injection stands.
+    fn healthy(&mut self, limit: Duration) -> Result<Step, WatchError> {
+        let (plan, up) = self.inj.up.take().expect("an injection is up");
+        let pid = up.server.pid;
+        let mut e = self.event(
+            InjectAction::Healthy,
+            format!(
+                "pid {pid} served through its {:.0} s health window: the injection stands",
+                limit.as_secs_f64()
+            ),
+        );
+        e.new_pid = Some(pid);
+        e.old_pid = plan.old_pid;
+        self.inj.health = None;
+        self.inj.child = Some(up.server);
+        self.inj.outcome = Some(InjectAction::Healthy);
+        self.sink.emit(Event::Inject(&e))?;
+        Ok(Step::Continue)
+    }
+
+    /// Failed its health window: rolled back to the original command, which the watch
+    /// follows, or the server is down.
+    fn sick(&mut self, sick: &Sick, limit: Duration) -> Result<Step, WatchError> {
+        let (plan, up) = self.inj.up.take().expect("an injection is up");
+        self.inj.health = None;
+        self.inj.tracker.rolled_back();
+        let sick_pid = up.server.pid;
+        self.sink.status(&format!(
+            "the injected server pid {sick_pid} failed its health window: {sick}; rolling back..."
+        ));
+        let why = format!(
+            "the injected server (pid {sick_pid}) failed its {:.0} s health window: {sick}",
+            limit.as_secs_f64()
+        );
+        let (action, message, new_pid) = match inject::rollback(&plan, up) {
+            Ok(restored) => {
+                let pid = restored.pid;
+                self.inj.child = Some(restored);
+                let msg = format!(
+                    "{why}; rolled back: the original command runs again as pid {pid}, \
+                     without the runtime"
+                );
+                (InjectAction::RolledBack, msg, Some(pid))
+            }
+            Err(recovery) => {
+                let msg = format!(
+                    "{why}; restarting the original command failed too: {recovery}. The \
+                     server is DOWN"
+                );
+                (InjectAction::Down, msg, None)
+            }
+        };
+        let mut e = self.event(action, message);
+        e.old_pid = plan.old_pid;
+        e.new_pid = new_pid;
+        self.inj.outcome = Some(action);
+        match new_pid {
+            Some(pid) => {
+                self.follow(pid, &e)?;
+                Ok(Step::Continue)
+            }
+            None => {
+                self.sink.emit(Event::Inject(&e))?;
+                Ok(Step::End(Ended::ServerDown))
+            }
+        }
+    }
 }
 
 /// When an interval traced in full is looked at under a budget: first early, so that

@@ -133,61 +133,71 @@ fn per(n: u64, d: u64) -> f64 {
     }
 }
 
-pub fn classify(e: &Evidence) -> Verdict {
-    // Injected: the threads the other verdicts look at are fibers now (no thread per
-    // accept, epoll waits on the carriers), so they would mislabel it.
-    if let Some(f) = &e.fiber_runtime {
-        let parked = if f.offloads_per_sec > 0.0 {
-            format!(
-                " ({:.0}% of {:.0} offloads/s)",
-                100.0 * f.parked_per_sec / f.offloads_per_sec,
-                f.offloads_per_sec
-            )
-        } else {
-            String::new()
-        };
-        return verdict(
-            Kind::UnderRuntime,
-            format!(
-                "libtoffload.so active: {} fibers on {} carrier(s), {:.0} offloads parked/s{parked}, \
-                 {:.0} I/O parks/s",
-                f.fibers_live, f.carriers, f.parked_per_sec, f.io_parks_per_sec
-            ),
-        );
-    }
+/// Raw futex calls per request.
+fn raw_futex_per_request(e: &Evidence) -> f64 {
+    per(e.raw_futex, e.requests)
+}
+
+/// Injected: the threads the other verdicts look at are fibers now (no thread per
+/// accept, epoll waits on the carriers), so they would mislabel it.
+fn under_runtime(e: &Evidence) -> Option<Verdict> {
+    let f = e.fiber_runtime.as_ref()?;
+    let parked = if f.offloads_per_sec > 0.0 {
+        format!(
+            " ({:.0}% of {:.0} offloads/s)",
+            100.0 * f.parked_per_sec / f.offloads_per_sec,
+            f.offloads_per_sec
+        )
+    } else {
+        String::new()
+    };
+    Some(verdict(
+        Kind::UnderRuntime,
+        format!(
+            "libtoffload.so active: {} fibers on {} carrier(s), {:.0} offloads parked/s{parked}, \
+             {:.0} I/O parks/s",
+            f.fibers_live, f.carriers, f.parked_per_sec, f.io_parks_per_sec
+        ),
+    ))
+}
+
+/// A managed runtime (beside the wall) or a static binary (nothing to interpose).
+fn runtime_wall(e: &Evidence) -> Option<Verdict> {
     match e.runtime {
         Some(RuntimeKind::Jvm) | Some(RuntimeKind::Go) | Some(RuntimeKind::Python) => {
             let rt = e.runtime.map(|r| r.label()).unwrap_or_default();
-            return verdict(
+            Some(verdict(
                 Kind::BesideWall,
                 format!(
                     "runtime is {rt}: it keeps thread identity in native TLS, which fibers \
                      interleaving on one carrier would corrupt"
                 ),
-            );
+            ))
         }
-        Some(RuntimeKind::Static) => {
-            return verdict(
-                Kind::NotDynamic,
-                "no PT_INTERP and no dynamic loader mapped: LD_PRELOAD has nothing to hook".into(),
-            )
-        }
-        _ => {}
+        Some(RuntimeKind::Static) => Some(verdict(
+            Kind::NotDynamic,
+            "no PT_INTERP and no dynamic loader mapped: LD_PRELOAD has nothing to hook".into(),
+        )),
+        _ => None,
     }
+}
+
+/// io_uring, or steady raw futex calls on the request path: below libc.
+fn below_libc(e: &Evidence) -> Option<Verdict> {
     if e.io_uring_enters > 0 {
-        return verdict(
+        return Some(verdict(
             Kind::BelowLibcWall,
             format!(
                 "{} io_uring_enter calls: its I/O completes below libc, where no interposer sees it",
                 e.io_uring_enters
             ),
-        );
+        ));
     }
-    let raw_per_req = per(e.raw_futex, e.requests);
+    let raw_per_req = raw_futex_per_request(e);
     let raw_share = per(e.raw_futex, e.raw_futex + e.libc_futex);
     if e.requests > 0 && raw_per_req >= RAW_FUTEX_PER_REQ_WALL && raw_share >= RAW_FUTEX_SHARE_WALL
     {
-        return verdict(
+        return Some(verdict(
             Kind::BelowLibcWall,
             format!(
                 "{raw_per_req:.2} raw futex syscalls per request (>= {RAW_FUTEX_PER_REQ_WALL}), \
@@ -198,19 +208,21 @@ pub fn classify(e: &Evidence) -> Verdict {
                 e.raw_futex,
                 e.libc_futex
             ),
-        );
+        ));
     }
-    if e.requests == 0 {
-        return verdict(Kind::Undecided, "no requests in the window".into());
-    }
-    // Before the thread rule: each forked backend counts as a task created per
-    // accepted connection, which would read as thread per connection.
+    None
+}
+
+/// Several single-threaded processes of one connection each. Before the thread rule:
+/// each forked backend counts as a task created per accepted connection, which would
+/// read as thread per connection.
+fn process_per_connection(e: &Evidence) -> Option<Verdict> {
     let sh = &e.shape;
-    if sh.serving_processes >= 2
+    let holds = sh.serving_processes >= 2
         && sh.max_serving_threads == 1
-        && sh.single_connection_processes * 2 > sh.serving_processes
-    {
-        return verdict(
+        && sh.single_connection_processes * 2 > sh.serving_processes;
+    holds.then(|| {
+        verdict(
             Kind::ProcessPerConnection,
             format!(
                 "{} processes serve, {} of them one connection each with one thread; \
@@ -223,64 +235,82 @@ pub fn classify(e: &Evidence) -> Verdict {
                     "-".into()
                 }
             ),
-        );
-    }
-    let tpa = per(e.threads_created, e.accepts);
-    let per_conn_threads = if e.accepts > 0 {
-        tpa >= THREADS_PER_ACCEPT
+        )
+    })
+}
+
+/// Threads are made per connection; without connections in the window, when they
+/// block without multiplexing.
+fn threads_per_connection(e: &Evidence) -> bool {
+    if e.accepts > 0 {
+        per(e.threads_created, e.accepts) >= THREADS_PER_ACCEPT
     } else {
         // No connection arrived in the window: fall back on how it waits.
         e.mux_waits == 0
-    };
-    if !per_conn_threads {
-        let why = if e.accepts > 0 {
-            format!(
-                "{:.2} threads created per accepted connection ({} / {}), {} multiplexing waits \
-                 ({:.2} per request), {} threads",
-                tpa,
-                e.threads_created,
-                e.accepts,
-                e.mux_waits,
-                per(e.mux_waits, e.requests),
-                e.threads
-            )
-        } else {
-            format!(
-                "{} multiplexing waits ({:.2} per request) and no new connections, {} threads",
-                e.mux_waits,
-                per(e.mux_waits, e.requests),
-                e.threads
-            )
-        };
-        if sh.max_multiplexing_threads >= 2 {
-            return verdict(
-                Kind::ThreadPool,
-                format!(
-                    "{} threads of one process serve, each multiplexing; {why}",
-                    sh.max_multiplexing_threads
-                ),
-            );
-        }
-        if sh.max_blocking_threads >= POOL_BLOCKING_THREADS {
-            return verdict(
-                Kind::ThreadPool,
-                format!(
-                    "{} threads of one process serve, blocking in reads, and are not \
-                     created per connection (>= {POOL_BLOCKING_THREADS}: a pool); {why}",
-                    sh.max_blocking_threads
-                ),
-            );
-        }
-        return verdict(Kind::EventLoop, why);
     }
+}
+
+/// Threads not made per connection: a pool (multiplexing or blocking), else an
+/// event loop.
+fn shared_threads(e: &Evidence) -> Option<Verdict> {
+    if threads_per_connection(e) {
+        return None;
+    }
+    let why = if e.accepts > 0 {
+        format!(
+            "{:.2} threads created per accepted connection ({} / {}), {} multiplexing waits \
+             ({:.2} per request), {} threads",
+            per(e.threads_created, e.accepts),
+            e.threads_created,
+            e.accepts,
+            e.mux_waits,
+            per(e.mux_waits, e.requests),
+            e.threads
+        )
+    } else {
+        format!(
+            "{} multiplexing waits ({:.2} per request) and no new connections, {} threads",
+            e.mux_waits,
+            per(e.mux_waits, e.requests),
+            e.threads
+        )
+    };
+    let sh = &e.shape;
+    Some(if sh.max_multiplexing_threads >= 2 {
+        verdict(
+            Kind::ThreadPool,
+            format!(
+                "{} threads of one process serve, each multiplexing; {why}",
+                sh.max_multiplexing_threads
+            ),
+        )
+    } else if sh.max_blocking_threads >= POOL_BLOCKING_THREADS {
+        verdict(
+            Kind::ThreadPool,
+            format!(
+                "{} threads of one process serve, blocking in reads, and are not \
+                 created per connection (>= {POOL_BLOCKING_THREADS}: a pool); {why}",
+                sh.max_blocking_threads
+            ),
+        )
+    } else {
+        verdict(Kind::EventLoop, why)
+    })
+}
+
+/// Thread per connection: fiberizable unless its CPU per request reaches the offload.
+fn thread_per_connection(e: &Evidence) -> Verdict {
     let conn = if e.accepts > 0 {
         format!(
-            "{tpa:.2} threads per accepted connection ({} / {})",
-            e.threads_created, e.accepts
+            "{:.2} threads per accepted connection ({} / {})",
+            per(e.threads_created, e.accepts),
+            e.threads_created,
+            e.accepts
         )
     } else {
         "threads block without multiplexing (no epoll/poll/select)".to_string()
     };
+    let raw_per_req = raw_futex_per_request(e);
     match (e.stall_p50_us, e.cpu_per_request_us) {
         (Some(l), Some(c)) if e.offload_calls > 0 && c >= l => verdict(
             Kind::BehindWall,
@@ -302,6 +332,19 @@ pub fn classify(e: &Evidence) -> Verdict {
             format!("{conn}; no offload symbol called: blocking waits are libc calls"),
         ),
     }
+}
+
+/// The rules in order; the first that holds decides.
+pub fn classify(e: &Evidence) -> Verdict {
+    under_runtime(e)
+        .or_else(|| runtime_wall(e))
+        .or_else(|| below_libc(e))
+        .or_else(|| {
+            (e.requests == 0).then(|| verdict(Kind::Undecided, "no requests in the window".into()))
+        })
+        .or_else(|| process_per_connection(e))
+        .or_else(|| shared_threads(e))
+        .unwrap_or_else(|| thread_per_connection(e))
 }
 
 #[cfg(test)]

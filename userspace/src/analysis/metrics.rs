@@ -290,10 +290,45 @@ fn fiber_runtime(prev: &Snapshot, cur: &Snapshot, secs: f64) -> Option<classifie
     })
 }
 
-pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
-    let secs = (cur.t - prev.t).max(1e-9);
-    let d = |i: u32| cur.counter(i).saturating_sub(prev.counter(i));
-    let offload_calls = d(abi::C_OFFLOAD_CALLS);
+/// The two snapshots a window is the difference of, and the traced seconds between.
+struct Delta<'a> {
+    prev: &'a Snapshot,
+    cur: &'a Snapshot,
+    secs: f64,
+}
+
+impl Delta<'_> {
+    /// Counter `i` (a C_* index of toffload-abi) over the window.
+    fn d(&self, i: u32) -> u64 {
+        self.cur.counter(i).saturating_sub(self.prev.counter(i))
+    }
+
+    /// Calls of the named syscalls over the window.
+    fn calls(&self, names: &[&str]) -> u64 {
+        calls(self.cur, self.prev, names)
+    }
+}
+
+/// `v` per request (None without requests).
+fn per_request(v: f64, requests: u64) -> Option<f64> {
+    (requests > 0).then(|| v / requests as f64)
+}
+
+/// What the window counts: its requests, and the calls the verdict weighs.
+struct Counts {
+    requests: u64,
+    request_source: RequestSource,
+    offload_calls: u64,
+    runtime_offloads: u64,
+    accepts: u64,
+    threads_created: u64,
+    io_uring_enters: u64,
+    mux_waits: u64,
+}
+
+fn counts(d: &Delta, ctx: &Context) -> Counts {
+    let (prev, cur) = (d.prev, d.cur);
+    let offload_calls = d.d(abi::C_OFFLOAD_CALLS);
     // Under libtoffload.so the offloads go through the runtime, which the uprobes do
     // not time: its own counters count them (from zero when `prev` had none).
     let runtime_offloads = cur
@@ -308,8 +343,30 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
     } else if ctx.offload_probed {
         (offload_calls, RequestSource::OffloadCalls)
     } else {
-        (calls(cur, prev, SOCKET_READS), RequestSource::SocketReads)
+        (d.calls(SOCKET_READS), RequestSource::SocketReads)
     };
+    Counts {
+        requests,
+        request_source,
+        offload_calls,
+        runtime_offloads,
+        accepts: d.calls(ACCEPTS),
+        threads_created: d.d(abi::C_THREADS_CREATED),
+        io_uring_enters: d.calls(&["io_uring_enter"]),
+        mux_waits: d.calls(MUX_WAITS),
+    }
+}
+
+/// The stalls' on-CPU (spinning) part, ns.
+fn spin_ns(d: &Delta) -> u64 {
+    let stall_ns = d.d(abi::C_OFFLOAD_NS);
+    stall_ns - d.d(abi::C_OFFLOAD_OFF_NS).min(stall_ns)
+}
+
+/// The offload calls' stalls: their distribution, and how they spun or slept.
+fn offload(d: &Delta) -> Offload {
+    let (prev, cur) = (d.prev, d.cur);
+    let offload_calls = d.d(abi::C_OFFLOAD_CALLS);
     let stall = cur.stall.minus(&prev.stall);
     let tenths: Vec<u64> = (0..11)
         .map(|i| {
@@ -318,13 +375,9 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         })
         .collect();
     let done = cur.done.minus(&prev.done);
-    let outside_cpu = OutsideCpu::from(&cur.outside.minus(&prev.outside));
-    let stall_ns = d(abi::C_OFFLOAD_NS);
-    let stall_off_ns = d(abi::C_OFFLOAD_OFF_NS).min(stall_ns);
-    let spin_ns = stall_ns - stall_off_ns;
-    let on_ns = d(abi::C_ON_NS);
-    let per_req = |v: f64| (requests > 0).then(|| v / requests as f64);
-    let offload = Offload {
+    let stall_ns = d.d(abi::C_OFFLOAD_NS);
+    let spin_ns = spin_ns(d);
+    Offload {
         calls: offload_calls,
         stall_p50_us: stall.quantile(0.5).map(|v| v / 1e3),
         stall_p99_us: stall.quantile(0.99).map(|v| v / 1e3),
@@ -335,7 +388,7 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         latency_p50_us: done.quantile(0.5).map(|v| v / 1e3),
         latency_p99_us: done.quantile(0.99).map(|v| v / 1e3),
         wake_share: (stall_ns > 0)
-            .then(|| d(abi::C_OFFLOAD_WAKE_NS).min(stall_ns) as f64 / stall_ns as f64),
+            .then(|| d.d(abi::C_OFFLOAD_WAKE_NS).min(stall_ns) as f64 / stall_ns as f64),
         stall_hist_us: stall
             .log2_buckets()
             .into_iter()
@@ -343,30 +396,44 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
             .collect(),
         stall_p1_us: stall.quantile(0.01).map(|v| v / 1e3),
         sleeps_per_call: (offload_calls > 0)
-            .then(|| d(abi::C_OFFLOAD_SLEEPS) as f64 / offload_calls as f64),
-        slept_syscall_us: (d(abi::C_SLEPT_IN_SYSCALLS) > 0).then(|| {
-            d(abi::C_SLEPT_IN_SYSCALL_ON_NS) as f64 / d(abi::C_SLEPT_IN_SYSCALLS) as f64 / 1e3
+            .then(|| d.d(abi::C_OFFLOAD_SLEEPS) as f64 / offload_calls as f64),
+        slept_syscall_us: (d.d(abi::C_SLEPT_IN_SYSCALLS) > 0).then(|| {
+            d.d(abi::C_SLEPT_IN_SYSCALL_ON_NS) as f64 / d.d(abi::C_SLEPT_IN_SYSCALLS) as f64 / 1e3
         }),
-    };
-    // Per-thread deltas of the threads that waited on the offload.
-    let (mut offload_threads, mut offload_thread_vol, mut offload_thread_invol) =
-        (0usize, 0u64, 0u64);
-    let mut helper_on_ns = 0u64;
-    for (tid, t) in &cur.threads {
-        let before = prev.threads.get(tid);
+    }
+}
+
+/// The threads of the window split by whether they waited on the offload.
+#[derive(Default)]
+struct ThreadSplit {
+    /// Threads that made offload calls, and their voluntary and involuntary switches.
+    offload_threads: usize,
+    vol: u64,
+    invol: u64,
+    /// On-CPU time of the others (helpers), ns.
+    helper_on_ns: u64,
+}
+
+fn thread_split(d: &Delta) -> ThreadSplit {
+    let mut s = ThreadSplit::default();
+    for (tid, t) in &d.cur.threads {
+        let before = d.prev.threads.get(tid);
         let calls = t
             .offload_calls
             .saturating_sub(before.map_or(0, |b| b.offload_calls));
         if calls > 0 {
-            offload_threads += 1;
-            offload_thread_vol += t.vol.saturating_sub(before.map_or(0, |b| b.vol));
-            offload_thread_invol += t.invol.saturating_sub(before.map_or(0, |b| b.invol));
+            s.offload_threads += 1;
+            s.vol += t.vol.saturating_sub(before.map_or(0, |b| b.vol));
+            s.invol += t.invol.saturating_sub(before.map_or(0, |b| b.invol));
         } else {
-            helper_on_ns += t.on_ns.saturating_sub(before.map_or(0, |b| b.on_ns));
+            s.helper_on_ns += t.on_ns.saturating_sub(before.map_or(0, |b| b.on_ns));
         }
     }
-    let futex = cur.futex.minus(&prev.futex);
-    let futex_per_request = (requests > 0).then(|| {
+    s
+}
+
+fn futex_per_request(futex: &Origins, requests: u64) -> Option<PerRequest<f64>> {
+    (requests > 0).then(|| {
         let r = requests as f64;
         PerRequest {
             libc: futex.libc as f64 / r,
@@ -374,17 +441,21 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
             offload: futex.offload as f64 / r,
             unknown: futex.unknown as f64 / r,
         }
-    });
-    let (vol, invol) = (d(abi::C_VOL), d(abi::C_INVOL));
-    let wake = cur.wake.minus(&prev.wake);
-    let mut syscalls_total = 0;
+    })
+}
+
+/// The ten busiest syscalls, and the count of all (the uretprobe trampoline's left
+/// out).
+fn syscall_rows(d: &Delta) -> (Vec<SyscallRow>, u64) {
+    let (prev, cur) = (d.prev, d.cur);
+    let mut total = 0;
     let mut rows: Vec<SyscallRow> = (0..abi::NR_MAX as usize)
         .filter_map(|n| {
             let c = cur.calls(n).saturating_sub(prev.calls(n));
             if c == 0 || n == syscalls::URETPROBE {
                 return None;
             }
-            syscalls_total += c;
+            total += c;
             let ns = cur.sys_ns(n).saturating_sub(prev.sys_ns(n));
             let p99 = cur
                 .sys_hists
@@ -398,7 +469,7 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
                     .map(str::to_string)
                     .unwrap_or_else(|| format!("syscall_{n}")),
                 calls: c,
-                per_sec: c as f64 / secs,
+                per_sec: c as f64 / d.secs,
                 mean_us: ns as f64 / c as f64 / 1e3,
                 p99_us: p99.map(|v| v / 1e3),
             })
@@ -406,100 +477,157 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         .collect();
     rows.sort_by(|a, b| b.calls.cmp(&a.calls).then(a.name.cmp(&b.name)));
     rows.truncate(10);
-    let accepts = calls(cur, prev, ACCEPTS);
-    let threads_created = d(abi::C_THREADS_CREATED);
-    let io_uring_enters = calls(cur, prev, &["io_uring_enter"]);
-    let mux_waits = calls(cur, prev, MUX_WAITS);
-    // Outside the offload calls, as the kernel split it at the probes; an object
-    // without the split (0 both sides) falls back to all but the stalls' on-CPU part.
-    let (on_in, on_out) = (d(abi::C_ON_IN_NS), d(abi::C_ON_OUT_NS));
-    let cpu_per_request_us = if on_in + on_out > 0 {
-        per_req(on_out as f64 / 1e3)
+    (rows, total)
+}
+
+/// On-CPU time per request outside the offload calls, as the kernel split it at the
+/// probes; an object without the split (0 both sides) falls back to all but the
+/// stalls' on-CPU part.
+fn cpu_per_request_us(d: &Delta, requests: u64) -> Option<f64> {
+    let (on_in, on_out) = (d.d(abi::C_ON_IN_NS), d.d(abi::C_ON_OUT_NS));
+    if on_in + on_out > 0 {
+        per_request(on_out as f64 / 1e3, requests)
     } else {
-        per_req(on_ns.saturating_sub(spin_ns) as f64 / 1e3)
-    };
-    let processes = processes::rows(&prev.threads, &cur.threads, &cur.procs, ctx.root, secs);
-    let evidence = Evidence {
-        shape: processes::shape(&processes),
+        per_request(
+            d.d(abi::C_ON_NS).saturating_sub(spin_ns(d)) as f64 / 1e3,
+            requests,
+        )
+    }
+}
+
+/// On-CPU time inside the offload calls per sleep in them, us: per sleep, or per call
+/// where fewer calls slept than were made (a short offload often completes before the
+/// thread sleeps; its futex calls and retries cost the same, and are not a sleep's).
+fn sleep_cost_us(d: &Delta) -> Option<f64> {
+    let on_in = d.d(abi::C_ON_IN_NS);
+    let sleeps = d.d(abi::C_OFFLOAD_SLEEPS);
+    (sleeps > 0 && on_in > 0)
+        .then(|| on_in as f64 / sleeps.max(d.d(abi::C_OFFLOAD_CALLS)) as f64 / 1e3)
+}
+
+fn switches(d: &Delta) -> Switches {
+    let (vol, invol) = (d.d(abi::C_VOL), d.d(abi::C_INVOL));
+    Switches {
+        voluntary: vol,
+        involuntary: invol,
+        voluntary_per_sec: vol as f64 / d.secs,
+        involuntary_per_sec: invol as f64 / d.secs,
+    }
+}
+
+/// What the classifier weighs, from the window's numbers.
+fn evidence(
+    d: &Delta,
+    ctx: &Context,
+    n: &Counts,
+    offload: &Offload,
+    cpu_per_request_us: Option<f64>,
+    futex: &Origins,
+    processes: &[processes::ProcessRow],
+) -> Evidence {
+    Evidence {
+        shape: processes::shape(processes),
         runtime: Some(ctx.runtime.kind),
         dynamic: ctx.runtime.dynamic,
-        requests,
-        offload_calls: offload_calls.max(runtime_offloads),
+        requests: n.requests,
+        offload_calls: n.offload_calls.max(n.runtime_offloads),
         // The stall without its wake-up delay: on a saturated CPU a woken thread waits
         // for a core, which is CPU contention, not the offload.
         stall_p50_us: offload.latency_p50_us.or(offload.stall_p50_us),
         cpu_per_request_us,
         raw_futex: futex.raw,
         libc_futex: futex.libc,
-        io_uring_enters,
-        accepts,
-        threads_created,
-        mux_waits,
-        threads: cur.live_threads,
-        fiber_runtime: fiber_runtime(prev, cur, secs),
+        io_uring_enters: n.io_uring_enters,
+        accepts: n.accepts,
+        threads_created: n.threads_created,
+        mux_waits: n.mux_waits,
+        threads: d.cur.live_threads,
+        fiber_runtime: fiber_runtime(d.prev, d.cur, d.secs),
+    }
+}
+
+/// The classifier's verdict, with the offloads it cannot reroute said.
+fn verdict(evidence: &Evidence, ctx: &Context) -> Verdict {
+    let mut v = classifier::classify(evidence);
+    if !ctx.unroutable.is_empty() && v.kind == classifier::Kind::Fiberizable {
+        v.because.push_str(&format!(
+            "; but the offload {} is measured, not reroutable (no SUBMIT:DONE:RELEASE \
+             given): injected, it would still block",
+            ctx.unroutable.join(", ")
+        ));
+    }
+    v
+}
+
+pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
+    let d = Delta {
+        prev,
+        cur,
+        secs: (cur.t - prev.t).max(1e-9),
     };
+    let n = counts(&d, ctx);
+    let offload = offload(&d);
+    let threads = thread_split(&d);
+    let futex = cur.futex.minus(&prev.futex);
+    let (syscalls_top, syscalls) = syscall_rows(&d);
+    let cpu_per_request_us = cpu_per_request_us(&d, n.requests);
+    let processes = processes::rows(&prev.threads, &cur.threads, &cur.procs, ctx.root, d.secs);
+    let evidence = evidence(
+        &d,
+        ctx,
+        &n,
+        &offload,
+        cpu_per_request_us,
+        &futex,
+        &processes,
+    );
+    let futex_per_request = futex_per_request(&futex, n.requests);
+    let wake = cur.wake.minus(&prev.wake);
+    let on_ns = d.d(abi::C_ON_NS);
+    let per_req = |v: f64| per_request(v, n.requests);
+    let per_call = |v: u64| (n.offload_calls > 0).then(|| v as f64 / n.offload_calls as f64);
+    let slept = d.d(abi::C_SLEPT_SYSCALLS);
     Window {
         start_s: prev.t,
-        secs,
+        secs: d.secs,
         wall_secs: cur.wall - prev.wall,
         ts: cur.unix,
-        requests,
-        requests_per_sec: requests as f64 / secs,
-        request_source,
+        requests: n.requests,
+        requests_per_sec: n.requests as f64 / d.secs,
+        request_source: n.request_source,
         offload,
         cpu_per_request_us,
         on_cpu_per_request_us: per_req(on_ns as f64 / 1e3),
         on_cpu_ms: on_ns as f64 / 1e6,
-        helper_on_cpu_ms: helper_on_ns as f64 / 1e6,
-        outside_cpu,
-        slept_syscall_us: (d(abi::C_SLEPT_SYSCALLS) > 0)
-            .then(|| d(abi::C_SLEPT_SYSCALL_ON_NS) as f64 / d(abi::C_SLEPT_SYSCALLS) as f64 / 1e3),
-        slept_syscalls_per_request: per_req(d(abi::C_SLEPT_SYSCALLS) as f64),
-        outside_wait_us: per_req(d(abi::C_SLEPT_SYSCALL_BLOCKED_NS) as f64 / 1e3),
+        helper_on_cpu_ms: threads.helper_on_ns as f64 / 1e6,
+        outside_cpu: OutsideCpu::from(&cur.outside.minus(&prev.outside)),
+        slept_syscall_us: (slept > 0)
+            .then(|| d.d(abi::C_SLEPT_SYSCALL_ON_NS) as f64 / slept as f64 / 1e3),
+        slept_syscalls_per_request: per_req(slept as f64),
+        outside_wait_us: per_req(d.d(abi::C_SLEPT_SYSCALL_BLOCKED_NS) as f64 / 1e3),
         steal_share: None,
         futex,
         futex_per_request,
-        switches: Switches {
-            voluntary: vol,
-            involuntary: invol,
-            voluntary_per_sec: vol as f64 / secs,
-            involuntary_per_sec: invol as f64 / secs,
-        },
-        wakeups: d(abi::C_WAKEUPS),
+        switches: switches(&d),
+        wakeups: d.d(abi::C_WAKEUPS),
         wakeup_p50_us: wake.quantile(0.5).map(|v| v / 1e3),
         wakeup_p99_us: wake.quantile(0.99).map(|v| v / 1e3),
-        syscalls_top: rows,
-        syscalls: syscalls_total,
+        syscalls_top,
+        syscalls,
         threads: cur.live_threads,
-        threads_created,
-        accepts,
-        threads_per_accept: (accepts > 0).then(|| threads_created as f64 / accepts as f64),
-        offload_threads,
-        blocking_switches_per_request: (offload_calls > 0)
-            .then(|| offload_thread_vol as f64 / offload_calls as f64),
-        preemptions_per_request: (offload_calls > 0)
-            .then(|| offload_thread_invol as f64 / offload_calls as f64),
-        // Per sleep, or per call where fewer calls slept than were made (a short
-        // offload often completes before the thread sleeps; its futex calls and
-        // retries cost the same, and are not a sleep's).
-        sleep_cost_us: (d(abi::C_OFFLOAD_SLEEPS) > 0 && on_in > 0)
-            .then(|| on_in as f64 / d(abi::C_OFFLOAD_SLEEPS).max(offload_calls) as f64 / 1e3),
-        io_uring_enters,
-        io_uring_setups: calls(cur, prev, &["io_uring_setup"]),
-        mux_waits,
+        threads_created: n.threads_created,
+        accepts: n.accepts,
+        threads_per_accept: (n.accepts > 0).then(|| n.threads_created as f64 / n.accepts as f64),
+        offload_threads: threads.offload_threads,
+        blocking_switches_per_request: per_call(threads.vol),
+        preemptions_per_request: per_call(threads.invol),
+        sleep_cost_us: sleep_cost_us(&d),
+        io_uring_enters: n.io_uring_enters,
+        io_uring_setups: d.calls(&["io_uring_setup"]),
+        mux_waits: n.mux_waits,
         processes,
-        threads_missed: d(abi::C_THREADS_MISSED),
-        verdict: {
-            let mut v = classifier::classify(&evidence);
-            if !ctx.unroutable.is_empty() && v.kind == classifier::Kind::Fiberizable {
-                v.because.push_str(&format!(
-                    "; but the offload {} is measured, not reroutable (no SUBMIT:DONE:RELEASE \
-                     given): injected, it would still block",
-                    ctx.unroutable.join(", ")
-                ));
-            }
-            v
-        },
+        threads_missed: d.d(abi::C_THREADS_MISSED),
+        verdict: verdict(&evidence, ctx),
         runtime_counters: cur.runtime,
         runtime_latency: cur.runtime_latency.as_ref().map(|c| {
             match &prev.runtime_latency {

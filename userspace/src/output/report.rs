@@ -189,10 +189,15 @@ pub fn header_text(h: &Header) -> String {
     s
 }
 
-pub fn window_text(w: &Window, title: &str) -> String {
-    let mut s = String::new();
-    // Rates are per traced second; where part of the window ran untraced, the rate
-    // without the watch follows.
+/// A share as a whole percent ("-" when unknown).
+fn pct(v: Option<f64>) -> String {
+    v.map(|x| format!("{:.0}%", x * 100.0))
+        .unwrap_or_else(|| "-".into())
+}
+
+/// The window's span and rate. Rates are per traced second; where part of the window
+/// ran untraced, the rate without the watch follows.
+fn rate_line(s: &mut String, w: &Window, title: &str) {
     let untraced = w
         .untraced
         .map(|u| {
@@ -212,11 +217,11 @@ pub fn window_text(w: &Window, title: &str) -> String {
         "[{title} {:.1}s +{:.2}s traced of {:.2}s] {:.0} req/s ({} {}){untraced}",
         w.start_s, w.secs, w.wall_secs, w.requests_per_sec, w.requests, w.request_source
     );
+}
+
+/// The offload's stall, and how the stalls spun or blocked.
+fn offload_lines(s: &mut String, w: &Window) {
     let o = &w.offload;
-    let pct = |v: Option<f64>| {
-        v.map(|x| format!("{:.0}%", x * 100.0))
-            .unwrap_or_else(|| "-".into())
-    };
     let _ = writeln!(
         s,
         "  offload stall p50 {} p99 {} mean {}, spin share {}, wake-up share {} (latency to \
@@ -229,6 +234,41 @@ pub fn window_text(w: &Window, title: &str) -> String {
         opt(o.latency_p50_us, " us"),
         opt(w.cpu_per_request_us, " us"),
     );
+    if o.calls > 0 {
+        let _ = writeln!(
+            s,
+            "  stalls >= 90% on CPU (spun): {}, <= 10% on CPU (blocked): {}",
+            pct(o.stalls_mostly_spinning),
+            pct(o.stalls_mostly_blocked)
+        );
+    }
+}
+
+/// A request's CPU outside the offload, and its syscalls that slept there.
+fn outside_line(s: &mut String, w: &Window) {
+    let Some(c) = &w.outside_cpu else {
+        return;
+    };
+    let _ = writeln!(
+        s,
+        "  CPU outside the offload per request: p10 {:.1} p25 {:.1} p50 {:.1} p90 {:.1} \
+         us ({} requests); syscalls that slept there: {} per request at {} each, \
+         asleep {} per request until woken (the time outside the server)",
+        c.p10_us,
+        c.p25_us,
+        c.p50_us,
+        c.p90_us,
+        c.requests,
+        w.slept_syscalls_per_request
+            .map(|x| format!("{x:.2}"))
+            .unwrap_or_else(|| "-".into()),
+        opt(w.slept_syscall_us, " us"),
+        opt(w.outside_wait_us, " us"),
+    );
+}
+
+/// Futex origins, switches and wake-ups, threads and their waits.
+fn scheduling_lines(s: &mut String, w: &Window) {
     let fp = w
         .futex_per_request
         .as_ref()
@@ -239,32 +279,6 @@ pub fn window_text(w: &Window, title: &str) -> String {
             )
         })
         .unwrap_or_default();
-    if o.calls > 0 {
-        let _ = writeln!(
-            s,
-            "  stalls >= 90% on CPU (spun): {}, <= 10% on CPU (blocked): {}",
-            pct(o.stalls_mostly_spinning),
-            pct(o.stalls_mostly_blocked)
-        );
-    }
-    if let Some(c) = &w.outside_cpu {
-        let _ = writeln!(
-            s,
-            "  CPU outside the offload per request: p10 {:.1} p25 {:.1} p50 {:.1} p90 {:.1} \
-             us ({} requests); syscalls that slept there: {} per request at {} each, \
-             asleep {} per request until woken (the time outside the server)",
-            c.p10_us,
-            c.p25_us,
-            c.p50_us,
-            c.p90_us,
-            c.requests,
-            w.slept_syscalls_per_request
-                .map(|x| format!("{x:.2}"))
-                .unwrap_or_else(|| "-".into()),
-            opt(w.slept_syscall_us, " us"),
-            opt(w.outside_wait_us, " us"),
-        );
-    }
     let _ = writeln!(
         s,
         "  futex {} libc / {} raw / {} offload / {} unknown{fp}",
@@ -290,76 +304,92 @@ pub fn window_text(w: &Window, title: &str) -> String {
         w.io_uring_enters,
         w.mux_waits
     );
-    // A service of several processes: who serves and how (one line each, busiest
-    // first after the main one; a few dozen at most).
-    if w.processes.len() > 1 {
-        let _ = writeln!(s, "  processes {}:", w.processes.len());
-        for p in w.processes.iter().take(12) {
-            let _ = writeln!(
-                s,
-                "    {:>7} {:<15} {:<5} {:<22} {:>9.0} reads/s, {} threads ({} serving), {} connections, {:.0}% CPU{}",
-                p.pid,
-                p.comm,
-                match p.role {
-                    crate::processes::Role::Main => "main",
-                    crate::processes::Role::Child => "child",
-                },
-                p.model.label(),
-                p.reads_per_sec,
-                p.threads,
-                p.serving_threads,
-                p.connections,
-                p.cpu_share * 100.0,
-                p.stall_mean_us
-                    .map(|s| format!(", {:.0} offloads/s, stall mean {s:.0} us", p.offloads_per_sec))
-                    .unwrap_or_default()
-            );
-        }
-        if w.processes.len() > 12 {
-            let _ = writeln!(s, "    ... {} more", w.processes.len() - 12);
-        }
+}
+
+/// A service of several processes: who serves and how (one line each, busiest first
+/// after the main one; a few dozen at most).
+fn process_lines(s: &mut String, w: &Window) {
+    if w.processes.len() <= 1 {
+        return;
     }
+    let _ = writeln!(s, "  processes {}:", w.processes.len());
+    for p in w.processes.iter().take(12) {
+        let _ = writeln!(
+            s,
+            "    {:>7} {:<15} {:<5} {:<22} {:>9.0} reads/s, {} threads ({} serving), {} connections, {:.0}% CPU{}",
+            p.pid,
+            p.comm,
+            match p.role {
+                crate::processes::Role::Main => "main",
+                crate::processes::Role::Child => "child",
+            },
+            p.model.label(),
+            p.reads_per_sec,
+            p.threads,
+            p.serving_threads,
+            p.connections,
+            p.cpu_share * 100.0,
+            p.stall_mean_us
+                .map(|s| format!(", {:.0} offloads/s, stall mean {s:.0} us", p.offloads_per_sec))
+                .unwrap_or_default()
+        );
+    }
+    if w.processes.len() > 12 {
+        let _ = writeln!(s, "    ... {} more", w.processes.len() - 12);
+    }
+}
+
+fn syscalls_line(s: &mut String, w: &Window) {
     let top: Vec<String> = w
         .syscalls_top
         .iter()
         .map(|r| format!("{} {:.0}/s {:.1}us", r.name, r.per_sec, r.mean_us))
         .collect();
     let _ = writeln!(s, "  syscalls: {}", top.join(", "));
-    if let Some(r) = &w.runtime_counters {
+}
+
+/// The fiber runtime's counters, when the target runs under it.
+fn runtime_lines(s: &mut String, w: &Window) {
+    let Some(r) = &w.runtime_counters else {
+        return;
+    };
+    let _ = writeln!(
+        s,
+        "  libtoffload.so: {} fibers ({} live) on {} carriers, {} offloads ({} parked, {} inline); \
+         guard {}: {} conflicts, {} handlers serialized, {} faults on {} pages",
+        r.fibers_created,
+        r.fibers_live,
+        r.carriers,
+        r.offloads,
+        r.offloads_parked,
+        r.offloads_inline,
+        r.guard.name(),
+        r.guard_conflicts,
+        r.guard_serialized,
+        r.guard_faults,
+        r.guard_pages
+    );
+    if r.handoffs > 0 {
         let _ = writeln!(
             s,
-            "  libtoffload.so: {} fibers ({} live) on {} carriers, {} offloads ({} parked, {} inline); \
-             guard {}: {} conflicts, {} handlers serialized, {} faults on {} pages",
-            r.fibers_created,
-            r.fibers_live,
-            r.carriers,
-            r.offloads,
-            r.offloads_parked,
-            r.offloads_inline,
-            r.guard.name(),
-            r.guard_conflicts,
-            r.guard_serialized,
-            r.guard_faults,
-            r.guard_pages
+            "  handoffs: {} ({:.1}/s): a carrier blocked below libc handed its other fibers \
+             to a spare thread",
+            r.handoffs,
+            r.handoffs as f64 / w.secs.max(1e-9)
         );
-        if r.handoffs > 0 {
-            let _ = writeln!(
-                s,
-                "  handoffs: {} ({:.1}/s): a carrier blocked below libc handed its other fibers \
-                 to a spare thread",
-                r.handoffs,
-                r.handoffs as f64 / w.secs.max(1e-9)
-            );
-        }
-        if r.guard_released > 0 {
-            let _ = writeln!(
-                s,
-                "  WARNING: the guard gave up {} page(s) (an ownership cycle, a page a real \
-                 thread touched, or a 30 s wait): updates to them are no longer protected",
-                r.guard_released
-            );
-        }
     }
+    if r.guard_released > 0 {
+        let _ = writeln!(
+            s,
+            "  WARNING: the guard gave up {} page(s) (an ownership cycle, a page a real \
+             thread touched, or a 30 s wait): updates to them are no longer protected",
+            r.guard_released
+        );
+    }
+}
+
+/// The runtime's own latency percentiles, when its counters carry them.
+fn runtime_latency_line(s: &mut String, w: &Window) {
     if let Some(l) = &w.runtime_latency {
         let _ = writeln!(
             s,
@@ -368,6 +398,10 @@ pub fn window_text(w: &Window, title: &str) -> String {
             latency_text(&l.offload_wait)
         );
     }
+}
+
+/// Threads the kernel's table missed, and what the watch cost.
+fn watch_lines(s: &mut String, w: &Window) {
     if w.threads_missed > 0 {
         let _ = writeln!(
             s,
@@ -390,6 +424,19 @@ pub fn window_text(w: &Window, title: &str) -> String {
             c.duty * 100.0
         );
     }
+}
+
+pub fn window_text(w: &Window, title: &str) -> String {
+    let mut s = String::new();
+    rate_line(&mut s, w, title);
+    offload_lines(&mut s, w);
+    outside_line(&mut s, w);
+    scheduling_lines(&mut s, w);
+    process_lines(&mut s, w);
+    syscalls_line(&mut s, w);
+    runtime_lines(&mut s, w);
+    runtime_latency_line(&mut s, w);
+    watch_lines(&mut s, w);
     let _ = writeln!(s, "  verdict: {} -- {}", w.verdict.label, w.verdict.because);
     if let Some(a) = &w.model {
         s += &model_text(a);
@@ -550,6 +597,69 @@ pub fn json_line<T: Serialize>(ty: LineType, v: &T, ts: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The window's text keeps its lines and their order (each line is written by a
+    /// helper of window_text).
+    #[test]
+    fn window_text_lines_in_order() {
+        use crate::abi;
+        use crate::collector::Snapshot;
+        let prev = Snapshot::zero();
+        let mut cur = Snapshot::zero();
+        cur.t = 1.0;
+        cur.counters[abi::C_OFFLOAD_CALLS as usize] = 100;
+        cur.counters[abi::C_OFFLOAD_NS as usize] = 100 * 200_000;
+        cur.counters[abi::C_THREADS_MISSED as usize] = 3;
+        cur.stall.counts[abi::fine_bucket(200_000) as usize] = 100;
+        cur.outside.counts[abi::fine_bucket(20_000) as usize] = 100;
+        cur.runtime = Some(crate::runtime_counters::RuntimeCounters {
+            guard_released: 1,
+            ..Default::default()
+        });
+        let ctx = crate::metrics::Context {
+            runtime: crate::target::Runtime {
+                kind: crate::target::RuntimeKind::GlibcDynamic,
+                dynamic: true,
+                evidence: String::new(),
+            },
+            offload_probed: true,
+            root: 1,
+            unroutable: Vec::new(),
+        };
+        let mut w = crate::metrics::window(&prev, &cur, &ctx);
+        w.watcher = Some(crate::metrics::WatcherCost {
+            us_per_request: Some(1.0),
+            share_traced: 0.01,
+            duty: 1.0,
+            budget: None,
+        });
+        let text = window_text(&w, "window");
+        let starts: Vec<&str> = text
+            .lines()
+            .map(|l| l.trim_start().split([' ', ':']).next().unwrap_or(""))
+            .collect();
+        assert_eq!(
+            starts,
+            [
+                "[window",
+                "offload",
+                "stalls",
+                "CPU",
+                "futex",
+                "switches",
+                "threads",
+                "syscalls",
+                "libtoffload.so",
+                "WARNING",
+                "WARNING",
+                "watch",
+                "verdict"
+            ],
+            "{text}"
+        );
+        assert!(text
+            .starts_with("[window 0.0s +1.00s traced of 0.00s] 100 req/s (100 offload calls)\n"));
+    }
 
     #[test]
     fn envelope() {

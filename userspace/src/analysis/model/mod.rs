@@ -245,43 +245,59 @@ fn stock_formula(i: &Inputs, c: f64) -> f64 {
     }
 }
 
-pub fn predict(i: &Inputs) -> Prediction {
-    // The window was measured with the probes attached: c without their cost. Where
-    // the probes were off for part of the window, the target's own counters gave c and
-    // the rate without them; else c less the calibrated cost, and the stock rate as the
-    // stock formulas say it moves when that cost goes (a server bound by its CPU speeds
-    // up, one bound by its connections barely moves). A spinning wait's c is the part
-    // outside the offload, which the untraced counters cannot split off.
-    let c_watched = i.cpu_per_request_us.max(0.0);
+/// c as measured, and as the model takes it.
+struct Cpu {
+    /// With the probes attached.
+    watched: f64,
+    /// The target's own CPU per request while the probes were off (blocking waits).
+    untraced: Option<f64>,
+    /// Without the watch's cost.
+    c: f64,
+}
+
+/// The window was measured with the probes attached: c without their cost. Where the
+/// probes were off for part of the window, the target's own counters gave c and the
+/// rate without them; else c less the calibrated cost, and the stock rate as the stock
+/// formulas say it moves when that cost goes (a server bound by its CPU speeds up, one
+/// bound by its connections barely moves). A spinning wait's c is the part outside the
+/// offload, which the untraced counters cannot split off.
+fn cpu(i: &Inputs) -> Cpu {
+    let watched = i.cpu_per_request_us.max(0.0);
     let untraced = i.cpu_untraced_us.filter(|&u| !i.spin && u > 0.0);
     let c = match untraced {
         Some(u) => u,
-        None => (c_watched - i.watch_us_per_request.max(0.0)).max(0.0),
+        None => (watched - i.watch_us_per_request.max(0.0)).max(0.0),
     };
+    Cpu {
+        watched,
+        untraced,
+        c,
+    }
+}
+
+/// X as the model takes it. A switch costs the server what one of its sleeps in the
+/// offload costs it when the window shows that (many threads' cold caches cost far
+/// more than the calibration's two warm ones), else the calibrated X.
+fn switch_cost(i: &Inputs, cpu: &Cpu) -> f64 {
     // A sleep's cost was read while traced, and the probes' cost lands mostly on the
     // sleeps (each is futex calls, a switch out, a wake-up and a switch in, all
     // traced). Where the untraced CPU shows what the watch really added per request
     // (up to 5x the calibration on 64 threads), that cost per sleep comes off it.
     let switches =
         (i.blocking_switches_per_request.max(0.0) + i.preemptions_per_request.max(0.0)).max(1.0);
-    let sleep_cost = i.sleep_cost_us.map(|s| match untraced {
-        Some(u) => (s - (c_watched - u).max(0.0) / switches).max(0.0),
+    let sleep_cost = i.sleep_cost_us.map(|s| match cpu.untraced {
+        Some(u) => (s - (cpu.watched - u).max(0.0) / switches).max(0.0),
         None => s,
     });
-    let l = i.latency_us.max(0.0);
-    let n = i.connections.max(1.0);
-    let p = i.cores.max(1.0);
-    let carriers = i.carriers.clamp(1.0, p);
-    let avail = i.cpu_available.clamp(0.1, 1.0);
-    // Blocking's CPU leaves with the kernel threads; the runtime's own comes in. The
-    // stock CPU can never drop below the runtime's share (a noisy small c).
-    // A switch costs the server what one of its sleeps in the offload costs it when
-    // the window shows that (many threads' cold caches cost far more than the
-    // calibration's two warm ones), else the calibrated X. Fibers on one carrier
-    // neither sleep nor preempt each other.
+    i.switch_us.max(sleep_cost.unwrap_or(0.0)).max(0.0)
+}
+
+/// c_f: blocking's CPU leaves with the kernel threads; the runtime's own comes in. The
+/// stock CPU can never drop below the runtime's share (a noisy small c). Fibers on one
+/// carrier neither sleep nor preempt each other.
+fn fiber_cpu(i: &Inputs, c: f64, x_eff: f64) -> f64 {
     // A spinner is preempted while it spins: that switch lands inside the offload,
     // outside a spin's c; its sleeps (waiting for the next request) land in c.
-    let x_eff = i.switch_us.max(sleep_cost.unwrap_or(0.0)).max(0.0);
     let preempted = if i.spin {
         0.0
     } else {
@@ -289,15 +305,70 @@ pub fn predict(i: &Inputs) -> Prediction {
     };
     let blocking = (i.blocking_switches_per_request.max(0.0) + preempted) * x_eff;
     let added = runtime_overhead_us(YIELDS_PER_REQUEST);
-    let fiber_cpu = (c - blocking).max(0.0) + added;
+    (c - blocking).max(0.0) + added
+}
+
+/// The stock rate without the watch: measured between bursts, else the measured rate
+/// moved as the stock formulas move without the watch's cost.
+fn stock_rate(i: &Inputs, cpu: &Cpu, stock_model: f64) -> f64 {
+    match i.stock_rps_untraced {
+        Some(r) if r > 0.0 => r,
+        _ if i.stock_rps > 0.0 => {
+            i.stock_rps * stock_model / stock_formula(i, cpu.watched).max(1e-9)
+        }
+        _ => stock_model,
+    }
+}
+
+/// What binds: the station nearest saturation at the `fiber` rate, or the connections
+/// when neither is (the loop is mostly waiting).
+fn binding(fiber: f64, fiber_wall: f64, carriers: f64, l: f64, lanes: Option<f64>) -> Ceiling {
+    let u_cpu = fiber * fiber_wall / carriers / 1e6;
+    let u_dev = lanes.map_or(0.0, |m| fiber * l / m / 1e6);
+    if u_dev >= BUSY && u_dev >= u_cpu {
+        Ceiling::Device
+    } else if u_cpu >= BUSY {
+        Ceiling::Cpu
+    } else {
+        Ceiling::Overlap
+    }
+}
+
+/// Why overlap will not pay, when it will not.
+fn stop(l: f64, fiber_cpu: f64, binding: Ceiling, speedup: f64, fiber: f64) -> Option<String> {
+    if l < OVERLAP_PAYS * fiber_cpu {
+        Some(format!(
+            "offload latency {l:.1} us is not clearly above the fibers' per-request CPU \
+             {fiber_cpu:.1} us: nothing idle to overlap"
+        ))
+    } else if binding == Ceiling::Device && speedup < NO_GAIN {
+        Some(format!(
+            "the device is the ceiling ({fiber:.0} req/s): more requests in flight cannot \
+             finish sooner"
+        ))
+    } else if speedup < NO_GAIN {
+        Some(format!(
+            "predicted {speedup:.2}x: the stock server already reaches what fibers would"
+        ))
+    } else {
+        None
+    }
+}
+
+pub fn predict(i: &Inputs) -> Prediction {
+    let cpu = cpu(i);
+    let c = cpu.c;
+    let l = i.latency_us.max(0.0);
+    let n = i.connections.max(1.0);
+    let p = i.cores.max(1.0);
+    let carriers = i.carriers.clamp(1.0, p);
+    let avail = i.cpu_available.clamp(0.1, 1.0);
+    let x_eff = switch_cost(i, &cpu);
+    let fiber_cpu = fiber_cpu(i, c, x_eff);
     let per_s = |us: f64| 1e6 / us.max(1e-3);
     let lanes = i.device_rps.map(|d| (d * l / 1e6).max(1.0));
     let stock_model = stock_formula(i, c);
-    let stock = match i.stock_rps_untraced {
-        Some(r) if r > 0.0 => r,
-        _ if i.stock_rps > 0.0 => i.stock_rps * stock_model / stock_formula(i, c_watched).max(1e-9),
-        _ => stock_model,
-    };
+    let stock = stock_rate(i, &cpu, stock_model);
     // The time outside the server is the same for the fibers: fitted on the stock
     // loop (its threads on every core), spent by the fibers' loop too. A spinning stock
     // server's loop is its spinners', which says nothing of it. (The kernel's measure
@@ -321,35 +392,8 @@ pub fn predict(i: &Inputs) -> Prediction {
         .min(cpu_ceiling)
         .min(overlap_ceiling)
         .min(i.device_rps.unwrap_or(f64::INFINITY));
-    // What binds: the station nearest saturation at that rate, or the connections
-    // when neither is (the loop is mostly waiting).
-    let u_cpu = fiber * fiber_wall / carriers / 1e6;
-    let u_dev = lanes.map_or(0.0, |m| fiber * l / m / 1e6);
-    let binding = if u_dev >= BUSY && u_dev >= u_cpu {
-        Ceiling::Device
-    } else if u_cpu >= BUSY {
-        Ceiling::Cpu
-    } else {
-        Ceiling::Overlap
-    };
+    let binding = binding(fiber, fiber_wall, carriers, l, lanes);
     let speedup = fiber / stock.max(1e-9);
-    let stop = if l < OVERLAP_PAYS * fiber_cpu {
-        Some(format!(
-            "offload latency {l:.1} us is not clearly above the fibers' per-request CPU \
-             {fiber_cpu:.1} us: nothing idle to overlap"
-        ))
-    } else if binding == Ceiling::Device && speedup < NO_GAIN {
-        Some(format!(
-            "the device is the ceiling ({fiber:.0} req/s): more requests in flight cannot \
-             finish sooner"
-        ))
-    } else if speedup < NO_GAIN {
-        Some(format!(
-            "predicted {speedup:.2}x: the stock server already reaches what fibers would"
-        ))
-    } else {
-        None
-    };
     Prediction {
         inputs: i.clone(),
         cpu_us: c,
@@ -364,7 +408,7 @@ pub fn predict(i: &Inputs) -> Prediction {
         stock_rps: stock,
         stock_model_rps: stock_model,
         think_us: think,
-        stop,
+        stop: stop(l, fiber_cpu, binding, speedup, fiber),
     }
 }
 
@@ -484,6 +528,54 @@ pub struct Assessment {
     pub recipe_text: Option<String>,
 }
 
+/// Why zero-edit overlap does not apply to a server of this kind, and the speedup it
+/// is taken at (1.00x where the runtime loads and never engages). None: it may apply,
+/// and the prediction says.
+fn no_zero_edit(verdict: crate::classifier::Kind) -> Option<(Option<f64>, &'static str)> {
+    use crate::classifier::Kind;
+    match verdict {
+        Kind::Fiberizable | Kind::BehindWall => None,
+        Kind::EventLoop => Some((
+            Some(1.0),
+            "event loop: no thread per connection to turn into a fiber; the runtime \
+                  loads safely and never engages (1.00x): the minimal-edit reroute is the path",
+        )),
+        Kind::ThreadPool => Some((
+            Some(1.0),
+            "thread pool: each thread multiplexes many connections and no thread \
+                  belongs to one; the runtime would not engage (1.00x): the minimal-edit \
+                  reroute is the path",
+        )),
+        Kind::ProcessPerConnection => Some((
+            None,
+            "process per connection: the OS already overlaps the connections, one \
+                  process each, and a fiber runtime has no threads to interleave; the \
+                  reroute in each backend (submit, then wait on the completion) is the path",
+        )),
+        Kind::BelowLibcWall => Some((
+            None,
+            "below the libc wall: the runtime will not deadlock it (a fiber blocked in a \
+                  raw futex or io_uring wait hands its carrier's other fibers to a spare \
+                  thread) but will not overlap those waits either: each holds a thread, as \
+                  it does stock; injecting gains nothing there",
+        )),
+        Kind::BesideWall => Some((
+            None,
+            "beside the libc wall: the managed runtime keeps thread identity in \
+                  native TLS, which fibers sharing a carrier would corrupt; do not inject",
+        )),
+        Kind::NotDynamic => Some((
+            None,
+            "statically linked: LD_PRELOAD cannot interpose anything",
+        )),
+        Kind::Undecided => Some((None, "no requests seen yet")),
+        Kind::UnderRuntime => Some((
+            None,
+            "already under the fiber runtime: compare with the stock windows",
+        )),
+    }
+}
+
 /// `inputs` is None when the window had no offload call to measure.
 pub fn assess(
     verdict: crate::classifier::Kind,
@@ -508,78 +600,19 @@ pub fn assess(
     let recipe_text = recipe
         .as_ref()
         .map(|r| recipes::describe(r, recipe_speedup, inputs.map(|i| i.latency_us)));
-    let (zero_edit, zero_edit_speedup, stop) = match (verdict, inputs) {
-        (Kind::Fiberizable | Kind::BehindWall, None) => (
+    let (zero_edit, zero_edit_speedup, stop) = match (no_zero_edit(verdict), inputs) {
+        (Some((speedup, why)), _) => (None, speedup, Some(why.to_string())),
+        (None, None) => (
             None,
             None,
             Some("no offload call seen: nothing to overlap".into()),
         ),
-        (Kind::Fiberizable | Kind::BehindWall, Some(inputs)) => {
+        (None, Some(inputs)) => {
             let p = predict(inputs);
             let s = p.speedup;
             let stop = p.stop.clone();
             (Some(p), Some(s), stop)
         }
-        (Kind::EventLoop, _) => (
-            None,
-            Some(1.0),
-            Some(
-                "event loop: no thread per connection to turn into a fiber; the runtime \
-                  loads safely and never engages (1.00x): the minimal-edit reroute is the path"
-                    .into(),
-            ),
-        ),
-        (Kind::ThreadPool, _) => (
-            None,
-            Some(1.0),
-            Some(
-                "thread pool: each thread multiplexes many connections and no thread \
-                  belongs to one; the runtime would not engage (1.00x): the minimal-edit \
-                  reroute is the path"
-                    .into(),
-            ),
-        ),
-        (Kind::ProcessPerConnection, _) => (
-            None,
-            None,
-            Some(
-                "process per connection: the OS already overlaps the connections, one \
-                  process each, and a fiber runtime has no threads to interleave; the \
-                  reroute in each backend (submit, then wait on the completion) is the path"
-                    .into(),
-            ),
-        ),
-        (Kind::BelowLibcWall, _) => (
-            None,
-            None,
-            Some(
-                "below the libc wall: the runtime will not deadlock it (a fiber blocked in a \
-                  raw futex or io_uring wait hands its carrier's other fibers to a spare \
-                  thread) but will not overlap those waits either: each holds a thread, as \
-                  it does stock; injecting gains nothing there"
-                    .into(),
-            ),
-        ),
-        (Kind::BesideWall, _) => (
-            None,
-            None,
-            Some(
-                "beside the libc wall: the managed runtime keeps thread identity in \
-                  native TLS, which fibers sharing a carrier would corrupt; do not inject"
-                    .into(),
-            ),
-        ),
-        (Kind::NotDynamic, _) => (
-            None,
-            None,
-            Some("statically linked: LD_PRELOAD cannot interpose anything".into()),
-        ),
-        (Kind::Undecided, _) => (None, None, Some("no requests seen yet".into())),
-        (Kind::UnderRuntime, _) => (
-            None,
-            None,
-            Some("already under the fiber runtime: compare with the stock windows".into()),
-        ),
     };
     Assessment {
         zero_edit,
