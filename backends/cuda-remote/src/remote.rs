@@ -12,8 +12,8 @@ use crate::frame::{self, FrameReader, Msg};
 use crate::knobs;
 use crate::wire::{self, Call, Note};
 use std::collections::{HashMap, HashSet};
-use std::io::Write;
 use std::net::{TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -96,6 +96,38 @@ pub struct Remote {
     pub cached: Mutex<HashMap<String, Vec<u8>>>,
 }
 
+/// write_all without SIGPIPE: a daemon gone must be an error return, never a signal
+/// that kills the program (std's TcpStream writes with write(2)).
+fn send_all(sock: &TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: a valid socket and a buffer of buf.len() bytes.
+        let n = unsafe {
+            libc::send(
+                sock.as_raw_fd(),
+                buf.as_ptr() as *const libc::c_void,
+                buf.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                std::io::ErrorKind::Interrupted => continue,
+                // SO_SNDTIMEO ran out.
+                std::io::ErrorKind::WouldBlock => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the daemon does not read",
+                    ))
+                }
+                _ => return Err(e),
+            }
+        }
+        buf = &buf[n as usize..];
+    }
+    Ok(())
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -167,7 +199,7 @@ impl Remote {
             },
             &mut out,
         );
-        sock.write_all(&out).map_err(fail)?;
+        send_all(&sock, &out).map_err(fail)?;
         let mut rd = FrameReader::new();
         let held: HashSet<[u8; 32]> = loop {
             if let Some(body) = rd
@@ -274,7 +306,7 @@ impl Remote {
         frame::encode(&Msg::Cuda { calls: &tx.batch }, &mut out);
         tx.batch.clear();
         tx.last_send = Instant::now();
-        if let Err(e) = tx.sock.write_all(&out) {
+        if let Err(e) = send_all(&tx.sock, &out) {
             self.lost(&format!("sending to the daemon: {e}"));
             return Err(DEVICE_UNAVAILABLE);
         }
@@ -299,7 +331,7 @@ impl Remote {
                     let mut out = Vec::new();
                     frame::encode(&Msg::Ping { token: 0 }, &mut out);
                     tx.last_send = Instant::now();
-                    if tx.sock.write_all(&out).is_err() {
+                    if send_all(&tx.sock, &out).is_err() {
                         drop(tx);
                         self.lost("pinging the daemon failed");
                         return;
