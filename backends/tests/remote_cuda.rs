@@ -190,6 +190,22 @@ fn a_driver_api_program_answers_through_the_daemon_as_on_the_driver() {
     assert_eq!(s2["cuda_upload_hits"], 17);
     assert_eq!(s2["cuda_upload_misses"], first_misses, "nothing sent again");
     assert!(s2["cuda_upload_bytes_saved"] >= 1 << 20);
+
+    // The hazard batching removes: with no linger every call is a frame of its own.
+    let unbatched = libs
+        .remote_cmd(&libs.app, &d.addr())
+        .args(args)
+        .env("TOFFLOAD_CUDA_REMOTE_LINGER_US", "0")
+        .output()
+        .unwrap();
+    assert_eq!(text(&unbatched.stdout), text(&direct.stdout));
+    let s3 = stats(&d.addr());
+    let (c, f) = (
+        s3["cuda_calls"] - s2["cuda_calls"],
+        s3["cuda_frames"] - s2["cuda_frames"],
+    );
+    println!("without batching: {c} calls in {f} frames");
+    assert_eq!(c, f, "one frame per call");
 }
 
 /// The cuda backend (cudarc, its own driver probing, pinned memory, host functions
