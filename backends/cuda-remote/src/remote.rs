@@ -274,16 +274,17 @@ impl Remote {
         if let Some(e) = self.dead() {
             return Err(e);
         }
-        let mut tx = lock(&self.tx);
-        if tx.batch.len() > (1 << 20) {
-            self.flush_locked(&mut tx)?;
-        }
-        wire::put_call(c, &mut tx.batch);
-        if tx.batch.len() + 64 > frame::MAX_FRAME {
+        let mut one = Vec::new();
+        wire::put_call(c, &mut one);
+        if one.len() + 64 > frame::MAX_FRAME {
             // Only an oversized module image gets here.
-            tx.batch.clear();
             return Err(INVALID_VALUE);
         }
+        let mut tx = lock(&self.tx);
+        if tx.batch.len() + one.len() > (1 << 20) {
+            self.flush_locked(&mut tx)?;
+        }
+        tx.batch.extend_from_slice(&one);
         if now || self.linger.is_zero() {
             self.flush_locked(&mut tx)
         } else {
