@@ -301,9 +301,8 @@ fn htod(r: &Remote, stream: u64, dst: CUdeviceptr, src: *const u8, n: usize) -> 
     // SAFETY: the program passed `n` readable bytes at `src` (the driver's contract);
     // they are copied into the batch before we return.
     let bytes = unsafe { std::slice::from_raw_parts(src, n) };
-    let cache = n >= r.cache_min;
-    for (i, piece) in bytes.chunks(wire::PIECE).enumerate() {
-        let data = r.data(piece, cache);
+    let data = tri!(r.upload(bytes.chunks(wire::PIECE).collect(), n >= r.cache_min));
+    for (i, data) in data.into_iter().enumerate() {
         tri!(r.send(
             &Call::HtoD {
                 stream,
@@ -564,8 +563,8 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_v
     // SAFETY: `n` bytes of the caller's image.
     let bytes = unsafe { std::slice::from_raw_parts(image as *const u8, n) };
     let id = r.id();
-    let data = r.data(bytes, true);
-    tri!(r.send(&Call::ModuleLoad { id, image: data }, false));
+    let image = tri!(r.upload(vec![bytes], true)).remove(0);
+    tri!(r.send(&Call::ModuleLoad { id, image }, false));
     // SAFETY: non-null out-pointer from the caller.
     unsafe { *module = handle(id) };
     SUCCESS

@@ -669,23 +669,65 @@ impl Remote {
         Ok(data)
     }
 
-    /// `bytes` as a copy's data: by reference if the daemon holds them, else sent
-    /// and cached when `cache` (large copies, module images), else sent.
-    pub fn data<'a>(&self, bytes: &'a [u8], cache: bool) -> wire::Data<'a> {
+    /// An upload's pieces as calls' data. Uncached: sent as they are. Cached: the
+    /// pieces whose hash the daemon is believed to hold (its Welcome inventory, what
+    /// we sent since) are asked about first (one round trip; the daemon keeps what
+    /// it says it holds until we refer to it), then sent by reference; the others
+    /// are sent and cached.
+    pub fn upload<'a>(
+        &self,
+        pieces: Vec<&'a [u8]>,
+        cache: bool,
+    ) -> Result<Vec<wire::Data<'a>>, CuResult> {
         if !cache {
-            return wire::Data::Literal(bytes);
+            return Ok(pieces.into_iter().map(wire::Data::Literal).collect());
         }
-        let hash = openssl::sha::sha256(bytes);
-        let mut held = lock(&self.held);
-        if held.contains(&hash) {
-            wire::Data::Ref {
-                hash,
-                len: bytes.len() as u32,
+        let hashes: Vec<[u8; 32]> = pieces.iter().map(|p| openssl::sha::sha256(p)).collect();
+        let ask: Vec<usize> = {
+            let held = lock(&self.held);
+            (0..pieces.len())
+                .filter(|&i| held.contains(&hashes[i]))
+                .collect()
+        };
+        let mut pinned = vec![false; pieces.len()];
+        if !ask.is_empty() {
+            let mut blob = Vec::with_capacity(ask.len() * 32);
+            for &i in &ask {
+                blob.extend_from_slice(&hashes[i]);
             }
-        } else {
-            held.insert(hash);
-            wire::Data::Cache { hash, bytes }
+            match self.ask(|req| Call::Pin { req, hashes: &blob }) {
+                Ok(a) if a.len() == ask.len() => {
+                    let mut held = lock(&self.held);
+                    for (k, &i) in ask.iter().enumerate() {
+                        if a[k] == 1 {
+                            pinned[i] = true;
+                        } else {
+                            held.remove(&hashes[i]);
+                        }
+                    }
+                }
+                Err(e) if self.dead().is_some() => return Err(e),
+                // Not answered as asked: send everything.
+                _ => {}
+            }
         }
+        let mut held = lock(&self.held);
+        Ok(pieces
+            .into_iter()
+            .zip(hashes)
+            .zip(pinned)
+            .map(|((bytes, hash), p)| {
+                if p {
+                    wire::Data::Ref {
+                        hash,
+                        len: bytes.len() as u32,
+                    }
+                } else {
+                    held.insert(hash);
+                    wire::Data::Cache { hash, bytes }
+                }
+            })
+            .collect())
     }
 }
 

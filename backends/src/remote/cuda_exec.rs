@@ -96,6 +96,9 @@ pub struct CudaSession {
     streams: HashMap<u64, Strm>,
     modules: HashMap<u64, sys::CUmodule>,
     funcs: HashMap<u64, Func>,
+    /// Uploads the client was told we hold, kept until it has referred to them as
+    /// often as it asked (the cache may evict them meanwhile).
+    pinned: HashMap<[u8; 32], (Arc<[u8]>, u32)>,
 }
 
 impl CudaSession {
@@ -109,6 +112,7 @@ impl CudaSession {
             streams: HashMap::new(),
             modules: HashMap::new(),
             funcs: HashMap::new(),
+            pinned: HashMap::new(),
         }
     }
 
@@ -174,7 +178,7 @@ impl CudaSession {
     }
 
     fn bytes(
-        &self,
+        &mut self,
         d: &Data<'_>,
         cache: &Mutex<ChunkCache>,
         cache_on: bool,
@@ -191,10 +195,25 @@ impl CudaSession {
                 Ok(Arc::from(*bytes))
             }
             Data::Ref { hash, len } => {
-                let got = cache
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(&self.part, hash);
+                let pin = match self.pinned.get_mut(hash) {
+                    Some((b, n)) => {
+                        *n -= 1;
+                        Some((Arc::clone(b), *n == 0))
+                    }
+                    None => None,
+                };
+                let got = match pin {
+                    Some((b, last)) => {
+                        if last {
+                            self.pinned.remove(hash);
+                        }
+                        Some(b)
+                    }
+                    None => cache
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get(&self.part, hash),
+                };
                 match got {
                     Some(b) if b.len() == *len as usize => {
                         t.upload_hits += 1;
@@ -227,7 +246,9 @@ impl CudaSession {
                 let mut note = Vec::new();
                 match c {
                     // The client waits on these: answer them, failed.
-                    Call::Query { req, .. } | Call::GetFunction { req, .. } => {
+                    Call::Query { req, .. }
+                    | Call::GetFunction { req, .. }
+                    | Call::Pin { req, .. } => {
                         w::put_note(
                             &Note::Answer {
                                 req,
@@ -418,6 +439,31 @@ impl CudaSession {
                     // SAFETY: a module we loaded, replaced under the same id.
                     unsafe { sys::cuModuleUnload(old) };
                 }
+                Ok(())
+            }
+            Call::Pin { req, hashes } => {
+                let mut a = Vec::with_capacity(hashes.len() / 32);
+                {
+                    let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+                    for h in hashes.chunks_exact(32) {
+                        let h: [u8; 32] = h.try_into().expect("32 bytes");
+                        let got = match self.pinned.get_mut(&h) {
+                            Some((_, n)) => {
+                                *n += 1;
+                                true
+                            }
+                            None => match c.get(&self.part, &h) {
+                                Some(b) => {
+                                    self.pinned.insert(h, (b, 1));
+                                    true
+                                }
+                                None => false,
+                            },
+                        };
+                        a.push(got as u8);
+                    }
+                }
+                self.answer(req, &a);
                 Ok(())
             }
             Call::ModuleUnload { id } => {

@@ -124,6 +124,13 @@ pub enum Call<'a> {
         id: u64,
         name: &'a str,
     },
+    /// Asks which of these uploads (32-byte SHA-256s, back to back) the daemon holds;
+    /// those it does it keeps for the next reference to each. Answered by a
+    /// `Note::Answer` with one byte (1: held) per hash.
+    Pin {
+        req: u64,
+        hashes: &'a [u8],
+    },
     /// `params`: each parameter's bytes, back to back, in the function's layout.
     Launch {
         func: u64,
@@ -151,6 +158,7 @@ impl Call<'_> {
             Call::ModuleLoad { .. } => "cuModuleLoadData",
             Call::ModuleUnload { .. } => "cuModuleUnload",
             Call::GetFunction { .. } => "cuModuleGetFunction",
+            Call::Pin { .. } => "upload cache query",
             Call::Launch { .. } => "cuLaunchKernel",
         }
     }
@@ -294,6 +302,9 @@ pub fn put_call(c: &Call<'_>, out: &mut Vec<u8>) {
                 .u64(*module)
                 .u64(*id)
                 .bytes(name.as_bytes());
+        }
+        Call::Pin { req, hashes } => {
+            w.u8(14).u64(*req).bytes(hashes);
         }
         Call::Launch {
             func,
@@ -473,6 +484,14 @@ impl<'a> Reader<'a> {
                     params: self.bytes()?,
                 }
             }
+            14 => {
+                let req = self.u64()?;
+                let hashes = self.bytes()?;
+                if hashes.len() % 32 != 0 {
+                    return Err(WireError::Truncated);
+                }
+                Call::Pin { req, hashes }
+            }
             t => return Err(WireError::UnknownTag(t)),
         };
         Ok(Some(c))
@@ -550,6 +569,10 @@ mod tests {
                 module: 5,
                 id: 6,
                 name: "aes128_ctr",
+            },
+            Call::Pin {
+                req: 3,
+                hashes: &[1; 64],
             },
             Call::Launch {
                 func: 6,
