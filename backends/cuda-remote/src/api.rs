@@ -205,6 +205,37 @@ pub extern "C" fn cuCtxSetCurrent(ctx: Handle) -> CuResult {
     }
 }
 
+#[no_mangle]
+pub extern "C" fn cuCtxSynchronize() -> CuResult {
+    let r = tri!(r());
+    r.sync_all()
+}
+
+/// # Safety
+/// `ctx` points to a handle.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut Handle) -> CuResult {
+    if ctx.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: non-null out-pointer from the caller. One device's primary context
+    // is the only context there is.
+    unsafe { *ctx = ctx_handle(0) };
+    SUCCESS
+}
+
+/// # Safety
+/// `dev` points to an int.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut c_int) -> CuResult {
+    if dev.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: non-null out-pointer from the caller.
+    unsafe { *dev = 0 };
+    SUCCESS
+}
+
 /// # Safety
 /// `dptr` points to a CUdeviceptr.
 #[no_mangle]
@@ -771,8 +802,7 @@ macro_rules! unsupported {
 
 unsupported! {
     cuGetProcAddress cuGetProcAddress_v2 cuCtxCreate_v2 cuCtxCreate_v3 cuCtxCreate_v4
-    cuCtxDestroy_v2 cuCtxGetCurrent cuCtxPushCurrent_v2 cuCtxPopCurrent_v2
-    cuCtxSynchronize cuCtxGetDevice cuDeviceTotalMem_v2 cuDeviceGetUuid cuDeviceGetUuid_v2
+    cuCtxDestroy_v2 cuCtxPushCurrent_v2 cuCtxPopCurrent_v2 cuDeviceTotalMem_v2 cuDeviceGetUuid cuDeviceGetUuid_v2
     cuDeviceComputeCapability cuDevicePrimaryCtxReset_v2 cuDevicePrimaryCtxGetState
     cuDevicePrimaryCtxSetFlags_v2 cuMemGetInfo_v2 cuMemAllocManaged cuMemAllocPitch_v2
     cuMemAllocAsync cuMemFreeAsync cuMemsetD8_v2 cuMemsetD32_v2 cuMemsetD8Async

@@ -544,6 +544,23 @@ impl Remote {
         self.wait_seq(stream, seq)
     }
 
+    /// cuCtxSynchronize: every stream with work the daemon has not reported done.
+    pub fn sync_all(&self) -> CuResult {
+        let busy: Vec<u64> = lock(&self.st)
+            .streams
+            .iter()
+            .filter(|(_, s)| !s.destroyed && (s.dirty || s.done < s.last))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in busy {
+            let rc = self.sync_stream(id);
+            if rc != SUCCESS {
+                return rc;
+            }
+        }
+        self.owed(None)
+    }
+
     pub fn query_stream(&self, stream: u64) -> CuResult {
         let (dirty, last) = {
             let st = lock(&self.st);
