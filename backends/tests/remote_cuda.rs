@@ -251,6 +251,43 @@ fn the_cuda_backend_runs_remoted() {
     assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
 }
 
+/// The client asks before it sends by reference: an upload it believes the daemon
+/// holds, evicted from a 1 MiB cache meanwhile, is sent again, not lost.
+#[test]
+fn an_evicted_upload_is_sent_again() {
+    let libs = Libs::new("evict");
+    let direct = libs.direct(&["reupload"]);
+    assert!(direct.status.success(), "{}", text(&direct.stderr));
+    let d = Daemon::start(
+        &["--listen", "127.0.0.1:0", "--cache-mb", "1"],
+        &[("LD_LIBRARY_PATH", libs.fake.to_str().unwrap())],
+    );
+    let out = libs
+        .remote_cmd(&libs.app, &d.addr())
+        .arg("reupload")
+        .output()
+        .unwrap();
+    assert_eq!(
+        text(&out.stdout),
+        text(&direct.stdout),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
+    let s = stats(&d.addr());
+    println!(
+        "upload hits {}, sent {}, failed {}",
+        s["cuda_upload_hits"], s["cuda_upload_misses"], s["cuda_failed"]
+    );
+    assert_eq!(s["cuda_failed"], 0);
+    // Module, weights and the other data sent once (1 + 16 + 32); the second
+    // upload of the weights: some pieces evicted and sent again, the rest by
+    // reference, each of the 16 one way or the other.
+    let resent = s["cuda_upload_misses"] - (1 + 16 + 32);
+    assert!(resent > 0, "the cache evicted nothing: {s:?}");
+    assert_eq!(resent + s["cuda_upload_hits"], 16, "{s:?}");
+}
+
 #[test]
 fn an_unsupported_call_fails_by_name() {
     let libs = Libs::new("unsup");

@@ -8,7 +8,7 @@
  * fake driver (tests/c/fake_cuda.c) or with backends/cuda-remote's library first on
  * the path, it must print the same.
  *
- * Usage: cuda_app run THREADS REQUESTS | loop | unsupported */
+ * Usage: cuda_app run THREADS REQUESTS | reupload | loop | unsupported */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -182,6 +182,24 @@ int main(int argc, char **argv) {
     printf("weights %016llx\n", (unsigned long long)fnv(host, WEIGHTS));
     fflush(stdout);
 
+    if (!strcmp(mode, "reupload")) {
+        /* Other data (2 MiB, which pushes the weights out of a small upload cache),
+         * then the weights again: the client believes the daemon holds them. */
+        unsigned char *other;
+        CUdeviceptr d2;
+        const size_t OTHER = 2 << 20;
+        CK(cuMemHostAlloc((void **)&other, OTHER, 0));
+        for (size_t i = 0; i < OTHER; i++) other[i] = (unsigned char)(i * 13 + (i >> 10) + 1);
+        CK(cuMemAlloc_v2(&d2, OTHER));
+        CK(cuMemcpyHtoDAsync_v2(d2, other, OTHER, s0));
+        for (size_t i = 0; i < WEIGHTS; i++) host[i] = (unsigned char)(i * 31 + (i >> 12));
+        CK(cuMemcpyHtoDAsync_v2(weights, host, WEIGHTS, s0));
+        launch(weights, WEIGHTS, 7, s0);
+        CK(cuMemcpyDtoHAsync_v2(host, weights, WEIGHTS, s0));
+        CK(cuStreamSynchronize(s0));
+        printf("weights again %016llx\n", (unsigned long long)fnv(host, WEIGHTS));
+        return 0;
+    }
     int threads = 1;
     requests_per_thread = -1;
     if (!strcmp(mode, "run")) {
