@@ -309,6 +309,23 @@ fn an_unsupported_call_fails_by_name() {
         err.contains("cuMemsetD8_v2") && err.contains("CUDA_ERROR_NOT_SUPPORTED"),
         "{err}"
     );
+
+    // No daemon named: cuInit fails (CUDA_ERROR_NO_DEVICE) and one line says why.
+    let out = Command::new(&libs.app)
+        .arg("run")
+        .env("LD_LIBRARY_PATH", &libs.client)
+        .env_remove("TOFFLOAD_CUDA_REMOTE")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        text(&out.stdout).contains("CUDA error 100"),
+        "{}",
+        text(&out.stdout)
+    );
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("TOFFLOAD_CUDA_REMOTE is not set"), "{err}");
 }
 
 /// Starts the app's endless loop on the daemon and waits for it to be mid-run.
