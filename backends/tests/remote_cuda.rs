@@ -103,6 +103,20 @@ impl Drop for Libs {
     }
 }
 
+/// The daemon's counters once every client connection has closed (a program that
+/// exited may still have frames in the daemon's hands).
+fn settled_stats(addr: &str) -> std::collections::HashMap<String, u64> {
+    let t0 = Instant::now();
+    loop {
+        let s = stats(addr);
+        // The stats query's own connection is one.
+        if s["connections_open"] <= 1 || t0.elapsed() > Duration::from_secs(10) {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -153,7 +167,7 @@ fn a_driver_api_program_answers_through_the_daemon_as_on_the_driver() {
     // Waits and frames: per request the app makes 6 calls (copy in, launch, copy
     // out, event, host function, synchronize) plus a query on every other; only the
     // synchronize waits, and the calls before it share frames.
-    let s = stats(&d.addr());
+    let s = settled_stats(&d.addr());
     let requests = (threads * reqs) as u64;
     let (calls, frames, syncs) = (s["cuda_calls"], s["cuda_frames"], s["cuda_syncs"]);
     println!(
@@ -182,7 +196,7 @@ fn a_driver_api_program_answers_through_the_daemon_as_on_the_driver() {
         .output()
         .unwrap();
     assert_eq!(text(&again.stdout), text(&direct.stdout));
-    let s2 = stats(&d.addr());
+    let s2 = settled_stats(&d.addr());
     println!(
         "second run: {} upload hits, {} bytes not resent",
         s2["cuda_upload_hits"], s2["cuda_upload_bytes_saved"]
@@ -199,7 +213,7 @@ fn a_driver_api_program_answers_through_the_daemon_as_on_the_driver() {
         .output()
         .unwrap();
     assert_eq!(text(&unbatched.stdout), text(&direct.stdout));
-    let s3 = stats(&d.addr());
+    let s3 = settled_stats(&d.addr());
     let (c, f) = (
         s3["cuda_calls"] - s2["cuda_calls"],
         s3["cuda_frames"] - s2["cuda_frames"],
@@ -274,7 +288,7 @@ fn an_evicted_upload_is_sent_again() {
         text(&out.stderr)
     );
     assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
-    let s = stats(&d.addr());
+    let s = settled_stats(&d.addr());
     println!(
         "upload hits {}, sent {}, failed {}",
         s["cuda_upload_hits"], s["cuda_upload_misses"], s["cuda_failed"]

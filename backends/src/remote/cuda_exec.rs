@@ -22,6 +22,13 @@ const SUCCESS: i32 = 0;
 const INVALID_VALUE: i32 = 1;
 const NO_DEVICE: i32 = 100;
 const INVALID_HANDLE: i32 = 400;
+const OUT_OF_MEMORY: i32 = 2;
+/// What one session may hold (a client cannot exhaust the daemon's host memory or
+/// threads with handles; device memory is bounded by the GPU itself).
+const MAX_STREAMS: usize = 4096;
+const MAX_MODULES: usize = 1024;
+const MAX_FUNCS: usize = 65536;
+const MAX_ALLOCS: usize = 1 << 20;
 /// A cached upload the daemon no longer holds (evicted since the client learnt of
 /// it): the copy did not happen.
 const MISSING_UPLOAD: i32 = 999;
@@ -358,6 +365,9 @@ impl CudaSession {
                 if !w::is_sim(addr) || self.mem.contains_key(&addr) {
                     return Err(INVALID_VALUE);
                 }
+                if self.mem.len() >= MAX_ALLOCS {
+                    return Err(OUT_OF_MEMORY);
+                }
                 let mut p: sys::CUdeviceptr = 0;
                 // SAFETY: context current; out-pointer valid.
                 ok(unsafe { sys::cuMemAlloc_v2(&mut p, size as usize) })?;
@@ -372,6 +382,9 @@ impl CudaSession {
             Call::StreamCreate { id, flags } => {
                 if id == w::NULL_STREAM || self.streams.contains_key(&id) {
                     return Err(INVALID_VALUE);
+                }
+                if self.streams.len() >= MAX_STREAMS {
+                    return Err(OUT_OF_MEMORY);
                 }
                 let mut s = std::ptr::null_mut();
                 // SAFETY: context current; out-pointer valid.
@@ -429,6 +442,9 @@ impl CudaSession {
             }
             Call::Marker { stream, seq, .. } => self.mark(stream, seq, Vec::new()),
             Call::ModuleLoad { id, image } => {
+                if self.modules.len() >= MAX_MODULES && !self.modules.contains_key(&id) {
+                    return Err(OUT_OF_MEMORY);
+                }
                 let mut b = self.bytes(&image, cache, cache_on, t)?.to_vec();
                 // A PTX image is a C string: make sure one ends it.
                 b.push(0);
@@ -479,6 +495,9 @@ impl CudaSession {
                 name,
             } => {
                 let m = *self.modules.get(&module).ok_or(INVALID_HANDLE)?;
+                if self.funcs.len() >= MAX_FUNCS {
+                    return Err(OUT_OF_MEMORY);
+                }
                 let cname = CString::new(name).map_err(|_| INVALID_VALUE)?;
                 let mut f = std::ptr::null_mut();
                 // SAFETY: a live module and a C string.
