@@ -14,6 +14,8 @@ pub enum Section {
     Remote,
     /// toffload-remoted.
     Daemon,
+    /// The remote CUDA client library (libcuda.so.1 of backends/cuda-remote).
+    CudaRemote,
 }
 
 /// One knob.
@@ -89,6 +91,14 @@ knobs! {
         "TLS: the client certificate's key", Remote;
     REMOTE_PSK: "TOFFLOAD_REMOTE_PSK", "(none)", "a file path; not with TLS_*",
         "TLS 1.3 with a pre-shared key: a file with one `IDENTITY HEXKEY` line", Remote;
+    CUDA_REMOTE: "TOFFLOAD_CUDA_REMOTE", "(required)", "host:port",
+        "the toffload-remoted that runs this program's CUDA calls", CudaRemote;
+    CUDA_REMOTE_TIMEOUT_MS: "TOFFLOAD_CUDA_REMOTE_TIMEOUT_MS", "30000", "milliseconds from 1 to 3600000",
+        "a call that waits for the daemon (synchronize, query answers, DtoH) fails with CUDA_ERROR_TIMEOUT by then; connecting too", CudaRemote;
+    CUDA_REMOTE_LINGER_US: "TOFFLOAD_CUDA_REMOTE_LINGER_US", "200", "microseconds from 0 to 100000",
+        "how long calls that return nothing wait to share a frame before it is sent (a wait sends at once)", CudaRemote;
+    CUDA_REMOTE_CACHE_MIN: "TOFFLOAD_CUDA_REMOTE_CACHE_MIN", "65536", "bytes from 0 (every copy) to 16777216",
+        "host-to-device copies this large go through the daemon's upload cache by content hash (module images always do)", CudaRemote;
     REMOTED_LOG: "TOFFLOAD_REMOTED_LOG", "info", "`error`, `warn`, `info`, `debug` or `trace`",
         "the daemon's log level (on stderr)", Daemon;
 }
@@ -113,7 +123,12 @@ mod tests {
             "/../docs/configuration.md"
         ))
         .expect("docs/configuration.md");
-        for s in [Section::Accel, Section::Remote, Section::Daemon] {
+        for s in [
+            Section::Accel,
+            Section::Remote,
+            Section::Daemon,
+            Section::CudaRemote,
+        ] {
             let t = docs_table(s);
             assert!(
                 docs.contains(&t),

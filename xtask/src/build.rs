@@ -84,10 +84,13 @@ pub fn all() -> Result<Dist> {
         "toffload-tests",
         "-p",
         "toffload-watch",
+        "-p",
+        "toffload-cuda-remote",
         "--lib",
         "--bins",
     ]))?;
     install(&release.join("libtoffload_accel.so"), &lib)?;
+    install_cuda_remote(&release, &lib)?;
     install(
         &paths::root().join("backends/include/toffload_accel.h"),
         &include,
@@ -116,6 +119,22 @@ pub fn all() -> Result<Dist> {
     }
     eprintln!("xtask: built into {}", dist.display());
     Ok(Dist { bin })
+}
+
+/// The remote CUDA client as lib/cuda-remote/libcuda.so.1 (and libcuda.so): a folder
+/// of its own, which only a program told to (LD_LIBRARY_PATH) loads as its driver.
+fn install_cuda_remote(release: &Path, lib: &Path) -> Result {
+    let dir = lib.join("cuda-remote");
+    fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let tmp = dir.join(".libcuda.so.1.tmp");
+    fs::copy(release.join("libtoffload_cuda_remote.so"), &tmp)
+        .map_err(|e| format!("copying libtoffload_cuda_remote.so: {e}"))?;
+    fs::rename(&tmp, dir.join("libcuda.so.1"))
+        .map_err(|e| format!("installing libcuda.so.1: {e}"))?;
+    let link = dir.join("libcuda.so");
+    let _ = fs::remove_file(&link);
+    std::os::unix::fs::symlink("libcuda.so.1", &link)
+        .map_err(|e| format!("linking {}: {e}", link.display()))
 }
 
 /// Copies through a temporary name and renames, so that a running server that has

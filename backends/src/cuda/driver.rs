@@ -172,6 +172,32 @@ pub fn probe_driver() -> Result<(), CuError> {
     .clone()
 }
 
+/// The address of the driver's function `sym` (None: no driver, or it lacks the
+/// function), for the calls cudarc's bindings would panic on when missing.
+pub fn driver_sym(sym: &str) -> Option<usize> {
+    static HANDLE: OnceLock<usize> = OnceLock::new();
+    probe_driver().ok()?;
+    let h = *HANDLE.get_or_init(|| {
+        for name in cudarc::get_lib_name_candidates("cuda") {
+            let c = CString::new(name).expect("library name");
+            // SAFETY: plain dlopen of a library name (already loaded by the probe);
+            // the handle is kept for the process.
+            let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            if !h.is_null() {
+                return h as usize;
+            }
+        }
+        0
+    });
+    if h == 0 {
+        return None;
+    }
+    let s = CString::new(sym).ok()?;
+    // SAFETY: a valid handle and C string.
+    let p = unsafe { libc::dlsym(h as *mut std::ffi::c_void, s.as_ptr()) };
+    (!p.is_null()).then_some(p as usize)
+}
+
 /// NVRTC, checked once per process (needed only to compile the kernel).
 pub fn probe_nvrtc() -> Result<(), CuError> {
     static ONCE: OnceLock<Result<(), CuError>> = OnceLock::new();

@@ -13,6 +13,7 @@ use super::cache::{ChunkCache, Part};
 use super::chunk::{sha256, MAX_CHUNK};
 use super::cli::LocalBackend;
 use super::conn::{self, Conn, EventFd, Stream};
+use super::cuda_exec::CudaSession;
 use super::exec::{AesExec, Device, Finished, Job, RsaExec, Sink};
 use super::files;
 use super::frame::{
@@ -26,6 +27,7 @@ use super::tls;
 use openssl::pkey::{PKey, Private};
 use openssl::rsa::Rsa;
 use openssl::ssl::SslAcceptor;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -385,6 +387,7 @@ impl Daemon {
             results: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
             wake,
+            cuda: Mutex::new(Vec::new()),
         });
         let ident_s = ident.to_string();
         if let Err(owner) = self.register(client_id, &ident_s, &out) {
@@ -413,6 +416,8 @@ impl Daemon {
             let s = Session {
                 client: client_id,
                 part,
+                out: Arc::clone(&out),
+                cuda: RefCell::new(None),
             };
             if let Err(e) = self.serve_conn(&mut c, &s, &out) {
                 match e.kind() {
@@ -522,6 +527,19 @@ impl Daemon {
                     pending.reverse();
                 }
             }
+            // CUDA notes, packed into frames of at most a few MiB.
+            let notes = std::mem::take(&mut *out.cuda.lock().unwrap_or_else(|p| p.into_inner()));
+            let mut blob = Vec::new();
+            for n in notes {
+                if !blob.is_empty() && blob.len() + n.len() > (4 << 20) {
+                    frame::encode(&Msg::CudaNotes { notes: &blob }, &mut c.out);
+                    blob.clear();
+                }
+                blob.extend_from_slice(&n);
+            }
+            if !blob.is_empty() {
+                frame::encode(&Msg::CudaNotes { notes: &blob }, &mut c.out);
+            }
             c.flush()?;
         }
     }
@@ -570,6 +588,7 @@ impl Daemon {
                 );
                 return Ok(());
             }
+            Msg::Cuda { calls } => return self.cuda(s, calls),
             Msg::StatsQuery => {
                 let pairs = self.stats();
                 let refs: Vec<(&str, u64)> = pairs.iter().map(|(k, v)| (*k, *v)).collect();
@@ -698,6 +717,26 @@ impl Daemon {
                 out,
             );
         }
+        Ok(())
+    }
+
+    /// A batch of remoted CUDA calls, run on the local GPU in the connection's CUDA
+    /// session; what the client waits for comes back as notes (serve_conn sends them).
+    fn cuda(&self, s: &Session, calls: &[u8]) -> io::Result<()> {
+        let mut slot = s.cuda.borrow_mut();
+        let sess = slot.get_or_insert_with(|| CudaSession::new(Arc::clone(&s.out), s.part));
+        let t = sess
+            .run(calls, &self.cache, self.cfg.cache_mb > 0)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        let mut core = self.lock();
+        let n = &mut core.n;
+        n.cuda_frames += 1;
+        n.cuda_calls += t.calls;
+        n.cuda_syncs += t.syncs;
+        n.cuda_upload_hits += t.upload_hits;
+        n.cuda_upload_bytes_saved += t.bytes_saved;
+        n.cuda_upload_misses += t.upload_misses;
+        n.cuda_failed += t.failed;
         Ok(())
     }
 
@@ -912,12 +951,15 @@ impl Daemon {
             results: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
             wake: EventFd::new()?,
+            cuda: Mutex::new(Vec::new()),
         });
         self.register(client, &ident.to_string(), &out)
             .map_err(|owner| io::Error::other(format!("owned by {owner}")))?;
         let s = Session {
             client,
             part: ident.part(),
+            out: Arc::clone(&out),
+            cuda: RefCell::new(None),
         };
         let (mut bytes, mut jobs) = (Vec::new(), Vec::new());
         let r = bodies.iter().try_for_each(|b| {
@@ -1019,6 +1061,13 @@ impl Daemon {
             ("queue_depth", self.queue_depth.load(Relaxed)),
             ("service_ns", self.service_ns.load(Relaxed)),
             ("dedup", self.cfg.dedup as u64),
+            ("cuda_frames", n.cuda_frames),
+            ("cuda_calls", n.cuda_calls),
+            ("cuda_syncs", n.cuda_syncs),
+            ("cuda_upload_hits", n.cuda_upload_hits),
+            ("cuda_upload_bytes_saved", n.cuda_upload_bytes_saved),
+            ("cuda_upload_misses", n.cuda_upload_misses),
+            ("cuda_failed", n.cuda_failed),
         ]
     }
 }
@@ -1027,6 +1076,9 @@ impl Daemon {
 pub(crate) struct Session {
     pub client: u64,
     pub part: Part,
+    pub out: Arc<ConnOut>,
+    /// The connection's CUDA state, from its first `Cuda` frame.
+    pub cuda: RefCell<Option<CudaSession>>,
 }
 
 fn housekeeping(d: Weak<Daemon>) {

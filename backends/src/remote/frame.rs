@@ -167,6 +167,15 @@ pub enum Msg<'a> {
     Stats {
         pairs: Vec<(&'a str, u64)>,
     },
+    /// Client -> daemon: a batch of remoted CUDA driver calls (cuda_wire.rs encodes
+    /// them; the frame carries them as one blob).
+    Cuda {
+        calls: &'a [u8],
+    },
+    /// Daemon -> client: answers and stream progress for remoted CUDA calls.
+    CudaNotes {
+        notes: &'a [u8],
+    },
 }
 
 const K_HELLO: u8 = 1;
@@ -178,6 +187,8 @@ const K_PING: u8 = 6;
 const K_PONG: u8 = 7;
 const K_STATS_QUERY: u8 = 8;
 const K_STATS: u8 = 9;
+const K_CUDA: u8 = 10;
+const K_CUDA_NOTES: u8 = 11;
 
 /// Why bytes are not a valid frame.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -419,6 +430,12 @@ pub fn decode(body: &[u8]) -> Result<Msg<'_>, FrameError> {
             }
             Msg::Stats { pairs }
         }
+        K_CUDA => Msg::Cuda {
+            calls: std::mem::take(&mut c.b),
+        },
+        K_CUDA_NOTES => Msg::CudaNotes {
+            notes: std::mem::take(&mut c.b),
+        },
         k => return Err(FrameError::UnknownKind(k)),
     };
     if !c.b.is_empty() {
@@ -556,6 +573,16 @@ pub fn encode(msg: &Msg<'_>, out: &mut Vec<u8>) {
             for (k, v) in pairs {
                 e.bytes(k.as_bytes()).u64(*v);
             }
+            e.finish();
+        }
+        Msg::Cuda { calls } => {
+            let e = Enc::begin(out, K_CUDA);
+            e.out.extend_from_slice(calls);
+            e.finish();
+        }
+        Msg::CudaNotes { notes } => {
+            let e = Enc::begin(out, K_CUDA_NOTES);
+            e.out.extend_from_slice(notes);
             e.finish();
         }
     }
@@ -751,6 +778,8 @@ mod tests {
         roundtrip(&Msg::Ping { token: 1 });
         roundtrip(&Msg::Pong { token: 1, load });
         roundtrip(&Msg::StatsQuery);
+        roundtrip(&Msg::Cuda { calls: b"calls" });
+        roundtrip(&Msg::CudaNotes { notes: &[] });
         roundtrip(&Msg::Stats {
             pairs: vec![("executions", 10), ("duplicates", 0)],
         });

@@ -7,6 +7,8 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod conn;
+pub mod cuda_exec;
+pub mod cuda_wire;
 pub mod daemon;
 pub mod exec;
 pub mod files;

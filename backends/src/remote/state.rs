@@ -37,6 +37,8 @@ pub struct ConnOut {
     pub results: Mutex<Vec<Outgoing>>,
     pub closed: AtomicBool,
     pub wake: EventFd,
+    /// Encoded CUDA notes (cuda_wire.rs) to send, one per entry.
+    pub cuda: Mutex<Vec<Vec<u8>>>,
 }
 
 pub struct Client {
@@ -167,6 +169,16 @@ pub struct Counters {
     /// Damaged journal stretches found at start (records after them recovered).
     pub journal_damaged: u64,
     pub journal_write_errors: u64,
+    /// CUDA remoting: frames and calls received, synchronize points (round trips the
+    /// client waited on), uploads served from the cache (and the bytes not resent),
+    /// uploads sent in full, calls that failed.
+    pub cuda_frames: u64,
+    pub cuda_calls: u64,
+    pub cuda_syncs: u64,
+    pub cuda_upload_hits: u64,
+    pub cuda_upload_bytes_saved: u64,
+    pub cuda_upload_misses: u64,
+    pub cuda_failed: u64,
 }
 
 pub struct Core {

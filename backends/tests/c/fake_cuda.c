@@ -360,6 +360,15 @@ CUresult cuModuleGetFunction(void **f, void *mod, const char *name) {
     *f = &function_token;
     return OK;
 }
+/* The kernel's parameter layout (CUDA 12.4+), which a remoting client needs to
+ * marshal arguments: data pointer, length, the parameter block. */
+CUresult cuFuncGetParamInfo(void *f, size_t i, size_t *off, size_t *size) {
+    static const size_t offs[] = {0, 8, 16}, sizes[] = {8, 8, sizeof(struct AesParams)};
+    if (f != &function_token || i >= 3) return E_INVALID_VALUE;
+    *off = offs[i];
+    *size = sizes[i];
+    return OK;
+}
 CUresult cuModuleUnload(void *mod) {
     (void)mod;
     return OK;

@@ -1,0 +1,28 @@
+//! libcuda.so.1 for a GPU elsewhere: a stand-in for the CUDA driver API that an
+//! unmodified program loads (first on LD_LIBRARY_PATH, or LD_PRELOAD) and that runs
+//! its driver calls on a `toffload-remoted` (TOFFLOAD_CUDA_REMOTE=host:port) with
+//! Gleam's techniques: handles simulated here, calls that return nothing the program
+//! needs batched into frames without waiting, large uploads sent once by content
+//! hash. See docs/remote-cuda.md.
+//!
+//! api.rs: the exported driver functions; remote.rs: the connection and the
+//! simulated state. The frame layout and the calls' encoding are the daemon's own
+//! files, included by path (std only), so the two sides cannot drift apart.
+
+// The driver API's names and its C types.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+#[path = "../../src/remote/frame.rs"]
+#[allow(dead_code)]
+mod frame;
+
+#[path = "../../src/remote/cuda_wire.rs"]
+#[allow(dead_code)]
+mod wire;
+
+#[path = "../../src/knobs.rs"]
+#[allow(dead_code)]
+mod knobs;
+
+mod api;
+mod remote;

@@ -1,0 +1,644 @@
+//! The daemon's side of CUDA API remoting: one client connection's CUDA state (its
+//! allocations, streams, modules and functions, under the client's own handles) and
+//! the execution of its batches on the local GPU, through the same dynamically loaded
+//! driver as the cuda backend (cuda/driver.rs).
+//!
+//! Calls run in order on the connection's thread. Whatever the client waits for (a
+//! DtoH's bytes, a marker) is a host function queued on the stream behind it, which
+//! puts a note on the connection's outgoing queue when the stream gets there: the
+//! connection thread never waits on the GPU but to destroy a stream.
+
+use super::cache::{ChunkCache, Part};
+use super::chunk::MAX_CHUNK;
+use super::cuda_wire::{self as w, Call, Data, Note, Query};
+use super::state::ConnOut;
+use crate::cuda::driver::{self, Context};
+use cudarc::driver::sys;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{c_void, CString};
+use std::sync::{Arc, Mutex};
+
+const SUCCESS: i32 = 0;
+const INVALID_VALUE: i32 = 1;
+const NO_DEVICE: i32 = 100;
+const INVALID_HANDLE: i32 = 400;
+const OUT_OF_MEMORY: i32 = 2;
+/// What one session may hold (a client cannot exhaust the daemon's host memory or
+/// threads with handles; device memory is bounded by the GPU itself).
+const MAX_STREAMS: usize = 4096;
+const MAX_MODULES: usize = 1024;
+const MAX_FUNCS: usize = 65536;
+const MAX_ALLOCS: usize = 1 << 20;
+/// A cached upload the daemon no longer holds (evicted since the client learnt of
+/// it): the copy did not happen.
+const MISSING_UPLOAD: i32 = 999;
+
+fn code(r: sys::CUresult) -> i32 {
+    r as i32
+}
+
+/// What one batch did, for the daemon's counters.
+#[derive(Default, Debug)]
+pub struct Tally {
+    pub calls: u64,
+    pub syncs: u64,
+    pub upload_hits: u64,
+    pub upload_misses: u64,
+    pub bytes_saved: u64,
+    pub failed: u64,
+}
+
+struct Strm {
+    s: sys::CUstream,
+    /// Host bytes of copies queued on the stream, kept until a host function behind
+    /// them runs.
+    keep: Vec<Arc<[u8]>>,
+}
+
+struct Func {
+    f: sys::CUfunction,
+    module: u64,
+    layout: Vec<(u32, u32)>,
+}
+
+/// A queued host function's state: the note it sends.
+struct Pending {
+    out: Arc<ConnOut>,
+    seq: u64,
+    data: Vec<u8>,
+    _keep: Vec<Arc<[u8]>>,
+}
+
+unsafe extern "C" fn reached(user: *mut c_void) {
+    // SAFETY: `user` is the Box<Pending> leaked by `mark`, handed to us exactly once.
+    let p = unsafe { Box::from_raw(user as *mut Pending) };
+    let mut note = Vec::with_capacity(p.data.len() + 20);
+    w::put_note(
+        &Note::Reached {
+            seq: p.seq,
+            status: SUCCESS,
+            data: &p.data,
+        },
+        &mut note,
+    );
+    push(&p.out, note);
+}
+
+fn push(out: &ConnOut, note: Vec<u8>) {
+    out.cuda
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(note);
+    out.wake.signal();
+}
+
+/// One client connection's CUDA state.
+pub struct CudaSession {
+    out: Arc<ConnOut>,
+    part: Part,
+    ctx: Option<Context>,
+    default: sys::CUstream,
+    /// Client address -> (length, device address).
+    mem: BTreeMap<u64, (u64, sys::CUdeviceptr)>,
+    streams: HashMap<u64, Strm>,
+    modules: HashMap<u64, sys::CUmodule>,
+    funcs: HashMap<u64, Func>,
+    /// Uploads the client was told we hold, kept until it has referred to them as
+    /// often as it asked (the cache may evict them meanwhile).
+    pinned: HashMap<[u8; 32], (Arc<[u8]>, u32)>,
+}
+
+impl CudaSession {
+    pub fn new(out: Arc<ConnOut>, part: Part) -> Self {
+        CudaSession {
+            out,
+            part,
+            ctx: None,
+            default: std::ptr::null_mut(),
+            mem: BTreeMap::new(),
+            streams: HashMap::new(),
+            modules: HashMap::new(),
+            funcs: HashMap::new(),
+            pinned: HashMap::new(),
+        }
+    }
+
+    fn ensure_ctx(&mut self) -> Result<(), i32> {
+        if let Some(c) = &self.ctx {
+            return c.make_current().map_err(|_| INVALID_HANDLE);
+        }
+        let (dev, _) = driver::init(0).map_err(|_| NO_DEVICE)?;
+        let c = Context::retain(dev).map_err(|_| NO_DEVICE)?;
+        self.ctx = Some(c);
+        Ok(())
+    }
+
+    fn stream(&mut self, id: u64) -> Result<&mut Strm, i32> {
+        if id == w::NULL_STREAM && self.default.is_null() {
+            {
+                let mut s = std::ptr::null_mut();
+                // SAFETY: context current (ensure_ctx ran); out-pointer valid.
+                let r = unsafe { sys::cuStreamCreate(&mut s, 0) };
+                if r != sys::CUresult::CUDA_SUCCESS {
+                    return Err(code(r));
+                }
+                self.default = s;
+                self.streams.insert(
+                    w::NULL_STREAM,
+                    Strm {
+                        s,
+                        keep: Vec::new(),
+                    },
+                );
+            }
+        }
+        self.streams.get_mut(&id).ok_or(INVALID_HANDLE)
+    }
+
+    /// A client address to the device's (an address inside an allocation or one past
+    /// its end).
+    fn translate(&self, addr: u64) -> Option<sys::CUdeviceptr> {
+        let (&base, &(len, real)) = self.mem.range(..=addr).next_back()?;
+        (addr - base <= len).then_some(real + (addr - base))
+    }
+
+    /// Queues a host function on `stream` that sends `Reached { seq, data }`.
+    fn mark(&mut self, stream: u64, seq: u64, data: Vec<u8>) -> Result<(), i32> {
+        let out = Arc::clone(&self.out);
+        let st = self.stream(stream)?;
+        let s = st.s;
+        let p = Box::new(Pending {
+            out,
+            seq,
+            data,
+            _keep: std::mem::take(&mut st.keep),
+        });
+        let user = Box::into_raw(p) as *mut c_void;
+        // SAFETY: a live stream; `reached` takes back the box when it runs.
+        let r = unsafe { sys::cuLaunchHostFunc(s, Some(reached), user) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: not queued: the box is still ours.
+            drop(unsafe { Box::from_raw(user as *mut Pending) });
+            return Err(code(r));
+        }
+        Ok(())
+    }
+
+    fn bytes(
+        &mut self,
+        d: &Data<'_>,
+        cache: &Mutex<ChunkCache>,
+        cache_on: bool,
+        t: &mut Tally,
+    ) -> Result<Arc<[u8]>, i32> {
+        match d {
+            Data::Literal(b) => Ok(Arc::from(*b)),
+            Data::Cache { hash, bytes } => {
+                if cache_on && bytes.len() <= MAX_CHUNK {
+                    let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+                    c.insert(&self.part, *hash, bytes);
+                }
+                t.upload_misses += 1;
+                Ok(Arc::from(*bytes))
+            }
+            Data::Ref { hash, len } => {
+                let pin = match self.pinned.get_mut(hash) {
+                    Some((b, n)) => {
+                        *n -= 1;
+                        Some((Arc::clone(b), *n == 0))
+                    }
+                    None => None,
+                };
+                let got = match pin {
+                    Some((b, last)) => {
+                        if last {
+                            self.pinned.remove(hash);
+                        }
+                        Some(b)
+                    }
+                    None => cache
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get(&self.part, hash),
+                };
+                match got {
+                    Some(b) if b.len() == *len as usize => {
+                        t.upload_hits += 1;
+                        t.bytes_saved += *len as u64;
+                        Ok(b)
+                    }
+                    _ => Err(MISSING_UPLOAD),
+                }
+            }
+        }
+    }
+
+    /// Runs one batch. Answers and errors go to the connection's outgoing queue.
+    pub fn run(
+        &mut self,
+        calls: &[u8],
+        cache: &Mutex<ChunkCache>,
+        cache_on: bool,
+    ) -> Result<Tally, w::WireError> {
+        let mut t = Tally::default();
+        let mut r = w::Reader::new(calls);
+        while let Some(c) = r.call()? {
+            t.calls += 1;
+            if let Call::Marker { sync: true, .. } = c {
+                t.syncs += 1;
+            }
+            let res = self.one(&c, cache, cache_on, &mut t);
+            if let Err(status) = res {
+                t.failed += 1;
+                let mut note = Vec::new();
+                match c {
+                    // The client waits on these: answer them, failed.
+                    Call::Query { req, .. }
+                    | Call::GetFunction { req, .. }
+                    | Call::Pin { req, .. } => {
+                        w::put_note(
+                            &Note::Answer {
+                                req,
+                                status,
+                                data: &[],
+                            },
+                            &mut note,
+                        );
+                    }
+                    Call::DtoH { seq, .. } | Call::Marker { seq, .. } => {
+                        w::put_note(
+                            &Note::Reached {
+                                seq,
+                                status,
+                                data: &[],
+                            },
+                            &mut note,
+                        );
+                    }
+                    _ => w::put_note(
+                        &Note::Failed {
+                            status,
+                            call: c.name(),
+                        },
+                        &mut note,
+                    ),
+                }
+                push(&self.out, note);
+            }
+        }
+        Ok(t)
+    }
+
+    fn answer(&self, req: u64, data: &[u8]) {
+        let mut note = Vec::new();
+        w::put_note(
+            &Note::Answer {
+                req,
+                status: SUCCESS,
+                data,
+            },
+            &mut note,
+        );
+        push(&self.out, note);
+    }
+
+    fn one(
+        &mut self,
+        c: &Call<'_>,
+        cache: &Mutex<ChunkCache>,
+        cache_on: bool,
+        t: &mut Tally,
+    ) -> Result<(), i32> {
+        let ok = |r: sys::CUresult| {
+            if r == sys::CUresult::CUDA_SUCCESS {
+                Ok(())
+            } else {
+                Err(code(r))
+            }
+        };
+        if let Call::Query {
+            req,
+            q: Query::Driver,
+        } = c
+        {
+            driver::probe_driver().map_err(|_| NO_DEVICE)?;
+            let (mut v, mut n) = (0, 0);
+            // SAFETY: symbols checked by probe_driver; valid out-pointers.
+            unsafe {
+                ok(sys::cuInit(0))?;
+                ok(sys::cuDriverGetVersion(&mut v))?;
+                ok(sys::cuDeviceGetCount(&mut n))?;
+            }
+            let mut a = v.to_le_bytes().to_vec();
+            a.extend_from_slice(&n.to_le_bytes());
+            self.answer(*req, &a);
+            return Ok(());
+        }
+        self.ensure_ctx()?;
+        match *c {
+            Call::CtxRetain { .. } => Ok(()),
+            Call::Query { req, q } => {
+                let dev = match q {
+                    Query::Name { dev } | Query::Attr { dev, .. } => dev,
+                    Query::Driver => unreachable!("answered above"),
+                };
+                let mut d: sys::CUdevice = 0;
+                // SAFETY: driver initialised; out-pointer valid.
+                ok(unsafe { sys::cuDeviceGet(&mut d, dev) })?;
+                let a = match q {
+                    Query::Name { .. } => {
+                        let mut name = [0 as std::ffi::c_char; 256];
+                        // SAFETY: the buffer and its length match.
+                        ok(unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), 256, d) })?;
+                        // SAFETY: the driver NUL-terminated it within the buffer.
+                        unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+                            .to_bytes()
+                            .to_vec()
+                    }
+                    Query::Attr { attr, .. } => device_attribute(attr, d)?.to_le_bytes().to_vec(),
+                    Query::Driver => unreachable!("answered above"),
+                };
+                self.answer(req, &a);
+                Ok(())
+            }
+            Call::MemAlloc { addr, size } => {
+                if !w::is_sim(addr) || self.mem.contains_key(&addr) {
+                    return Err(INVALID_VALUE);
+                }
+                if self.mem.len() >= MAX_ALLOCS {
+                    return Err(OUT_OF_MEMORY);
+                }
+                let mut p: sys::CUdeviceptr = 0;
+                // SAFETY: context current; out-pointer valid.
+                ok(unsafe { sys::cuMemAlloc_v2(&mut p, size as usize) })?;
+                self.mem.insert(addr, (size, p));
+                Ok(())
+            }
+            Call::MemFree { addr } => {
+                let (_, p) = self.mem.remove(&addr).ok_or(INVALID_VALUE)?;
+                // SAFETY: allocated by cuMemAlloc_v2 above, freed once.
+                ok(unsafe { sys::cuMemFree_v2(p) })
+            }
+            Call::StreamCreate { id, flags } => {
+                if id == w::NULL_STREAM || self.streams.contains_key(&id) {
+                    return Err(INVALID_VALUE);
+                }
+                if self.streams.len() >= MAX_STREAMS {
+                    return Err(OUT_OF_MEMORY);
+                }
+                let mut s = std::ptr::null_mut();
+                // SAFETY: context current; out-pointer valid.
+                ok(unsafe { sys::cuStreamCreate(&mut s, flags) })?;
+                self.streams.insert(
+                    id,
+                    Strm {
+                        s,
+                        keep: Vec::new(),
+                    },
+                );
+                Ok(())
+            }
+            Call::StreamDestroy { id } => {
+                if id == w::NULL_STREAM {
+                    return Err(INVALID_HANDLE);
+                }
+                let st = self.streams.remove(&id).ok_or(INVALID_HANDLE)?;
+                destroy(st);
+                Ok(())
+            }
+            Call::HtoD { stream, dst, data } => {
+                let b = self.bytes(&data, cache, cache_on, t)?;
+                let d = self.translate(dst).ok_or(INVALID_VALUE)?;
+                if self.translate(dst + b.len() as u64).is_none() {
+                    return Err(INVALID_VALUE);
+                }
+                let st = self.stream(stream)?;
+                // SAFETY: `b` stays alive in `keep` until a host function behind the
+                // copy runs (or the stream is synchronized and destroyed).
+                ok(unsafe {
+                    sys::cuMemcpyHtoDAsync_v2(d, b.as_ptr() as *const c_void, b.len(), st.s)
+                })?;
+                st.keep.push(b);
+                Ok(())
+            }
+            Call::DtoH {
+                stream,
+                seq,
+                src,
+                len,
+            } => {
+                let d = self.translate(src).ok_or(INVALID_VALUE)?;
+                if self.translate(src + len as u64).is_none() {
+                    return Err(INVALID_VALUE);
+                }
+                let mut buf = vec![0u8; len as usize];
+                let s = self.stream(stream)?.s;
+                // SAFETY: `buf`'s heap block moves into the host function's box below
+                // and lives until it runs, after the copy.
+                ok(unsafe {
+                    sys::cuMemcpyDtoHAsync_v2(buf.as_mut_ptr() as *mut c_void, d, buf.len(), s)
+                })?;
+                self.mark(stream, seq, buf)
+            }
+            Call::Marker { stream, seq, .. } => self.mark(stream, seq, Vec::new()),
+            Call::ModuleLoad { id, image } => {
+                if self.modules.len() >= MAX_MODULES && !self.modules.contains_key(&id) {
+                    return Err(OUT_OF_MEMORY);
+                }
+                let mut b = self.bytes(&image, cache, cache_on, t)?.to_vec();
+                // A PTX image is a C string: make sure one ends it.
+                b.push(0);
+                let mut m = std::ptr::null_mut();
+                // SAFETY: a complete image in memory for the call.
+                ok(unsafe { sys::cuModuleLoadData(&mut m, b.as_ptr() as *const c_void) })?;
+                if let Some(old) = self.modules.insert(id, m) {
+                    // SAFETY: a module we loaded, replaced under the same id.
+                    unsafe { sys::cuModuleUnload(old) };
+                }
+                Ok(())
+            }
+            Call::Pin { req, hashes } => {
+                let mut a = Vec::with_capacity(hashes.len() / 32);
+                {
+                    let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+                    for h in hashes.chunks_exact(32) {
+                        let h: [u8; 32] = h.try_into().expect("32 bytes");
+                        let got = match self.pinned.get_mut(&h) {
+                            Some((_, n)) => {
+                                *n += 1;
+                                true
+                            }
+                            None => match c.get(&self.part, &h) {
+                                Some(b) => {
+                                    self.pinned.insert(h, (b, 1));
+                                    true
+                                }
+                                None => false,
+                            },
+                        };
+                        a.push(got as u8);
+                    }
+                }
+                self.answer(req, &a);
+                Ok(())
+            }
+            Call::ModuleUnload { id } => {
+                let m = self.modules.remove(&id).ok_or(INVALID_HANDLE)?;
+                self.funcs.retain(|_, f| f.module != id);
+                // SAFETY: loaded above, unloaded once.
+                ok(unsafe { sys::cuModuleUnload(m) })
+            }
+            Call::GetFunction {
+                req,
+                module,
+                id,
+                name,
+            } => {
+                let m = *self.modules.get(&module).ok_or(INVALID_HANDLE)?;
+                if self.funcs.len() >= MAX_FUNCS {
+                    return Err(OUT_OF_MEMORY);
+                }
+                let cname = CString::new(name).map_err(|_| INVALID_VALUE)?;
+                let mut f = std::ptr::null_mut();
+                // SAFETY: a live module and a C string.
+                ok(unsafe { sys::cuModuleGetFunction(&mut f, m, cname.as_ptr()) })?;
+                let layout = param_layout(f)?;
+                let mut a = Vec::new();
+                for (o, s) in &layout {
+                    a.extend_from_slice(&o.to_le_bytes());
+                    a.extend_from_slice(&s.to_le_bytes());
+                }
+                self.funcs.insert(id, Func { f, module, layout });
+                self.answer(req, &a);
+                Ok(())
+            }
+            Call::Launch {
+                func,
+                stream,
+                grid,
+                block,
+                shmem,
+                params,
+            } => {
+                let fun = self.funcs.get(&func).ok_or(INVALID_HANDLE)?;
+                let (f, layout) = (fun.f, fun.layout.clone());
+                // Each parameter in its own 8-aligned buffer, device addresses
+                // translated.
+                let mut bufs: Vec<Vec<u64>> = Vec::with_capacity(layout.len());
+                let mut at = 0usize;
+                for &(_, size) in &layout {
+                    let size = size as usize;
+                    let src = params.get(at..at + size).ok_or(INVALID_VALUE)?;
+                    at += size;
+                    let mut b = vec![0u64; size.div_ceil(8)];
+                    // SAFETY: `b` holds at least `size` bytes.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(src.as_ptr(), b.as_mut_ptr() as *mut u8, size)
+                    };
+                    // A pointer parameter is 8 bytes holding an address inside one of
+                    // the client's allocations (words inside structures are left as
+                    // they are: their bytes may be anything).
+                    if size == 8 && w::is_sim(b[0]) {
+                        if let Some(real) = self.translate(b[0]) {
+                            b[0] = real;
+                        }
+                    }
+                    bufs.push(b);
+                }
+                if at != params.len() {
+                    return Err(INVALID_VALUE);
+                }
+                let mut ptrs: Vec<*mut c_void> = bufs
+                    .iter_mut()
+                    .map(|b| b.as_mut_ptr() as *mut c_void)
+                    .collect();
+                let s = self.stream(stream)?.s;
+                // SAFETY: a live function and stream; the parameter buffers outlive
+                // the call (the driver copies them at launch).
+                ok(unsafe {
+                    sys::cuLaunchKernel(
+                        f,
+                        grid[0],
+                        grid[1],
+                        grid[2],
+                        block[0],
+                        block[1],
+                        block[2],
+                        shmem,
+                        s,
+                        ptrs.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    )
+                })
+            }
+        }
+    }
+}
+
+/// cuDeviceGetAttribute with the attribute as the C int it is on the wire (through
+/// the symbol: cudarc's enum cannot hold a value it does not list).
+fn device_attribute(attr: i32, dev: sys::CUdevice) -> Result<i32, i32> {
+    type F = unsafe extern "C" fn(*mut i32, i32, sys::CUdevice) -> i32;
+    let f = driver::driver_sym("cuDeviceGetAttribute").ok_or(NO_DEVICE)?;
+    // SAFETY: the driver's cuDeviceGetAttribute has this C signature.
+    let f: F = unsafe { std::mem::transmute::<usize, F>(f) };
+    let mut v = 0;
+    // SAFETY: valid out-pointer; the driver rejects an attribute it does not know.
+    let r = unsafe { f(&mut v, attr, dev) };
+    if r != SUCCESS {
+        return Err(r);
+    }
+    Ok(v)
+}
+
+/// The function's parameters (offset, size), from cuFuncGetParamInfo (CUDA 12.4+);
+/// a driver without it cannot be remoted (the client could not marshal arguments).
+fn param_layout(f: sys::CUfunction) -> Result<Vec<(u32, u32)>, i32> {
+    type F = unsafe extern "C" fn(sys::CUfunction, usize, *mut usize, *mut usize) -> i32;
+    let Some(p) = driver::driver_sym("cuFuncGetParamInfo") else {
+        return Err(code(sys::CUresult::CUDA_ERROR_NOT_SUPPORTED));
+    };
+    // SAFETY: the driver's cuFuncGetParamInfo has this C signature.
+    let g: F = unsafe { std::mem::transmute::<usize, F>(p) };
+    let mut out = Vec::new();
+    for i in 0..4096usize {
+        let (mut off, mut size) = (0usize, 0usize);
+        // SAFETY: a live function; valid out-pointers; past the last parameter the
+        // driver answers an error.
+        if unsafe { g(f, i, &mut off, &mut size) } != SUCCESS {
+            break;
+        }
+        out.push((off as u32, size as u32));
+    }
+    Ok(out)
+}
+
+fn destroy(st: Strm) {
+    // SAFETY: a live stream, synchronized (its copies' host bytes are in `keep`)
+    // then destroyed once.
+    unsafe {
+        sys::cuStreamSynchronize(st.s);
+        sys::cuStreamDestroy_v2(st.s);
+    }
+    drop(st.keep);
+}
+
+impl Drop for CudaSession {
+    fn drop(&mut self) {
+        let Some(c) = &self.ctx else { return };
+        if c.make_current().is_err() {
+            return;
+        }
+        for (_, st) in self.streams.drain() {
+            destroy(st);
+        }
+        for (_, (_, p)) in std::mem::take(&mut self.mem) {
+            // SAFETY: allocated by this session, freed once.
+            unsafe { sys::cuMemFree_v2(p) };
+        }
+        for (_, m) in self.modules.drain() {
+            // SAFETY: loaded by this session, unloaded once.
+            unsafe { sys::cuModuleUnload(m) };
+        }
+    }
+}

@@ -1,0 +1,237 @@
+/* A GPU server's shape on the CUDA driver API, for the remote CUDA client's tests: it
+ * loads a module, uploads its "weights", then serves requests on T threads, each
+ * request on the thread's stream: an input upload, a kernel, the result back, an
+ * event, a host function, a synchronize. It prints what the device answered (a hash
+ * of every result), so two runs on two drivers can be compared byte for byte.
+ *
+ * It links against libcuda.so.1 and knows nothing of remoting: run directly on the
+ * fake driver (tests/c/fake_cuda.c) or with backends/cuda-remote's library first on
+ * the path, it must print the same.
+ *
+ * Usage: cuda_app run THREADS REQUESTS | reupload | loop | unsupported */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext, *CUstream, *CUevent, *CUmodule, *CUfunction;
+typedef unsigned long long CUdeviceptr;
+
+CUresult cuInit(unsigned);
+CUresult cuDriverGetVersion(int *);
+CUresult cuDeviceGetCount(int *);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuDeviceGetName(char *, int, CUdevice);
+CUresult cuDeviceGetAttribute(int *, int, CUdevice);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemHostAlloc(void **, size_t, unsigned);
+CUresult cuMemFreeHost(void *);
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr, const void *, size_t, CUstream);
+CUresult cuMemcpyDtoHAsync_v2(void *, CUdeviceptr, size_t, CUstream);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult cuModuleUnload(CUmodule);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, CUstream, void **, void **);
+CUresult cuLaunchHostFunc(CUstream, void (*)(void *), void *);
+CUresult cuStreamCreate(CUstream *, unsigned);
+CUresult cuStreamSynchronize(CUstream);
+CUresult cuStreamDestroy_v2(CUstream);
+CUresult cuEventCreate(CUevent *, unsigned);
+CUresult cuEventRecord(CUevent, CUstream);
+CUresult cuEventQuery(CUevent);
+CUresult cuEventSynchronize(CUevent);
+CUresult cuEventDestroy_v2(CUevent);
+
+#define CK(call)                                                                         \
+    do {                                                                                 \
+        CUresult rc_ = (call);                                                           \
+        if (rc_ != 0) {                                                                  \
+            printf("error: %s returned CUDA error %d\n", #call, rc_);                   \
+            fflush(stdout);                                                              \
+            exit(3);                                                                     \
+        }                                                                                \
+    } while (0)
+
+struct params {
+    unsigned rk[44];
+    unsigned iv[4];
+};
+
+static CUfunction fn;
+static CUdeviceptr weights;
+static const size_t WEIGHTS = 1 << 20, REQ = 4096;
+static int requests_per_thread, progress;
+
+static uint64_t fnv(const unsigned char *b, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+static void launch(CUdeviceptr d, unsigned long long n, unsigned seed, CUstream s) {
+    struct params p;
+    for (int i = 0; i < 44; i++) p.rk[i] = seed * 2654435761u + (unsigned)i * 40503u;
+    for (int i = 0; i < 4; i++) p.iv[i] = seed + (unsigned)i;
+    void *args[] = {&d, &n, &p};
+    CK(cuLaunchKernel(fn, 2, 1, 1, 4, 1, 1, 0, s, args, NULL));
+}
+
+static void count_host_fn(void *arg) { __atomic_add_fetch((int *)arg, 1, __ATOMIC_SEQ_CST); }
+
+struct worker {
+    int index;
+    uint64_t hash;
+    int host_fns;
+};
+
+static void *serve(void *arg) {
+    struct worker *w = arg;
+    CUstream s;
+    CUevent e;
+    CUdeviceptr d;
+    unsigned char *in, *out;
+    CK(cuStreamCreate(&s, 1));
+    CK(cuEventCreate(&e, 0));
+    CK(cuMemAlloc_v2(&d, REQ));
+    CK(cuMemHostAlloc((void **)&in, REQ, 0));
+    CK(cuMemHostAlloc((void **)&out, REQ, 0));
+    for (int r = 0; r < requests_per_thread; r++) {
+        unsigned seed = (unsigned)(w->index * 100003 + r);
+        for (size_t i = 0; i < REQ; i++) in[i] = (unsigned char)(i * 7 + seed);
+        CK(cuMemcpyHtoDAsync_v2(d, in, REQ, s));
+        launch(d, REQ, seed, s);
+        CK(cuMemcpyDtoHAsync_v2(out, d, REQ, s));
+        CK(cuEventRecord(e, s));
+        CK(cuLaunchHostFunc(s, count_host_fn, &w->host_fns));
+        if (r % 2)
+            CK(cuStreamSynchronize(s));
+        else {
+            CK(cuEventSynchronize(e));
+            CK(cuEventQuery(e));
+            CK(cuStreamSynchronize(s));
+        }
+        w->hash ^= fnv(out, REQ) + (uint64_t)seed;
+        if (progress) {
+            printf("progress %d %d\n", w->index, r);
+            fflush(stdout);
+        }
+    }
+    CK(cuMemFree_v2(d));
+    CK(cuMemFreeHost(in));
+    CK(cuMemFreeHost(out));
+    CK(cuEventDestroy_v2(e));
+    CK(cuStreamDestroy_v2(s));
+    return NULL;
+}
+
+static const char IMAGE[] = "FAKE-PTX .entry aes128_ctr (the fake driver's kernel)";
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "run";
+    CK(cuInit(0));
+    if (!strcmp(mode, "unsupported")) {
+        /* Outside the remoted subset (and absent from the fake driver). */
+        CUresult (*memset8)(CUdeviceptr, unsigned char, size_t) =
+            (CUresult(*)(CUdeviceptr, unsigned char, size_t))dlsym(RTLD_DEFAULT, "cuMemsetD8_v2");
+        if (!memset8) {
+            printf("cuMemsetD8_v2 absent\n");
+            return 0;
+        }
+        for (int i = 0; i < 2; i++) printf("cuMemsetD8_v2 -> %d\n", memset8(0, 0, 0));
+        return 0;
+    }
+    int version, count, major, minor;
+    CUdevice dev;
+    char name[128];
+    CUcontext ctx;
+    CK(cuDriverGetVersion(&version));
+    CK(cuDeviceGetCount(&count));
+    CK(cuDeviceGet(&dev, 0));
+    CK(cuDeviceGetName(name, sizeof name, dev));
+    CK(cuDeviceGetAttribute(&major, 75, dev));
+    CK(cuDeviceGetAttribute(&minor, 76, dev));
+    CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CK(cuCtxSetCurrent(ctx));
+    printf("driver %d, %d device(s), %s, cc %d.%d\n", version, count, name, major, minor);
+
+    CUmodule mod;
+    CK(cuModuleLoadData(&mod, IMAGE));
+    CK(cuModuleGetFunction(&fn, mod, "aes128_ctr"));
+
+    /* The weights: uploaded once per run, transformed in place, read back. */
+    unsigned char *host;
+    CUstream s0;
+    CK(cuStreamCreate(&s0, 1));
+    CK(cuMemHostAlloc((void **)&host, WEIGHTS, 0));
+    for (size_t i = 0; i < WEIGHTS; i++) host[i] = (unsigned char)(i * 31 + (i >> 12));
+    CK(cuMemAlloc_v2(&weights, WEIGHTS));
+    CK(cuMemcpyHtoDAsync_v2(weights, host, WEIGHTS, s0));
+    launch(weights, WEIGHTS, 7, s0);
+    CK(cuMemcpyDtoHAsync_v2(host, weights, WEIGHTS, s0));
+    CK(cuStreamSynchronize(s0));
+    printf("weights %016llx\n", (unsigned long long)fnv(host, WEIGHTS));
+    fflush(stdout);
+
+    if (!strcmp(mode, "reupload")) {
+        /* Other data (2 MiB, which pushes the weights out of a small upload cache),
+         * then the weights again: the client believes the daemon holds them. */
+        unsigned char *other;
+        CUdeviceptr d2;
+        const size_t OTHER = 2 << 20;
+        CK(cuMemHostAlloc((void **)&other, OTHER, 0));
+        for (size_t i = 0; i < OTHER; i++) other[i] = (unsigned char)(i * 13 + (i >> 10) + 1);
+        CK(cuMemAlloc_v2(&d2, OTHER));
+        CK(cuMemcpyHtoDAsync_v2(d2, other, OTHER, s0));
+        for (size_t i = 0; i < WEIGHTS; i++) host[i] = (unsigned char)(i * 31 + (i >> 12));
+        CK(cuMemcpyHtoDAsync_v2(weights, host, WEIGHTS, s0));
+        launch(weights, WEIGHTS, 7, s0);
+        CK(cuMemcpyDtoHAsync_v2(host, weights, WEIGHTS, s0));
+        CK(cuStreamSynchronize(s0));
+        printf("weights again %016llx\n", (unsigned long long)fnv(host, WEIGHTS));
+        return 0;
+    }
+    int threads = 1;
+    requests_per_thread = -1;
+    if (!strcmp(mode, "run")) {
+        threads = argc > 2 ? atoi(argv[2]) : 2;
+        requests_per_thread = argc > 3 ? atoi(argv[3]) : 20;
+    } else {
+        requests_per_thread = 1 << 30; /* loop: until killed or failed */
+        progress = 1;
+    }
+    struct worker w[64];
+    pthread_t t[64];
+    if (threads < 1 || threads > 64) return 2;
+    for (int i = 0; i < threads; i++) {
+        w[i] = (struct worker){.index = i};
+        pthread_create(&t[i], NULL, serve, &w[i]);
+    }
+    uint64_t all = 0;
+    int host_fns = 0;
+    for (int i = 0; i < threads; i++) {
+        pthread_join(t[i], NULL);
+        all ^= w[i].hash;
+        host_fns += w[i].host_fns;
+    }
+    /* A context-wide synchronize where the driver has one (the fake does not). */
+    CUresult (*ctx_sync)(void) = (CUresult(*)(void))dlsym(RTLD_DEFAULT, "cuCtxSynchronize");
+    if (ctx_sync) CK(ctx_sync());
+    printf("requests %d, host functions run %d, results %016llx\n", threads * requests_per_thread,
+           host_fns, (unsigned long long)all);
+    CK(cuMemFree_v2(weights));
+    CK(cuMemFreeHost(host));
+    CK(cuStreamDestroy_v2(s0));
+    CK(cuModuleUnload(mod));
+    CK(cuDevicePrimaryCtxRelease_v2(dev));
+    return 0;
+}

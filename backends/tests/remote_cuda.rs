@@ -1,0 +1,400 @@
+//! CUDA API remoting: an unmodified driver-API program (tests/c/cuda_app.c, and
+//! abi_test through the cuda backend) run with backends/cuda-remote's libcuda.so.1
+//! first on its library path, against a toffload-remoted whose GPU is the fake driver
+//! of tests/c/fake_cuda.c. It must answer as the same program run directly on the
+//! fake driver, with fewer frames and far fewer waits than calls, uploads sent once,
+//! unsupported calls refused by name, and a lost daemon turned into a CUDA error.
+
+mod common;
+mod remote_util;
+
+use remote_util::*;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Builds the client library (its own crate) in this test's profile; returns it.
+fn client_lib() -> PathBuf {
+    let dir = common::profile_dir();
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.args(["build", "-q", "-p", "toffload-cuda-remote"]);
+    if dir.ends_with("release") {
+        cmd.arg("--release");
+    }
+    assert!(
+        cmd.status().expect("running cargo").success(),
+        "building backends/cuda-remote failed"
+    );
+    let lib = dir.join("libtoffload_cuda_remote.so");
+    assert!(lib.exists(), "{} missing", lib.display());
+    lib
+}
+
+/// The fake driver's folder, also as libcuda.so.1 (the name programs link against),
+/// and a folder where the client library is libcuda.so.1 (NVRTC stays the fake's:
+/// it compiles on the client).
+struct Libs {
+    fake: PathBuf,
+    client: PathBuf,
+    app: PathBuf,
+}
+
+impl Libs {
+    fn new(tag: &str) -> Libs {
+        let fake = common::build_fake_cuda(&format!("rc_{tag}"));
+        std::os::unix::fs::symlink("libfakecuda.so", fake.join("libcuda.so.1")).unwrap();
+        let client = fake.join("client");
+        std::fs::create_dir_all(&client).unwrap();
+        let lib = client_lib();
+        for name in ["libcuda.so.1", "libcuda.so"] {
+            std::os::unix::fs::symlink(&lib, client.join(name)).unwrap();
+        }
+        std::os::unix::fs::symlink(fake.join("libfakecuda.so"), client.join("libnvrtc.so"))
+            .unwrap();
+        let app = fake.join("cuda_app");
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let ok = Command::new("cc")
+            .args(["-O1", "-Wall", "-Wextra", "-Werror", "-pthread"])
+            .arg(manifest.join("tests/c/cuda_app.c"))
+            .arg("-L")
+            .arg(&fake)
+            .args(["-l:libcuda.so.1", "-ldl", "-o"])
+            .arg(&app)
+            .status()
+            .expect("running cc")
+            .success();
+        assert!(ok, "compiling cuda_app.c failed");
+        Libs { fake, client, app }
+    }
+
+    fn daemon(&self) -> Daemon {
+        Daemon::start(
+            &["--listen", "127.0.0.1:0"],
+            &[
+                ("LD_LIBRARY_PATH", self.fake.to_str().unwrap()),
+                ("FAKE_CUDA_KERNEL_US", "50"),
+            ],
+        )
+    }
+
+    /// The app run directly on the fake driver.
+    fn direct(&self, args: &[&str]) -> Output {
+        Command::new(&self.app)
+            .args(args)
+            .env("LD_LIBRARY_PATH", &self.fake)
+            .env("FAKE_CUDA_KERNEL_US", "50")
+            .output()
+            .unwrap()
+    }
+
+    /// `bin` with the client library as its driver, on the daemon at `addr`.
+    fn remote_cmd(&self, bin: &Path, addr: &str) -> Command {
+        let mut c = Command::new(bin);
+        c.env("LD_LIBRARY_PATH", &self.client)
+            .env("TOFFLOAD_CUDA_REMOTE", addr);
+        c
+    }
+}
+
+impl Drop for Libs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.fake);
+    }
+}
+
+/// The daemon's counters once every client connection has closed (a program that
+/// exited may still have frames in the daemon's hands).
+fn settled_stats(addr: &str) -> std::collections::HashMap<String, u64> {
+    let t0 = Instant::now();
+    loop {
+        let s = stats(addr);
+        // The stats query's own connection is one.
+        if s["connections_open"] <= 1 || t0.elapsed() > Duration::from_secs(10) {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Waits for a child with a deadline (a hang is the failure under test).
+fn wait_with_deadline(mut c: std::process::Child, limit: Duration) -> Output {
+    let t0 = Instant::now();
+    loop {
+        if c.try_wait().unwrap().is_some() {
+            return c.wait_with_output().unwrap();
+        }
+        if t0.elapsed() > limit {
+            let _ = c.kill();
+            let out = c.wait_with_output().unwrap();
+            panic!(
+                "still running after {limit:?}: {}{}",
+                text(&out.stdout),
+                text(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_driver_api_program_answers_through_the_daemon_as_on_the_driver() {
+    let libs = Libs::new("same");
+    let (threads, reqs) = (4usize, 25usize);
+    let args = ["run", &threads.to_string(), &reqs.to_string()];
+    let direct = libs.direct(&args);
+    assert!(direct.status.success(), "{}", text(&direct.stderr));
+    let d = libs.daemon();
+    let remote = libs
+        .remote_cmd(&libs.app, &d.addr())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        remote.status.success(),
+        "{}{}",
+        text(&remote.stdout),
+        text(&remote.stderr)
+    );
+    print!("{}", text(&remote.stdout));
+    assert_eq!(text(&remote.stdout), text(&direct.stdout), "bit-identical");
+    assert!(remote.stderr.is_empty(), "{}", text(&remote.stderr));
+
+    // Waits and frames: per request the app makes 6 calls (copy in, launch, copy
+    // out, event, host function, synchronize) plus a query on every other; only the
+    // synchronize waits, and the calls before it share frames.
+    let s = settled_stats(&d.addr());
+    let requests = (threads * reqs) as u64;
+    let (calls, frames, syncs) = (s["cuda_calls"], s["cuda_frames"], s["cuda_syncs"]);
+    println!(
+        "{requests} requests: {calls} calls in {frames} frames, {syncs} synchronizing round trips"
+    );
+    assert!(calls >= 6 * requests, "{calls}");
+    assert_eq!(syncs, requests + 1, "one per request, one for the weights");
+    assert!(
+        frames * 2 < calls,
+        "calls are batched: {calls} calls in {frames} frames"
+    );
+    assert!(
+        syncs * 5 < calls,
+        "round trips per request < calls per request"
+    );
+    assert_eq!(s["cuda_failed"], 0);
+    // First run: the module image and the weights' 16 pieces sent and cached.
+    assert_eq!(s["cuda_upload_hits"], 0);
+    let first_misses = s["cuda_upload_misses"];
+    assert_eq!(first_misses, 17);
+
+    // The same program again: its uploads are cache hits, not resent.
+    let again = libs
+        .remote_cmd(&libs.app, &d.addr())
+        .args(args)
+        .output()
+        .unwrap();
+    assert_eq!(text(&again.stdout), text(&direct.stdout));
+    let s2 = settled_stats(&d.addr());
+    println!(
+        "second run: {} upload hits, {} bytes not resent",
+        s2["cuda_upload_hits"], s2["cuda_upload_bytes_saved"]
+    );
+    assert_eq!(s2["cuda_upload_hits"], 17);
+    assert_eq!(s2["cuda_upload_misses"], first_misses, "nothing sent again");
+    assert!(s2["cuda_upload_bytes_saved"] >= 1 << 20);
+
+    // The hazard batching removes: with no linger every call is a frame of its own.
+    let unbatched = libs
+        .remote_cmd(&libs.app, &d.addr())
+        .args(args)
+        .env("TOFFLOAD_CUDA_REMOTE_LINGER_US", "0")
+        .output()
+        .unwrap();
+    assert_eq!(text(&unbatched.stdout), text(&direct.stdout));
+    let s3 = settled_stats(&d.addr());
+    let (c, f) = (
+        s3["cuda_calls"] - s2["cuda_calls"],
+        s3["cuda_frames"] - s2["cuda_frames"],
+    );
+    println!("without batching: {c} calls in {f} frames");
+    assert_eq!(c, f, "one frame per call");
+}
+
+/// The cuda backend (cudarc, its own driver probing, pinned memory, host functions
+/// writing its completion fd, blocking-sync events) is itself an unmodified driver
+/// API program: the C ABI checks pass through the daemon as they do on the driver.
+#[test]
+fn the_cuda_backend_runs_remoted() {
+    let libs = Libs::new("abi");
+    let lib_dir = common::profile_dir();
+    assert!(lib_dir.join("libtoffload_accel.so").exists());
+    let bin = libs.fake.join("abi_test");
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let ok = Command::new("cc")
+        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(manifest.join("include"))
+        .arg(manifest.join("tests/c/abi_test.c"))
+        .arg("-L")
+        .arg(&lib_dir)
+        .arg("-ltoffload_accel")
+        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
+        .arg("-o")
+        .arg(&bin)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "compiling abi_test.c failed");
+    let d = libs.daemon();
+    let out = libs
+        .remote_cmd(&bin, &d.addr())
+        .arg("normal")
+        .env("TOFFLOAD_BACKEND", "cuda")
+        .env("TOFFLOAD_CUDA_MAX_INFLIGHT", "4")
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    print!("{stdout}");
+    assert!(
+        out.status.success() && stdout.contains("0 failures"),
+        "{stdout}{}",
+        text(&out.stderr)
+    );
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("ok ")).count(), 16);
+    assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
+}
+
+/// The client asks before it sends by reference: an upload it believes the daemon
+/// holds, evicted from a 1 MiB cache meanwhile, is sent again, not lost.
+#[test]
+fn an_evicted_upload_is_sent_again() {
+    let libs = Libs::new("evict");
+    let direct = libs.direct(&["reupload"]);
+    assert!(direct.status.success(), "{}", text(&direct.stderr));
+    let d = Daemon::start(
+        &["--listen", "127.0.0.1:0", "--cache-mb", "1"],
+        &[("LD_LIBRARY_PATH", libs.fake.to_str().unwrap())],
+    );
+    let out = libs
+        .remote_cmd(&libs.app, &d.addr())
+        .arg("reupload")
+        .output()
+        .unwrap();
+    assert_eq!(
+        text(&out.stdout),
+        text(&direct.stdout),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
+    let s = settled_stats(&d.addr());
+    println!(
+        "upload hits {}, sent {}, failed {}",
+        s["cuda_upload_hits"], s["cuda_upload_misses"], s["cuda_failed"]
+    );
+    assert_eq!(s["cuda_failed"], 0);
+    // Module, weights and the other data sent once (1 + 16 + 32); the second
+    // upload of the weights: some pieces evicted and sent again, the rest by
+    // reference, each of the 16 one way or the other.
+    let resent = s["cuda_upload_misses"] - (1 + 16 + 32);
+    assert!(resent > 0, "the cache evicted nothing: {s:?}");
+    assert_eq!(resent + s["cuda_upload_hits"], 16, "{s:?}");
+}
+
+#[test]
+fn an_unsupported_call_fails_by_name() {
+    let libs = Libs::new("unsup");
+    let d = libs.daemon();
+    let out = libs
+        .remote_cmd(&libs.app, &d.addr())
+        .arg("unsupported")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    // CUDA_ERROR_NOT_SUPPORTED, twice; one line on stderr naming it.
+    assert_eq!(
+        text(&out.stdout),
+        "cuMemsetD8_v2 -> 801\ncuMemsetD8_v2 -> 801\n"
+    );
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("cuMemsetD8_v2") && err.contains("CUDA_ERROR_NOT_SUPPORTED"),
+        "{err}"
+    );
+
+    // No daemon named: cuInit fails (CUDA_ERROR_NO_DEVICE) and one line says why.
+    let out = Command::new(&libs.app)
+        .arg("run")
+        .env("LD_LIBRARY_PATH", &libs.client)
+        .env_remove("TOFFLOAD_CUDA_REMOTE")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        text(&out.stdout).contains("CUDA error 100"),
+        "{}",
+        text(&out.stdout)
+    );
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("TOFFLOAD_CUDA_REMOTE is not set"), "{err}");
+}
+
+/// Starts the app's endless loop on the daemon and waits for it to be mid-run.
+fn looping(libs: &Libs, d: &Daemon, env: &[(&str, &str)]) -> std::process::Child {
+    let mut c = libs
+        .remote_cmd(&libs.app, &d.addr())
+        .arg("loop")
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(c.stdout.take().unwrap()).lines();
+    let mut n = 0;
+    for l in lines.by_ref() {
+        if l.unwrap().starts_with("progress") {
+            n += 1;
+            if n == 20 {
+                break;
+            }
+        }
+    }
+    assert_eq!(n, 20, "the loop did not get going");
+    // Keep draining stdout so the app never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    c
+}
+
+/// A daemon gone mid-run: the program's next wait fails with a CUDA error at once
+/// (the connection closed) instead of hanging; a daemon that stops answering fails
+/// it by TOFFLOAD_CUDA_REMOTE_TIMEOUT_MS.
+#[test]
+fn a_lost_daemon_is_a_cuda_error_not_a_hang() {
+    let libs = Libs::new("lost");
+    let mut d = libs.daemon();
+    let c = looping(&libs, &d, &[]);
+    d.kill();
+    let out = wait_with_deadline(c, Duration::from_secs(10));
+    let err = text(&out.stderr);
+    println!("killed: {err}");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "the app reports the error and exits"
+    );
+    assert!(err.contains("lost the daemon"), "{err}");
+
+    let d = libs.daemon();
+    let c = looping(&libs, &d, &[("TOFFLOAD_CUDA_REMOTE_TIMEOUT_MS", "500")]);
+    // SAFETY: signalling our own child by its pid.
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGSTOP) };
+    let t0 = Instant::now();
+    let out = wait_with_deadline(c, Duration::from_secs(10));
+    // SAFETY: as above.
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGCONT) };
+    println!("stopped: failed after {:?}", t0.elapsed());
+    assert_eq!(out.status.code(), Some(3));
+}
