@@ -165,7 +165,7 @@ pub fn run(a: &Args) -> Result {
     let servers_ok = servers(a, &dist, "cuda", &mut md)?;
     let _ = writeln!(
         md,
-        "Not measured here: toffload-watch's stall measurement on libcuda's synchronize calls (the watcher has not landed on this branch).\n\nWhole check: {:.0} s.",
+        "Not part of this check: toffload-watch on libcuda's synchronize calls, and remote CUDA (backends/cuda-remote/gpu_remote.sh, tests/results/remote-cuda.md).\n\nWhole check: {:.0} s.",
         t0.elapsed().as_secs_f64()
     );
 

@@ -788,6 +788,18 @@ pub fn unsupported(name: &str) -> CuResult {
     NOT_SUPPORTED
 }
 
+/// The driver's private tables, which NVRTC 13 asks libcuda.so.1 for when it loads
+/// beside it and dereferences unless the call fails: a failure with the table set to
+/// null, so that the client compiles with NVRTC and ships the image.
+#[no_mangle]
+pub extern "C" fn cuGetExportTable(table: *mut *const c_void, _id: *const c_void) -> CuResult {
+    if !table.is_null() {
+        // SAFETY: a non-null out-pointer from the caller.
+        unsafe { *table = std::ptr::null() };
+    }
+    unsupported("cuGetExportTable")
+}
+
 /// Driver functions outside the remoted subset: each fails with
 /// CUDA_ERROR_NOT_SUPPORTED and says so once (no arguments are read, so one
 /// signature serves all).
