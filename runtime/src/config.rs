@@ -415,9 +415,10 @@ pub const KNOBS: &[Knob] = &[
         var: "TOFFLOAD_HANDOFF_MAX_SPARES",
         default: "64",
         form: "an integer from 0 to 256 (0: no handoff)",
-        doc: "spare threads the blocked-carrier handoff may start; the process has at most \
-              carriers + this many runtime threads running fibers. Each fiber waiting below \
-              libc at the same time holds one: with fewer, the last waits stay blocked",
+        doc: "spare threads the blocked-carrier handoff may start, never more than the live \
+              fibers; the process has at most carriers + that many runtime threads running \
+              fibers. Each fiber waiting below libc at the same time holds one: a cap below \
+              the number that can wait at once can freeze the server when all of them wait",
         section: Section::Runtime,
         set: |c, v| {
             int_in(v.trim(), 0, 256)

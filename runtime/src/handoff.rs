@@ -15,8 +15,10 @@
 //! asymmetric Dekker: the fast path has no fence instruction). The blocked thread, when
 //! its call returns and its fiber next enters the runtime, sees the committed steal,
 //! hands its fiber to the carrier's queue (where the spare picks it up) and becomes a
-//! spare itself. So a process has at most TOFFLOAD_CARRIERS +
-//! TOFFLOAD_HANDOFF_MAX_SPARES threads running fibers.
+//! spare itself. So a process has at most TOFFLOAD_CARRIERS + min(live fibers,
+//! TOFFLOAD_HANDOFF_MAX_SPARES) threads running fibers: no more than the stock server's
+//! thread per connection, and with a cap of at least the fibers that can wait below
+//! libc at once, never too few for a carrier with work.
 //!
 //! The monitor sleeps on a futex while every carrier sleeps: an idle server costs no
 //! CPU. While some carrier is awake it looks every half threshold.
@@ -447,7 +449,11 @@ fn reserve_spare() -> Option<&'static Worker> {
         // SAFETY: workers are leaked, never freed.
         return Some(unsafe { &*(p as *const Worker) });
     }
-    let max = crate::settings().handoff_max_spares;
+    // Never more spares than live fibers: each thread blocked below libc holds one, so
+    // that many threads always leave one free for a carrier with work (the stock
+    // server had a thread per fiber), within the knob's hard cap.
+    let live = stats::COUNTERS.fibers_live.load(Relaxed);
+    let max = crate::settings().handoff_max_spares.min(live.max(1));
     if SPARES
         .fetch_update(AcqRel, Acquire, |n| (n < max).then_some(n + 1))
         .is_ok()

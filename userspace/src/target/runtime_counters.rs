@@ -9,8 +9,8 @@ use crate::target::{symbol, AddressSpace};
 use core::mem::offset_of;
 use serde::{Serialize, Serializer};
 use toffload_abi::runtime::{
-    word, Counters, GuardMode, RuntimeState, LAT_BUCKETS, MAGIC, VERSION, VERSION_2, VERSION_3,
-    SCALAR_WORDS, WORDS, WORDS_V2, WORDS_V3,
+    word, Counters, GuardMode, RuntimeState, LAT_BUCKETS, MAGIC, SCALAR_WORDS, VERSION, VERSION_2,
+    VERSION_3, WORDS, WORDS_V2, WORDS_V3,
 };
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
