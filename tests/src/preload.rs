@@ -27,6 +27,22 @@ pub fn libtoffload() -> Result<PathBuf, String> {
     }
 }
 
+/// True when the runtime and the named programs are built; otherwise skips (an error
+/// under CI) and returns false.
+pub fn ready(programs: &[&str]) -> bool {
+    if let Err(e) = libtoffload() {
+        harness::skip(&e);
+        return false;
+    }
+    for p in programs {
+        if let Err(e) = harness::bin(p) {
+            harness::skip(&e);
+            return false;
+        }
+    }
+    true
+}
+
 /// Variables of the runtime, the device and the test programs that must never leak
 /// from the environment of `cargo test` into a child: each run states its own.
 fn inherited_noise(key: &str) -> bool {

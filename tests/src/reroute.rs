@@ -421,6 +421,27 @@ pub fn model_error_line(points: &[(f64, f64)]) -> String {
     )
 }
 
+/// Rounds a reroute bench repeats each point, from `var` (1 when unset).
+pub fn rounds_from_env(var: &str) -> usize {
+    match std::env::var(var) {
+        Err(_) => 1,
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| panic!("{var}={v:?}: want a positive integer")),
+    }
+}
+
+/// (server's CPU, load tool's CPU): apart where there are two.
+pub fn server_and_load_cpus() -> (Option<usize>, Option<usize>) {
+    if crate::harness::cpus() > 1 {
+        (Some(0), Some(1))
+    } else {
+        (None, None)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

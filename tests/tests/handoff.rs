@@ -21,17 +21,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn ready(programs: &[&str]) -> bool {
-    if let Err(e) = preload::libtoffload() {
-        harness::skip(&e);
-        return false;
-    }
-    for p in programs {
-        if let Err(e) = harness::bin(p) {
-            harness::skip(&e);
-            return false;
-        }
-    }
-    true
+    preload::ready(programs)
 }
 
 /// The spares' hard cap in the server case: above what can wait on the lock at once

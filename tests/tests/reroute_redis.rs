@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use toffload_tests::harness;
 use toffload_tests::loadgen::{payload, rng::Rng};
 use toffload_tests::reroute::{
-    count_lines, median, model_error_line, predicted_reroute, prediction_cells,
+    self, count_lines, median, model_error_line, predicted_reroute, prediction_cells,
 };
 
 /// A 2-core machine: one redis-server test at a time.
@@ -787,19 +787,9 @@ fn reroute_benchmark() {
     let (reroute_all, reroute_code) = c_lines("REROUTE");
     let (sync_all, sync_code) = c_lines("SYNC");
     assert!(reroute_code > 0 && sync_code > 0, "line markers missing");
-    let rounds: usize =
-        match std::env::var("TOFFLOAD_REROUTE_ROUNDS") {
-            Err(_) => 1,
-            Ok(v) => v.parse().ok().filter(|&n| n > 0).unwrap_or_else(|| {
-                panic!("TOFFLOAD_REROUTE_ROUNDS={v:?}: want a positive integer")
-            }),
-        };
+    let rounds = reroute::rounds_from_env("TOFFLOAD_REROUTE_ROUNDS");
     let clients = 64;
-    let (scpu, bcpu) = if harness::cpus() > 1 {
-        (Some(0), Some(1))
-    } else {
-        (None, None)
-    };
+    let (scpu, bcpu) = reroute::server_and_load_cpus();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
 
     let mut rows = Vec::new();
@@ -1235,18 +1225,9 @@ fn guard_redis_benchmark() {
     };
     let dir = TempDir::new("module");
     let module = build_module(&dir.0);
-    let rounds: usize = match std::env::var("TOFFLOAD_GUARD_REDIS_ROUNDS") {
-        Err(_) => 1,
-        Ok(v) => v.parse().ok().filter(|&n| n > 0).unwrap_or_else(|| {
-            panic!("TOFFLOAD_GUARD_REDIS_ROUNDS={v:?}: want a positive integer")
-        }),
-    };
+    let rounds = reroute::rounds_from_env("TOFFLOAD_GUARD_REDIS_ROUNDS");
     let clients = 50;
-    let (scpu, bcpu) = if harness::cpus() > 1 {
-        (Some(0), Some(1))
-    } else {
-        (None, None)
-    };
+    let (scpu, bcpu) = reroute::server_and_load_cpus();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let workloads: [(&str, &str, Option<usize>); 2] = [
         ("one key (every increment on one counter)", "counter", None),

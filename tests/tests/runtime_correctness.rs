@@ -33,19 +33,8 @@ const RUN_LIMIT: Duration = Duration::from_secs(10);
 /// Bound on a run that is expected to deadlock.
 const DEADLOCK_LIMIT: Duration = Duration::from_secs(3);
 
-/// True when the runtime and the named programs are built; otherwise skips.
 fn ready(programs: &[&str]) -> bool {
-    if let Err(e) = preload::libtoffload() {
-        harness::skip(&e);
-        return false;
-    }
-    for p in programs {
-        if let Err(e) = harness::bin(p) {
-            harness::skip(&e);
-            return false;
-        }
-    }
-    true
+    preload::ready(programs)
 }
 
 /// A test program without the runtime.
