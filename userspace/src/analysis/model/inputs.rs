@@ -139,6 +139,9 @@ pub fn from_window(
         cpu_warm_quartile,
         spin,
         connections,
+        client_connections: Some(w.processes.iter().map(|p| p.connections).sum::<usize>())
+            .filter(|&n| n > 0)
+            .map(|n| n as f64),
         cores,
         cpu_available: 1.0 - w.steal_share.unwrap_or(0.0).clamp(0.0, MAX_STEAL),
         carriers: (facts.carriers() as f64).min(cores),

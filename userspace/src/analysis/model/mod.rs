@@ -54,6 +54,9 @@ pub struct Inputs {
     pub spin: bool,
     /// N: threads that made offload calls (connections served concurrently).
     pub connections: f64,
+    /// Connected sockets of the target's processes: what a reroute can keep in flight
+    /// (an event loop serves them all on one thread, so N is 1 there).
+    pub client_connections: Option<f64>,
     /// P: cores the process may run on.
     pub cores: f64,
     /// The share of those cores' time the hypervisor left the machine while the

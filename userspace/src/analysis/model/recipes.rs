@@ -253,12 +253,22 @@ pub fn lookup(command: &str, runtime: Option<RuntimeKind>) -> Option<Recipe> {
 
 /// The reroute's predicted throughput and speedup: the event loop's CPU per request
 /// plus a hand-off to a worker (2 switches) on `loops` threads, and as many requests
-/// in flight as there are connections.
+/// in flight as there are client connections (the offload threads where the sockets
+/// were not seen: a thread-per-connection server's).
 pub fn predicted_speedup(i: &Inputs, loops: f64) -> (f64, f64) {
     let handoff = 2.0 * i.switch_us.max(0.0);
-    let c = i.cpu_per_request_us.max(0.0) + handoff;
+    // A blocking wait's c holds the loop's own sleep per request (its switches), which
+    // the rerouted loop, waiting in its poll for many completions at once, no longer
+    // pays: taken out as the zero-edit model takes it out of the fibers' CPU.
+    let blocking = if i.spin {
+        0.0
+    } else {
+        i.blocking_switches_per_request.max(0.0) * i.switch_us.max(0.0)
+    };
+    let c = (i.cpu_per_request_us.max(0.0) - blocking).max(0.0) + handoff;
     let cpu = loops.clamp(1.0, i.cores.max(1.0)) * 1e6 / c.max(1e-3);
-    let overlap = i.connections.max(1.0) * 1e6 / (i.latency_us.max(0.0) + c).max(1e-3);
+    let in_flight = i.client_connections.unwrap_or(i.connections).max(1.0);
+    let overlap = in_flight * 1e6 / (i.latency_us.max(0.0) + c).max(1e-3);
     let mut t = cpu.min(overlap);
     if let Some(d) = i.device_rps {
         t = t.min(d);

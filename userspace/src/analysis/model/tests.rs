@@ -13,6 +13,7 @@ fn base() -> Inputs {
         cpu_warm_quartile: false,
         spin: false,
         connections: 64.0,
+        client_connections: None,
         cores: 1.0,
         cpu_available: 1.0,
         carriers: 1.0,
@@ -162,17 +163,24 @@ fn walls_get_no_zero_edit_prediction() {
 #[test]
 fn event_loop_gets_one_and_a_recipe() {
     let mut i = base();
-    i.connections = 50.0;
+    // One loop thread makes the offload calls; 50 clients are connected to it.
+    i.connections = 1.0;
+    i.client_connections = Some(50.0);
     i.stock_rps = 1e6 / 212.0;
     let a = assess(Kind::EventLoop, Some(&i), "/usr/bin/redis-server", None);
     assert_eq!(a.zero_edit_speedup, Some(1.0));
     let r = a.recipe.as_ref().unwrap();
     assert_eq!((r.lines_added, r.lines_modified), (83, 0));
-    // The reroute keeps 50 requests in flight on one loop: bound by the loop's CPU.
+    // The reroute keeps 50 requests in flight on one loop: bound by the loop's CPU,
+    // 12 us less its blocking sleep (2 switches of 1.5 us) plus the hand-off's 2.
     let (t, s) = recipes::predicted_speedup(&i, 1.0);
-    assert!(close(t, 1e6 / 15.0), "{t}");
+    assert!(close(t, 1e6 / 12.0), "{t}");
     assert!(close(a.recipe_speedup.unwrap(), s));
     assert!(a.recipe_text.unwrap().contains("+83 lines"));
+    // Counted by its one offload thread instead, the loop would keep one in flight.
+    i.client_connections = None;
+    let (t, _) = recipes::predicted_speedup(&i, 1.0);
+    assert!(close(t, 1e6 / 212.0), "{t}");
 }
 
 #[test]
