@@ -3,32 +3,12 @@
 
 mod common;
 
-use common::profile_dir;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn build_abi_test(tag: &str) -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let lib_dir = profile_dir();
-    assert!(
-        lib_dir.join("libtoffload_accel.so").exists(),
-        "libtoffload_accel.so not in {}",
-        lib_dir.display()
-    );
     let out = std::env::temp_dir().join(format!("toffload_abi_test_{}_{tag}", std::process::id()));
-    let status = Command::new("cc")
-        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(manifest.join("include"))
-        .arg(manifest.join("tests/c/abi_test.c"))
-        .arg("-L")
-        .arg(&lib_dir)
-        .arg("-ltoffload_accel")
-        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
-        .arg("-o")
-        .arg(&out)
-        .status()
-        .expect("running cc");
-    assert!(status.success(), "compiling abi_test.c failed");
+    common::build_c_test("abi_test.c", &out);
     out
 }
 

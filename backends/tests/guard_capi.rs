@@ -4,28 +4,12 @@
 
 mod common;
 
-use common::profile_dir;
-use std::path::Path;
 use std::process::Command;
 
 #[test]
 fn two_interleaved_requests_under_each_mode() {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let lib_dir = profile_dir();
     let bin = std::env::temp_dir().join(format!("toffload_guard_test_{}", std::process::id()));
-    let status = Command::new("cc")
-        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(manifest.join("include"))
-        .arg(manifest.join("tests/c/guard_test.c"))
-        .arg("-L")
-        .arg(&lib_dir)
-        .arg("-ltoffload_accel")
-        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
-        .arg("-o")
-        .arg(&bin)
-        .status()
-        .expect("running cc");
-    assert!(status.success(), "compiling guard_test.c failed");
+    common::build_c_test("guard_test.c", &bin);
     for (env, want) in [
         ("off", "off"),
         ("detect", "detect"),

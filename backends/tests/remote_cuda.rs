@@ -231,21 +231,7 @@ fn the_cuda_backend_runs_remoted() {
     let lib_dir = common::profile_dir();
     assert!(lib_dir.join("libtoffload_accel.so").exists());
     let bin = libs.fake.join("abi_test");
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let ok = Command::new("cc")
-        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(manifest.join("include"))
-        .arg(manifest.join("tests/c/abi_test.c"))
-        .arg("-L")
-        .arg(&lib_dir)
-        .arg("-ltoffload_accel")
-        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
-        .arg("-o")
-        .arg(&bin)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "compiling abi_test.c failed");
+    common::build_c_test("abi_test.c", &bin);
     let d = libs.daemon();
     let out = libs
         .remote_cmd(&bin, &d.addr())

@@ -38,3 +38,28 @@ pub fn build_fake_cuda(tag: &str) -> PathBuf {
     }
     dir
 }
+
+/// Compiles tests/c/`source` against include/ and libtoffload_accel.so (found at run
+/// time by rpath) into `out`.
+pub fn build_c_test(source: &str, out: &Path) {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib_dir = profile_dir();
+    assert!(
+        lib_dir.join("libtoffload_accel.so").exists(),
+        "libtoffload_accel.so not in {}",
+        lib_dir.display()
+    );
+    let status = Command::new("cc")
+        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(manifest.join("include"))
+        .arg(manifest.join("tests/c").join(source))
+        .arg("-L")
+        .arg(&lib_dir)
+        .arg("-ltoffload_accel")
+        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
+        .arg("-o")
+        .arg(out)
+        .status()
+        .expect("running cc");
+    assert!(status.success(), "compiling {source} failed");
+}
