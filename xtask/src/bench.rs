@@ -144,6 +144,7 @@ pub fn run(which: Which) -> Result {
                             "--switch",
                             "--idle",
                             "--syscalls",
+                            "--handoff",
                         ])
                         .arg("--out")
                         .arg(&out)

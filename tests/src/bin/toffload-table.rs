@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 use toffload_tests::harness::{self, median, Server, ServerSpec};
 use toffload_tests::load::{self, Config};
 
+#[path = "toffload-table/handoff.rs"]
+mod handoff;
 #[path = "toffload-table/syscalls.rs"]
 mod syscalls;
 
@@ -70,6 +72,10 @@ struct Args {
     /// tracepoint, the server's own threads; needs perf and root).
     #[arg(long)]
     syscalls: bool,
+    /// Also measure the blocked-carrier handoff: rawfutex_server --hold-lock stock and
+    /// under the runtime, with the runtime's handoffs per second.
+    #[arg(long)]
+    handoff: bool,
     /// Write the report (markdown) to this file as well.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -104,6 +110,7 @@ struct Stats {
     fibers_created: u64,
     offloads: u64,
     offloads_inline: u64,
+    handoffs: u64,
 }
 
 /// Reads the stats file (the runtime rewrites it within 50 ms of a change).
@@ -122,6 +129,7 @@ fn read_stats(p: &Path) -> Result<Stats, String> {
                     fibers_created: g("fibers_created"),
                     offloads: g("offloads"),
                     offloads_inline: g("offloads_inline"),
+                    handoffs: g("handoffs"),
                 });
             }
             Err(e) if t0.elapsed() > Duration::from_millis(500) => {
@@ -226,9 +234,11 @@ struct Agg {
     inline_share: f64,
     /// Median syscalls per request (NaN: not counted).
     syscalls: f64,
+    /// Median handoffs per second over a run's warm-up and measured seconds (NaN: stock).
+    handoffs_per_s: f64,
 }
 
-fn aggregate(s: &[Sample]) -> Agg {
+fn aggregate(s: &[Sample], secs: f64) -> Agg {
     let m = |f: fn(&Sample) -> f64| median(s.iter().map(f).collect());
     let offloads: u64 = s.iter().filter_map(|x| x.stats).map(|x| x.offloads).sum();
     let inline: u64 = s
@@ -255,6 +265,18 @@ fn aggregate(s: &[Sample]) -> Agg {
         },
         syscalls: {
             let v: Vec<f64> = s.iter().filter_map(|x| x.syscalls).collect();
+            if v.is_empty() {
+                f64::NAN
+            } else {
+                median(v)
+            }
+        },
+        handoffs_per_s: {
+            let v: Vec<f64> = s
+                .iter()
+                .filter_map(|x| x.stats)
+                .map(|x| x.handoffs as f64 / secs)
+                .collect();
             if v.is_empty() {
                 f64::NAN
             } else {
@@ -501,8 +523,8 @@ fn real_main(a: &Args) -> Result<(), String> {
         eprintln!(" req/s");
         rows.push(Row {
             p,
-            stock: aggregate(&st),
-            rt: (!a.stock_only).then(|| aggregate(&rt)),
+            stock: aggregate(&st, a.warmup + a.secs),
+            rt: (!a.stock_only).then(|| aggregate(&rt, a.warmup + a.secs)),
         });
     }
 
@@ -524,9 +546,11 @@ fn real_main(a: &Args) -> Result<(), String> {
     t.push_str(
         "| offload us | wait | lanes | stock req/s | stock p50 us | runtime req/s | speedup | \
          runtime p50 us | runtime p99 us | ceiling req/s | runtime/ceiling | inline % | \
-         runtime syscalls/req | wrong | errors |\n",
+         runtime syscalls/req | handoffs/s | wrong | errors |\n",
     );
-    t.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    t.push_str(
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
     for r in &rows {
         // What overlapping every wait could reach: min(conns, lanes) ops per latency.
         let ceiling = a.conns.min(r.p.lanes) as f64 / (r.p.lat as f64 * 1e-6);
@@ -536,11 +560,12 @@ fn real_main(a: &Args) -> Result<(), String> {
             p99: f64::NAN,
             inline_share: f64::NAN,
             syscalls: f64::NAN,
+            handoffs_per_s: f64::NAN,
             ..Agg::default()
         });
         let _ = writeln!(
             t,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.p.lat,
             r.p.wait,
             r.p.lanes,
@@ -566,6 +591,7 @@ fn real_main(a: &Args) -> Result<(), String> {
             } else {
                 format!("{:.2}", rt.syscalls)
             },
+            fmt_rate(rt.handoffs_per_s),
             r.stock.wrong + rt.wrong,
             r.stock.errors + rt.errors,
         );
@@ -577,7 +603,10 @@ fn real_main(a: &Args) -> Result<(), String> {
          waited for inline because they were shorter than a park + resume. runtime \
          syscalls/req (with --syscalls): syscalls entered by the server's own threads \
          (perf, raw_syscalls:sys_enter, per thread, the emulated device's thread \
-         excluded) over the measured window, per completed request.\n",
+         excluded) over the measured window, per completed request. handoffs/s: the \
+         runtime's blocked-carrier handoffs (TOFFLOAD_STATS) over a run's warm-up and \
+         measured seconds; conn_server never waits below libc, so any here is the \
+         monitor misjudging a wait.\n",
     );
 
     // Targets (issue 3), marked honestly.
@@ -681,6 +710,48 @@ fn real_main(a: &Args) -> Result<(), String> {
             median(kern.clone()),
             2.0 * median(kern)
         );
+    }
+    if a.handoff && !a.stock_only {
+        eprint!(
+            "  handoff (rawfutex_server --hold-lock, {} us, {} connections):",
+            handoff::LAT_US,
+            handoff::CONNS
+        );
+        let rows = handoff::measure(a)?;
+        let _ = writeln!(
+            t,
+            "\nBlocked-carrier handoff: rawfutex_server --hold-lock (a raw-futex lock, below \
+             libc, held across each {} us offload; {} connections, {:.1} s measured per run, \
+             median of {} runs, stock and runtime interleaved). Under the runtime each wait \
+             on that lock strands its carrier until the monitor hands the carrier's other \
+             fibers to a spare thread; the waits are not overlapped, the server only keeps \
+             serving:\n",
+            handoff::LAT_US,
+            handoff::CONNS,
+            a.secs,
+            a.runs
+        );
+        t.push_str(
+            "| server | req/s | p99 us | handoffs/s | wrong | errors |\n|---|---:|---:|---:|---:|---:|\n",
+        );
+        for r in &rows {
+            let _ = writeln!(
+                t,
+                "| {} | {} | {} | {} | {} | {} |",
+                r.what,
+                fmt_rate(r.rps),
+                fmt_rate(r.p99),
+                r.handoffs_per_s.map_or("-".into(), fmt_rate),
+                r.wrong,
+                r.errors
+            );
+            if r.wrong > 0 {
+                extra_fail.push("the hold-lock server gave wrong answers");
+            }
+            if r.handoffs_per_s.is_some() && (r.rps < 1.0 || r.handoffs_per_s == Some(0.0)) {
+                extra_fail.push("the hold-lock server under the runtime froze or never handed off");
+            }
+        }
     }
     if a.idle {
         eprintln!("  idle CPU ({:.0} s per measurement) ...", a.idle_secs);
