@@ -327,6 +327,37 @@ fn guard_leaves_gos_own_sigsegv_handling_working() {
     }
 }
 
+/// Why accelhttp runs each token's stretches under one mutex: the guard knows one
+/// running token per process (one thread runs tokens). With the handlers calling it
+/// from several threads at once (`-guard-unserialized`, an experiment), a thread's
+/// access is seen as no token's and its page is given up, or a begin on one thread
+/// overwrites another's running token: enforce loses updates (or, with another
+/// thread's sigsetjmp point taken, the process may die). Serialized it loses none
+/// (guard_enforce_keeps_every_increment).
+#[test]
+fn guard_unserialized_in_go_breaks_the_guarantee() {
+    let _g = serial();
+    let Some(exe) = accelhttp() else { return };
+    let mut c = Command::new(&exe);
+    c.args(["-port", "0", "-guard-unserialized"]);
+    let mut s = Server::spawn(&mut c, &guarded("enforce", 50), None, "accelhttp");
+    let port = s.port;
+    let run = std::panic::catch_unwind(|| {
+        reroute_guard::increments(port, "/incr", reroute_guard::Keys::One, 32, 4000, None)
+    });
+    if !s.alive() {
+        println!("unserialized: accelhttp died ({:?})", s.child.try_wait());
+        return;
+    }
+    let run = run.expect("the increments failed while the server lived");
+    let g = reroute_guard::guard_stats(port);
+    println!("unserialized: {run:?}, lost {}, {g:?}", run.lost());
+    assert!(
+        run.lost() > 0 && g.released > 0,
+        "unserialized enforce kept every increment: the mutex would not be needed"
+    );
+}
+
 #[test]
 fn guard_bad_mode_and_arguments_are_errors() {
     let _g = serial();

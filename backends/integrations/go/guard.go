@@ -25,6 +25,20 @@ package main
 
 static volatile uint64_t *counters;
 static pthread_mutex_t guard_mu = PTHREAD_MUTEX_INITIALIZER;
+// 0 only for the experiment that shows why guard_mu is needed (-guard-unserialized).
+static int serialize = 1;
+
+static void guard_unserialize(void) { serialize = 0; }
+
+static void guard_lock(void) {
+	if (serialize)
+		pthread_mutex_lock(&guard_mu);
+}
+
+static void guard_unlock(void) {
+	if (serialize)
+		pthread_mutex_unlock(&guard_mu);
+}
 
 static int counters_init(void) {
 	if (toffload_guard_mode() < 0)
@@ -42,10 +56,10 @@ static int counters_init(void) {
 // Begins token and reads slot's counter (all of them when sum), then parks it (an
 // increment) or ends it (a read). 0 with *out; 1 when enforce sent it back; -errno.
 static int counter_begin(uint64_t token, size_t slot, int sum, int park, uint64_t *out) {
-	pthread_mutex_lock(&guard_mu);
+	guard_lock();
 	sigjmp_buf env;
 	if (sigsetjmp(env, 0)) {
-		pthread_mutex_unlock(&guard_mu);
+		guard_unlock();
 		return 1;
 	}
 	int rc = toffload_guard_begin(token, &env);
@@ -59,19 +73,19 @@ static int counter_begin(uint64_t token, size_t slot, int sum, int park, uint64_
 		else
 			toffload_guard_end(token);
 	}
-	pthread_mutex_unlock(&guard_mu);
+	guard_unlock();
 	return rc;
 }
 
 // Resumes token, writes value back when write, ends it.
 static void counter_finish(uint64_t token, size_t slot, uint64_t value, int write) {
-	pthread_mutex_lock(&guard_mu);
+	guard_lock();
 	if (write) {
 		toffload_guard_resume(token);
 		counters[slot * SLOT_WORDS] = value;
 	}
 	toffload_guard_end(token);
-	pthread_mutex_unlock(&guard_mu);
+	guard_unlock();
 }
 
 static int guard_stats(struct toffload_guard_stats *s) { return toffload_guard_stats(s); }
@@ -210,7 +224,10 @@ func increment(r *http.Request, slot C.size_t) (uint64, error) {
 
 // GUARD END
 
-func guardRoutes(mux *http.ServeMux, asyncErr error) error {
+func guardRoutes(mux *http.ServeMux, asyncErr error, unserialized bool) error {
+	if unserialized {
+		C.guard_unserialize()
+	}
 	if rc := C.counters_init(); rc < 0 {
 		if rc == -C.EINVAL {
 			return errors.New("TOFFLOAD_GUARD must be off, detect or enforce")

@@ -213,10 +213,12 @@ func threads() int {
 func main() {
 	port := flag.Int("port", 8080, "port to listen on (0: any; the port is printed)")
 	host := flag.String("host", "127.0.0.1", "address to listen on")
+	unserialized := flag.Bool("guard-unserialized", false,
+		"an experiment: run the guard's calls from many threads at once (guard.go says why not)")
 	flag.Parse()
 	asyncErr := completions()
 	mux := http.NewServeMux()
-	if err := guardRoutes(mux, asyncErr); err != nil {
+	if err := guardRoutes(mux, asyncErr, *unserialized); err != nil {
 		fmt.Fprintf(os.Stderr, "accelhttp: %v\n", err)
 		os.Exit(2)
 	}
