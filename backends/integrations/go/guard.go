@@ -3,7 +3,7 @@
 // The guard's C API assumes one thread runs requests at a time (an event loop): it
 // knows one running token. Go's handlers run on several OS threads at once, so every
 // stretch that runs a token (begin, the read, park; resume, the write back, end) runs
-// in C under one mutex, guardMu; the offload between them runs unlocked, which is what
+// in C under one mutex, guard_mu; the offload between them runs unlocked, which is what
 // the guard protects. The read is in C as well: enforce sends a token back by jumping
 // to a sigsetjmp point, which must be a live C frame (a jump across Go frames would
 // corrupt the goroutine's stack). Go's own SIGSEGV handler stays in the chain: the
