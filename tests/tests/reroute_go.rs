@@ -340,7 +340,10 @@ fn guard_unserialized_in_go_breaks_the_guarantee() {
     let Some(exe) = accelhttp() else { return };
     let mut c = Command::new(&exe);
     c.args(["-port", "0", "-guard-unserialized"]);
-    let mut s = Server::spawn(&mut c, &guarded("enforce", 50), None, "accelhttp");
+    // Several Ps whatever the machine: handlers on several threads at once.
+    let mut env = guarded("enforce", 50);
+    env.push(("GOMAXPROCS", "8".to_string()));
+    let mut s = Server::spawn(&mut c, &env, None, "accelhttp");
     let port = s.port;
     let run = std::panic::catch_unwind(|| {
         reroute_guard::increments(port, "/incr", reroute_guard::Keys::One, 32, 4000, None)
