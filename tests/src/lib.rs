@@ -7,6 +7,7 @@ pub mod loadgen;
 pub mod openloop;
 pub mod preload;
 pub mod reroute;
+pub mod reroute_guard;
 pub mod tmux;
 /// The load generator (short name).
 pub use loadgen as load;

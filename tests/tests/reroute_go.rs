@@ -10,6 +10,12 @@
 //! under CI). `reroute_go_benchmark` measures the three forms with wrk at 50, 200
 //! and 1000 us; with TOFFLOAD_REROUTE_OUT=path (what `cargo xtask bench reroute`
 //! sets) it also writes its table beside that file, as reroute-go.md.
+//!
+//! The `guard_*` tests: `/incr` (read a counter the handlers share, offload through
+//! /async's path, write it back plus one) under the conflict guard's C API, hazard
+//! first, then detect and enforce (tests/src/reroute_guard.rs), and Go's own SIGSEGV
+//! handling beside the guard's handler; `guard_benchmark` writes the Go section of
+//! tests/results/guard.md.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,6 +25,7 @@ use toffload_tests::reroute::{
     check_answers, count_lines, cpus_apart, find, medians, model_error_line, predicted_reroute,
     prediction_cells, rounds, write_result, wrk, wrong_under_clients, Client, Server,
 };
+use toffload_tests::reroute_guard;
 
 /// A 2-core machine: one server test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -253,5 +260,155 @@ fn reroute_go_benchmark() {
         speedups_1000.1 > 2.0,
         "/async only {:.2}x /serial at 1000 us",
         speedups_1000.1
+    );
+}
+
+// ---- the conflict guard on the rerouted path: /incr ---------------------------------
+
+fn guarded(mode: &str, lat_us: u64) -> Vec<(&'static str, String)> {
+    vec![
+        ("TOFFLOAD_GUARD", mode.to_string()),
+        ("TOFFLOAD_EMU_LAT_US", lat_us.to_string()),
+    ]
+}
+
+#[test]
+fn guard_unguarded_incr_loses_updates() {
+    let _g = serial();
+    let Some(exe) = accelhttp() else { return };
+    let s = start(&exe, &guarded("off", 100), None);
+    reroute_guard::check_unguarded_loses_updates(s.port);
+}
+
+#[test]
+fn guard_detect_reports_conflicts() {
+    let _g = serial();
+    let Some(exe) = accelhttp() else { return };
+    let s = start(&exe, &guarded("detect", 100), None);
+    reroute_guard::check_detect_reports(s.port);
+}
+
+#[test]
+fn guard_enforce_keeps_every_increment() {
+    let _g = serial();
+    let Some(exe) = accelhttp() else { return };
+    let mut s = start(&exe, &guarded("enforce", 50), None);
+    reroute_guard::check_enforce_keeps_all(s.port, 20_000);
+    assert!(s.alive());
+}
+
+/// The guard's SIGSEGV handler replaces Go's (installed at the first registration)
+/// and passes on every fault outside its pages: a nil dereference in Go code must
+/// still become a recoverable panic, before and after the guard served faults.
+#[test]
+fn guard_leaves_gos_own_sigsegv_handling_working() {
+    let _g = serial();
+    let Some(exe) = accelhttp() else { return };
+    for mode in ["detect", "enforce"] {
+        let mut s = start(&exe, &guarded(mode, 50), None);
+        let mut c = reroute_guard::Conn::new(s.port);
+        let nil = |c: &mut reroute_guard::Conn| {
+            let (code, body) = c.get("/nilderef");
+            assert_eq!(code, 200, "{mode}: {body}");
+            assert!(
+                body.contains("recovered: runtime error: invalid memory address"),
+                "{mode}: {body}"
+            );
+        };
+        nil(&mut c);
+        let run =
+            reroute_guard::increments(s.port, "/incr", reroute_guard::Keys::One, 16, 2000, None);
+        nil(&mut c);
+        let g = reroute_guard::guard_stats(s.port);
+        println!("{mode}: {run:?}, {g:?}");
+        assert!(g.faults > 0, "{mode}: the guard saw no fault: {g:?}");
+        assert_eq!(g.released, 0, "{mode}: {g:?}");
+        assert!(s.alive(), "{mode}: accelhttp died");
+    }
+}
+
+/// Why accelhttp runs each token's stretches under one mutex: the guard knows one
+/// running token per process (one thread runs tokens). With the handlers calling it
+/// from several threads at once (`-guard-unserialized`, an experiment), a thread's
+/// access is seen as no token's and its page is given up, or a begin on one thread
+/// overwrites another's running token: enforce loses updates (or, with another
+/// thread's sigsetjmp point taken, the process may die). Serialized it loses none
+/// (guard_enforce_keeps_every_increment).
+#[test]
+fn guard_unserialized_in_go_breaks_the_guarantee() {
+    let _g = serial();
+    let Some(exe) = accelhttp() else { return };
+    let mut c = Command::new(&exe);
+    c.args(["-port", "0", "-guard-unserialized"]);
+    // Several Ps whatever the machine: handlers on several threads at once.
+    let mut env = guarded("enforce", 50);
+    env.push(("GOMAXPROCS", "8".to_string()));
+    let mut s = Server::spawn(&mut c, &env, None, "accelhttp");
+    let port = s.port;
+    let run = std::panic::catch_unwind(|| {
+        reroute_guard::increments(port, "/incr", reroute_guard::Keys::One, 32, 4000, None)
+    });
+    if !s.alive() {
+        println!("unserialized: accelhttp died ({:?})", s.child.try_wait());
+        return;
+    }
+    let run = run.expect("the increments failed while the server lived");
+    let g = reroute_guard::guard_stats(port);
+    println!("unserialized: {run:?}, lost {}, {g:?}", run.lost());
+    assert!(
+        run.lost() > 0 && g.released > 0,
+        "unserialized enforce kept every increment: the mutex would not be needed"
+    );
+}
+
+#[test]
+fn guard_bad_mode_and_arguments_are_errors() {
+    let _g = serial();
+    let Some(exe) = accelhttp() else { return };
+    let mut s = start(&exe, &guarded("enforce", 50), None);
+    let mut c = reroute_guard::Conn::new(s.port);
+    assert_eq!(c.get("/incr").0, 400, "/incr without k");
+    assert_eq!(c.number("/incr?k="), 1, "an empty key is a key");
+    assert_eq!(c.number("/sum"), 1);
+    assert!(s.alive());
+    drop(s);
+    // A malformed TOFFLOAD_GUARD: accelhttp refuses to start and says why.
+    let o = Command::new(&exe)
+        .args(["-port", "0"])
+        .env("TOFFLOAD_GUARD", "sometimes")
+        .output()
+        .expect("accelhttp");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("TOFFLOAD_GUARD must be off, detect or enforce"),
+        "{err}"
+    );
+}
+
+#[test]
+fn guard_clients_gone_leave_nothing_stuck() {
+    let _g = serial();
+    let Some(exe) = accelhttp() else { return };
+    let mut s = start(&exe, &guarded("enforce", 50_000), None);
+    reroute_guard::check_hang_ups_leave_nothing_stuck(s.port);
+    assert!(s.alive());
+}
+
+/// Enforce vs the coarse lock (and unguarded, detect) for tests/results/guard.md.
+#[test]
+fn guard_benchmark() {
+    let _g = serial();
+    let Some(exe) = accelhttp() else { return };
+    reroute_guard::benchmark(
+        "Go net/http: /incr through the guard's C API",
+        "accelhttp (Debian's golang-go, cgo), handlers on many OS threads: the stretches that run \
+         a token (begin, read, park; resume, write back, end) run in C under one mutex, the \
+         offload between them (/async's path) unlocked.",
+        &|env, cpu| {
+            let s = start(&exe, env, cpu);
+            let port = s.port;
+            (Box::new(s), port)
+        },
     );
 }

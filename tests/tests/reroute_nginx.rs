@@ -9,6 +9,11 @@
 //! with TOFFLOAD_REROUTE_OUT=path (what `cargo xtask bench reroute` sets) it also
 //! writes its table beside that file, as reroute-nginx.md. A missing nginx or
 //! nginx-dev skips with the reason (fails under CI).
+//!
+//! The `guard_*` tests: `toffload_accel incr` (read a counter of the worker's, offload,
+//! write it back plus one) under the conflict guard's C API, hazard first (unguarded
+//! loses updates), then detect and enforce (tests/src/reroute_guard.rs);
+//! `guard_benchmark` writes the nginx section of tests/results/guard.md.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -20,6 +25,7 @@ use toffload_tests::reroute::{
     check_answers, count_lines, cpus_apart, find, medians, model_error_line, pin,
     predicted_reroute, prediction_cells, rounds, write_result, wrk, wrong_under_clients, Client,
 };
+use toffload_tests::reroute_guard;
 
 /// A 2-core machine: one server test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -89,10 +95,13 @@ fn conf(module: &Path, dir: &Path, port: u16, env: &[(&str, String)], extra: &st
     format!(
         "load_module {module};\ndaemon off;\nmaster_process on;\nworker_processes 1;\n\
          error_log stderr;\npid {dir}/nginx.pid;\n{envs}events {{ worker_connections 2048; }}\n\
-         http {{\n access_log off;\n client_body_temp_path {dir}/body;\n\
+         http {{\n access_log off;\n keepalive_requests 1000000;\n client_body_temp_path {dir}/body;\n\
          server {{\n  listen 127.0.0.1:{port} backlog=1024;\n  root {dir};\n\
          location = /sync {{ toffload_accel sync; }}\n  location = /async {{ toffload_accel async; }}\n\
-         location = /stats {{ toffload_accel stats; }}\n{extra}\n }}\n}}\n",
+         location = /stats {{ toffload_accel stats; }}\n\
+         location = /incr {{ toffload_accel incr; }}\n  location = /incrlocked {{ toffload_accel incrlocked; }}\n\
+         location = /get {{ toffload_accel get; }}\n  location = /sum {{ toffload_accel sum; }}\n\
+         location = /guard {{ toffload_accel guard; }}\n{extra}\n }}\n}}\n",
         module = module.display(),
         dir = dir.display(),
     )
@@ -260,7 +269,7 @@ fn bad_input_and_backend_errors_are_http_errors() {
         !o.status.success(),
         "nginx accepted toffload_accel sideways"
     );
-    assert!(err.contains("is not sync, async or stats"), "{err}");
+    assert!(err.contains("is not sync, async, stats, incr"), "{err}");
 }
 
 #[test]
@@ -362,5 +371,115 @@ fn reroute_nginx_benchmark() {
     assert!(
         speedup_1000 > 2.0,
         "async only {speedup_1000:.2}x sync at 1000 us"
+    );
+}
+
+// ---- the conflict guard on the rerouted path: toffload_accel incr -------------------
+
+fn guarded(mode: &str, lat_us: u64) -> Vec<(&'static str, String)> {
+    vec![
+        ("TOFFLOAD_GUARD", mode.to_string()),
+        ("TOFFLOAD_EMU_LAT_US", lat_us.to_string()),
+    ]
+}
+
+#[test]
+fn guard_unguarded_incr_loses_updates() {
+    let _g = serial();
+    let Some((nginx, module)) = module() else {
+        return;
+    };
+    let s = Nginx::start(&nginx, &module, &guarded("off", 100), None);
+    reroute_guard::check_unguarded_loses_updates(s.port);
+}
+
+#[test]
+fn guard_detect_reports_conflicts() {
+    let _g = serial();
+    let Some((nginx, module)) = module() else {
+        return;
+    };
+    let s = Nginx::start(&nginx, &module, &guarded("detect", 100), None);
+    reroute_guard::check_detect_reports(s.port);
+}
+
+#[test]
+fn guard_enforce_keeps_every_increment() {
+    let _g = serial();
+    let Some((nginx, module)) = module() else {
+        return;
+    };
+    let mut s = Nginx::start(&nginx, &module, &guarded("enforce", 50), None);
+    reroute_guard::check_enforce_keeps_all(s.port, 20_000);
+    assert!(s.alive());
+}
+
+#[test]
+fn guard_bad_mode_and_arguments_are_errors() {
+    let _g = serial();
+    let Some((nginx, module)) = module() else {
+        return;
+    };
+    let mut s = Nginx::start(&nginx, &module, &guarded("enforce", 50), None);
+    let mut c = reroute_guard::Conn::new(s.port);
+    assert_eq!(c.get("/incr").0, 400, "/incr without k");
+    let mut c = reroute_guard::Conn::new(s.port);
+    assert_eq!(c.number("/incr?k="), 1, "an empty key is a key");
+    assert_eq!(c.number("/sum"), 1);
+    assert!(s.alive());
+    drop(s);
+    // A malformed TOFFLOAD_GUARD: nginx refuses the configuration and says why.
+    let dir = tmpdir("badguard");
+    let path = dir.0.join("nginx.conf");
+    let env = guarded("sometimes", 50);
+    std::fs::write(&path, conf(&module, &dir.0, 1, &env, "")).expect("nginx.conf");
+    let o = Command::new(&nginx)
+        .arg("-t")
+        .arg("-p")
+        .arg(&dir.0)
+        .arg("-c")
+        .arg(&path)
+        .env("TOFFLOAD_GUARD", "sometimes")
+        .output()
+        .expect("nginx -t");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success(),
+        "nginx accepted TOFFLOAD_GUARD=sometimes"
+    );
+    assert!(
+        err.contains("TOFFLOAD_GUARD must be off, detect or enforce"),
+        "{err}"
+    );
+}
+
+#[test]
+fn guard_clients_gone_leave_nothing_stuck() {
+    let _g = serial();
+    let Some((nginx, module)) = module() else {
+        return;
+    };
+    let mut s = Nginx::start(&nginx, &module, &guarded("enforce", 50_000), None);
+    reroute_guard::check_hang_ups_leave_nothing_stuck(s.port);
+    assert!(s.alive());
+}
+
+/// Enforce vs the coarse lock (and unguarded, detect) for tests/results/guard.md.
+#[test]
+fn guard_benchmark() {
+    let _g = serial();
+    let Some((nginx, module)) = module() else {
+        return;
+    };
+    reroute_guard::benchmark(
+        "nginx module: toffload_accel incr through the guard's C API",
+        "ngx_http_toffload_module.so in Debian's stock nginx, one worker: the counters are the \
+         worker's own memory (with several workers each would have its own; the guard's page \
+         protections are per process).",
+        &|env, cpu| {
+            let s = Nginx::start(&nginx, &module, env, cpu);
+            let port = s.port;
+            (Box::new(s), port)
+        },
     );
 }

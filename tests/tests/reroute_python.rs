@@ -7,6 +7,12 @@
 //! `reroute_python_benchmark` measures both forms with wrk at 50, 200 and 1000 us;
 //! with TOFFLOAD_REROUTE_OUT=path (what `cargo xtask bench reroute` sets) it also
 //! writes its table beside that file, as reroute-python.md.
+//!
+//! The `guard_*` tests: `/incr` (read a counter, offload, write it back plus one)
+//! under the conflict guard's C API (its sigsetjmp point in toffload_guard_helper.c,
+//! built here with cc), hazard first, then detect and enforce
+//! (tests/src/reroute_guard.rs); `guard_benchmark` writes the Python section of
+//! tests/results/guard.md.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,6 +22,7 @@ use toffload_tests::reroute::{
     check_answers, count_lines, cpus_apart, find, medians, model_error_line, predicted_reroute,
     prediction_cells, rounds, write_result, wrk, wrong_under_clients, Client, Server,
 };
+use toffload_tests::reroute_guard;
 
 /// A 2-core machine: one server test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -48,6 +55,43 @@ fn start(python: &Path, env: &[(&str, String)], cpu: Option<usize>) -> Server {
     );
     let mut c = Command::new(python);
     c.arg(script()).args(["--port", "0", "--lib"]).arg(&lib);
+    Server::spawn(&mut c, env, cpu, "the asyncio server")
+}
+
+/// toffload_guard_helper.so, built once with cc against the dist.
+fn guard_helper() -> PathBuf {
+    static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = built.as_ref() {
+        return p.clone();
+    }
+    let dist = harness::dist();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-guard");
+    std::fs::create_dir_all(&dir).expect("build folder");
+    let out = dir.join("toffload_guard_helper.so");
+    let o = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-Wall", "-Werror"])
+        .arg(format!("-I{}", dist.join("include").display()))
+        .arg(script().with_file_name("toffload_guard_helper.c"))
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .expect("running cc");
+    assert!(
+        o.status.success(),
+        "building toffload_guard_helper.so failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    *built = Some(out.clone());
+    out
+}
+
+/// The asyncio server with the guard's counters (/incr and the rest).
+fn start_guarded(python: &Path, env: &[(&str, String)], cpu: Option<usize>) -> Server {
+    let lib = harness::dist().join("lib/libtoffload_accel.so");
+    let mut c = Command::new(python);
+    c.arg(script()).args(["--port", "0", "--lib"]).arg(&lib);
+    c.arg("--guard-helper").arg(guard_helper());
     Server::spawn(&mut c, env, cpu, "the asyncio server")
 }
 
@@ -206,5 +250,98 @@ fn reroute_python_benchmark() {
     assert!(
         speedup_1000 > 2.0,
         "/async only {speedup_1000:.2}x /sync at 1000 us"
+    );
+}
+
+// ---- the conflict guard on the rerouted path: /incr ---------------------------------
+
+fn guarded(mode: &str, lat_us: u64) -> Vec<(&'static str, String)> {
+    vec![
+        ("TOFFLOAD_GUARD", mode.to_string()),
+        ("TOFFLOAD_EMU_LAT_US", lat_us.to_string()),
+    ]
+}
+
+#[test]
+fn guard_unguarded_incr_loses_updates() {
+    let _g = serial();
+    let Some(py) = python() else { return };
+    let s = start_guarded(&py, &guarded("off", 100), None);
+    reroute_guard::check_unguarded_loses_updates(s.port);
+}
+
+#[test]
+fn guard_detect_reports_conflicts() {
+    let _g = serial();
+    let Some(py) = python() else { return };
+    let s = start_guarded(&py, &guarded("detect", 100), None);
+    reroute_guard::check_detect_reports(s.port);
+}
+
+#[test]
+fn guard_enforce_keeps_every_increment() {
+    let _g = serial();
+    let Some(py) = python() else { return };
+    let mut s = start_guarded(&py, &guarded("enforce", 50), None);
+    reroute_guard::check_enforce_keeps_all(s.port, 20_000);
+    assert!(s.alive());
+}
+
+#[test]
+fn guard_bad_mode_and_arguments_are_errors() {
+    let _g = serial();
+    let Some(py) = python() else { return };
+    let mut s = start_guarded(&py, &guarded("enforce", 50), None);
+    let mut c = reroute_guard::Conn::new(s.port);
+    assert_eq!(c.get("/incr").0, 400, "/incr without k");
+    assert_eq!(c.number("/incr?k="), 1, "an empty key is a key");
+    assert_eq!(c.number("/sum"), 1);
+    assert!(s.alive());
+    drop(s);
+    // Without the helper the counters are not offered.
+    let plain = start(&py, &guarded("enforce", 50), None);
+    assert_eq!(reroute_guard::Conn::new(plain.port).get("/incr?k=a").0, 501);
+    drop(plain);
+    // A malformed TOFFLOAD_GUARD: the server refuses to start and says why.
+    let o = Command::new(&py)
+        .arg(script())
+        .args(["--port", "0", "--lib"])
+        .arg(harness::dist().join("lib/libtoffload_accel.so"))
+        .arg("--guard-helper")
+        .arg(guard_helper())
+        .env("TOFFLOAD_GUARD", "sometimes")
+        .output()
+        .expect("python3");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("TOFFLOAD_GUARD must be off, detect or enforce"),
+        "{err}"
+    );
+}
+
+#[test]
+fn guard_clients_gone_leave_nothing_stuck() {
+    let _g = serial();
+    let Some(py) = python() else { return };
+    let mut s = start_guarded(&py, &guarded("enforce", 50_000), None);
+    reroute_guard::check_hang_ups_leave_nothing_stuck(s.port);
+    assert!(s.alive());
+}
+
+/// Enforce vs the coarse lock (and unguarded, detect) for tests/results/guard.md.
+#[test]
+fn guard_benchmark() {
+    let _g = serial();
+    let Some(py) = python() else { return };
+    reroute_guard::benchmark(
+        "Python asyncio: /incr through the guard's C API",
+        "toffload_asyncio.py in Debian's stock python3 (one event loop thread), the guard's \
+         calls through ctypes, the read in toffload_guard_helper.c (the sigsetjmp point).",
+        &|env, cpu| {
+            let s = start_guarded(&py, env, cpu);
+            let port = s.port;
+            (Box::new(s), port)
+        },
     );
 }

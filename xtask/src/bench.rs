@@ -17,7 +17,8 @@ pub enum Which {
         args: Vec<String>,
     },
     /// The conflict guard: enforce vs a coarse lock, detect's overhead, fault costs;
-    /// then the Redis module's ACCEL.INCR through the guard's C API (the same file).
+    /// then the Redis module's ACCEL.INCR and the nginx, Python and Go integrations'
+    /// /incr through the guard's C API (the same file).
     Guard {
         /// Extra arguments for toffload-guard-bench (see its --help).
         #[arg(last = true)]
@@ -125,6 +126,23 @@ pub fn run(which: Which) -> Result {
                         .env("TOFFLOAD_GUARD_REDIS_OUT", &out)
                         .env("TOFFLOAD_GUARD_REDIS_ROUNDS", "3"),
                 )
+            })
+            // Then the HTTP integrations' sections (nginx, Python, Go), each replacing
+            // its own heading's section.
+            .and_then(|()| {
+                ["reroute_nginx", "reroute_python", "reroute_go"]
+                    .iter()
+                    .try_for_each(|suite| {
+                        proc::run(
+                            proc::cargo()
+                                .args(["test", "--release", "-p", "toffload-tests"])
+                                .args(["--test", suite, "--"])
+                                .args(["--exact", "guard_benchmark", "--nocapture"])
+                                .env("TOFFLOAD_DIST", dist.bin.parent().expect("dist"))
+                                .env("TOFFLOAD_GUARD_OUT", &out)
+                                .env("TOFFLOAD_GUARD_ROUNDS", "3"),
+                        )
+                    })
             });
             charted(Bench::Guard, run)
         }

@@ -13,6 +13,17 @@
 //	                     wakes the finished ones (no thread per offload)
 //	GET /stats           async in flight now, most at once, finished; OS threads
 //
+// and a read-modify-write across the rerouted offload, for the conflict guard
+// (TOFFLOAD_GUARD, toffload_accel.h), on counters the handlers share (see guard.go):
+//
+//	GET /incr?k=KEY        reads KEY's counter, offloads it (/async's path), writes it
+//	                       back plus one; answers the new value
+//	GET /incrlocked?k=KEY  the same holding one coarse lock across the offload
+//	GET /get?k=KEY, /sum   a counter, all of them added up
+//	GET /guard             mode mechanism pages faults conflicts deferred released
+//	GET /nilderef          a nil dereference, recovered: Go's own SIGSEGV handling
+//	                       still works beside the guard's handler
+//
 // The answer is the device's transformation of a fixed payload of BYTES bytes
 // (byte i = i*7 mod 256). Errors are HTTP errors, never a crash. The device is
 // configured by the TOFFLOAD_* variables of the environment (docs/configuration.md).
@@ -202,9 +213,15 @@ func threads() int {
 func main() {
 	port := flag.Int("port", 8080, "port to listen on (0: any; the port is printed)")
 	host := flag.String("host", "127.0.0.1", "address to listen on")
+	unserialized := flag.Bool("guard-unserialized", false,
+		"an experiment: run the guard's calls from many threads at once (guard.go says why not)")
 	flag.Parse()
 	asyncErr := completions()
 	mux := http.NewServeMux()
+	if err := guardRoutes(mux, asyncErr, *unserialized); err != nil {
+		fmt.Fprintf(os.Stderr, "accelhttp: %v\n", err)
+		os.Exit(2)
+	}
 	mux.HandleFunc("/serial", handler(runSerial))
 	mux.HandleFunc("/sync", handler(runBlocking))
 	mux.HandleFunc("/async", handler(func(b []byte) ([]byte, error) {

@@ -12,6 +12,16 @@
  *                                              the requests whose operation is done
  *   location /stats { toffload_accel stats; }  "in-flight-now most-at-once finished"
  *
+ * and a read-modify-write across the rerouted offload, for the conflict guard
+ * (TOFFLOAD_GUARD; see the INCR section below), on this worker's counters:
+ *
+ *   toffload_accel incr;        GET ?k=KEY: reads KEY's counter, offloads, writes it
+ *                               back plus one; answers the new value
+ *   toffload_accel incrlocked;  the same under one coarse lock held across the offload
+ *   toffload_accel get;         GET ?k=KEY: the counter
+ *   toffload_accel sum;         every counter added up
+ *   toffload_accel guard;       "mode mechanism pages faults conflicts deferred released"
+ *
  * A request `GET /LOCATION?n=BYTES` is answered with the device's transformation of a
  * fixed payload of BYTES bytes (byte i = i*7 mod 256). Errors are HTTP errors (400 bad
  * n, 405 not GET, 500 a device error), never a crash of the worker. The device is set
@@ -23,6 +33,9 @@
 #include <ngx_core.h>
 #include <ngx_http.h>
 
+#include <setjmp.h>
+#include <sys/mman.h>
+
 #include "toffload_accel.h"
 
 #define TOFFLOAD_MAX_BYTES (1 << 20)
@@ -32,6 +45,11 @@ typedef enum {
     FORM_SYNC,
     FORM_ASYNC,
     FORM_STATS,
+    FORM_INCR,
+    FORM_INCRLOCKED,
+    FORM_GET,
+    FORM_SUM,
+    FORM_GUARD,
 } toffload_form_t;
 
 typedef struct {
@@ -42,6 +60,9 @@ static char *toffload_accel(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
 static void *toffload_create_loc_conf(ngx_conf_t *cf);
 static char *toffload_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child);
 static ngx_int_t toffload_init_process(ngx_cycle_t *cycle);
+static ngx_int_t handle_incr(ngx_http_request_t *r, ngx_uint_t form);
+static ngx_int_t handle_guard(ngx_http_request_t *r);
+static void incr_poll(void);
 static void toffload_exit_process(ngx_cycle_t *cycle);
 
 static ngx_command_t toffload_commands[] = {
@@ -167,6 +188,7 @@ static void on_completion(ngx_event_t *ev) {
         ngx_http_finalize_request(r, rc);
         ngx_http_run_posted_requests(c);
     }
+    incr_poll();
 }
 
 /* The completion fd joins this worker's event loop, once. */
@@ -232,6 +254,10 @@ static ngx_int_t toffload_handler(ngx_http_request_t *r) {
         return rc;
     if (lc->form == FORM_STATS)
         return handle_stats(r);
+    if (lc->form == FORM_GUARD)
+        return handle_guard(r);
+    if (lc->form >= FORM_INCR)
+        return handle_incr(r, lc->form);
     ngx_int_t n = request_size(r);
     if (n < 0)
         return NGX_HTTP_BAD_REQUEST;
@@ -239,6 +265,261 @@ static ngx_int_t toffload_handler(ngx_http_request_t *r) {
     if (b == NULL)
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     return lc->form == FORM_SYNC ? handle_sync(r, b) : handle_async(r, b);
+}
+
+/* ---- INCR: a read-modify-write across the offload, under the guard ----------------
+ *
+ * `incr` reads a counter, offloads its 8 bytes (rerouted: the request suspended, the
+ * worker serving others meanwhile) and writes it back plus one. Overlapped, two
+ * increments of one counter can both read the same value: one update is lost. The
+ * guard (TOFFLOAD_GUARD, toffload_accel.h) watches the counters: detect counts those
+ * conflicts, enforce sends back an increment that touches a counter page whose owner
+ * is parked at its offload; it waits in `deferred` until an owner's response is out.
+ * `incrlocked` holds one coarse lock across the offload instead (the fix without a
+ * guard).
+ *
+ * The counters are this worker's own page-aligned memory (mmap'ed in the worker,
+ * registered with the guard): with several workers each has its own, since the
+ * guard's page protections are per process. One counter per slot, a slot per key
+ * hash (keys sharing a slot share a counter), 64 bytes apart: 64 slots to a page. */
+#define INCR_SLOTS 1024
+#define SLOT_WORDS 8
+#define SLOTS_PER_PAGE (4096 / (SLOT_WORDS * sizeof(uint64_t)))
+#define COUNTERS_BYTES ((size_t)INCR_SLOTS * SLOT_WORDS * sizeof(uint64_t))
+
+typedef enum { INCR_NEW, INCR_DEFERRED, INCR_INFLIGHT, INCR_ENDED } incr_state_t;
+
+typedef struct {
+    ngx_queue_t link; /* in incr_inflight or incr_deferred */
+    ngx_http_request_t *r;
+    uint64_t token;
+    size_t slot;
+    uint64_t old;
+    ngx_uint_t form;
+    incr_state_t state;
+    unsigned counted : 1; /* r->main->count taken: finished by incr_settle */
+    long id;
+    unsigned char val[sizeof(uint64_t)];
+} incr_t;
+
+static volatile uint64_t *counters;
+static uint64_t next_token;
+static ngx_queue_t incr_inflight, incr_deferred;
+static incr_t *lock_holder;
+
+static ngx_int_t incr_start(incr_t *in);
+
+static ngx_int_t respond_number(ngx_http_request_t *r, uint64_t v) {
+    ngx_buf_t *b = ngx_create_temp_buf(r->pool, NGX_INT64_LEN + 2);
+    if (b == NULL)
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    b->last = ngx_sprintf(b->pos, "%uL\n", v);
+    return respond(r, b, (ngx_str_t)ngx_string("text/plain"));
+}
+
+/* A request that waited: its response goes out now, from the event loop. */
+static void incr_settle(incr_t *in, ngx_int_t rc) {
+    if (rc == NGX_DONE || !in->counted)
+        return;
+    ngx_connection_t *c = in->r->connection;
+    ngx_http_finalize_request(in->r, rc);
+    ngx_http_run_posted_requests(c);
+}
+
+static void incr_defer(incr_t *in) {
+    in->state = INCR_DEFERRED;
+    ngx_queue_insert_tail(&incr_deferred, &in->link);
+}
+
+static int wants_page(const incr_t *in, size_t page) {
+    return in->form == FORM_SUM || (in->form != FORM_INCRLOCKED && in->slot / SLOTS_PER_PAGE == page);
+}
+
+static int wants_lock(const incr_t *in, size_t page) {
+    (void)page;
+    return in->form == FORM_INCRLOCKED && lock_holder == NULL;
+}
+
+/* Starts the first deferred request that wants what was freed (FIFO): the others
+ * would only be sent back again. */
+static void retry_first(int (*wants)(const incr_t *, size_t), size_t page) {
+    for (ngx_queue_t *q = ngx_queue_head(&incr_deferred); q != ngx_queue_sentinel(&incr_deferred);
+         q = ngx_queue_next(q)) {
+        incr_t *in = ngx_queue_data(q, incr_t, link);
+        if (!wants(in, page))
+            continue;
+        ngx_queue_remove(&in->link);
+        in->state = INCR_NEW;
+        incr_settle(in, incr_start(in));
+        return;
+    }
+}
+
+/* Its response is going out (or its client is gone): free its pages and the lock,
+ * retry who waited for them. */
+static void incr_end(incr_t *in) {
+    in->state = INCR_ENDED;
+    toffload_guard_end(in->token);
+    if (lock_holder == in)
+        lock_holder = NULL;
+    retry_first(wants_page, in->slot / SLOTS_PER_PAGE);
+    retry_first(wants_lock, 0);
+}
+
+/* NGX_DONE when it waits (deferred or offloading), else the response's rc. */
+static ngx_int_t incr_start(incr_t *in) {
+    if (in->form == FORM_INCRLOCKED) {
+        if (lock_holder != NULL) {
+            incr_defer(in);
+            return NGX_DONE;
+        }
+        lock_holder = in;
+    }
+    sigjmp_buf env;
+    if (sigsetjmp(env, 0)) {
+        /* enforce: a parked increment owns the counter's page */
+        if (lock_holder == in)
+            lock_holder = NULL;
+        incr_defer(in);
+        return NGX_DONE;
+    }
+    int rc = toffload_guard_begin(in->token, &env);
+    if (rc < 0) {
+        incr_end(in);
+        return device_error(in->r, "toffload_guard_begin", rc);
+    }
+    if (in->form == FORM_SUM) {
+        in->old = 0;
+        for (size_t i = 0; i < INCR_SLOTS; i++)
+            in->old += counters[i * SLOT_WORDS];
+    } else {
+        in->old = counters[in->slot * SLOT_WORDS]; /* the read */
+    }
+    if (in->form == FORM_GET || in->form == FORM_SUM) {
+        incr_end(in);
+        return respond_number(in->r, in->old);
+    }
+    ngx_memcpy(in->val, (const void *)&in->old, sizeof in->val);
+    long id = accel_submit(in->val, sizeof in->val);
+    if (id < 0) {
+        incr_end(in);
+        return device_error(in->r, "accel_submit", id);
+    }
+    toffload_guard_park(in->token);
+    in->id = id;
+    in->state = INCR_INFLIGHT;
+    ngx_queue_insert_tail(&incr_inflight, &in->link);
+    return NGX_DONE;
+}
+
+/* From on_completion: finish the increments whose offload is done. */
+static void incr_poll(void) {
+    if (counters == NULL)
+        return;
+    ngx_queue_t *q = ngx_queue_head(&incr_inflight);
+    while (q != ngx_queue_sentinel(&incr_inflight)) {
+        incr_t *in = ngx_queue_data(q, incr_t, link);
+        q = ngx_queue_next(q);
+        int st = accel_done(in->id);
+        if (st == 0)
+            continue;
+        accel_release(in->id);
+        ngx_queue_remove(&in->link);
+        ngx_int_t rc;
+        if (st == 1) {
+            toffload_guard_resume(in->token);
+            counters[in->slot * SLOT_WORDS] = in->old + 1; /* the write back */
+            rc = respond_number(in->r, in->old + 1);
+        } else {
+            rc = device_error(in->r, "accel_done", st);
+        }
+        incr_end(in);
+        /* The end may have started others, which can change the list: restart. */
+        q = ngx_queue_head(&incr_inflight);
+        incr_settle(in, rc);
+    }
+}
+
+/* The request's pool is going away: a request still waiting leaves no trace. */
+static void incr_cleanup(void *data) {
+    incr_t *in = data;
+    switch (in->state) {
+    case INCR_DEFERRED:
+        ngx_queue_remove(&in->link);
+        break;
+    case INCR_INFLIGHT:
+        accel_release(in->id); /* the device lets go of val; no write back */
+        ngx_queue_remove(&in->link);
+        incr_end(in);
+        break;
+    default:
+        break;
+    }
+    in->state = INCR_ENDED;
+}
+
+static ngx_int_t handle_incr(ngx_http_request_t *r, ngx_uint_t form) {
+    if (counters == NULL)
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    if (attach(r->connection->log) != NGX_OK)
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    ngx_str_t k = ngx_null_string;
+    if (form != FORM_SUM && ngx_http_arg(r, (u_char *)"k", 1, &k) != NGX_OK)
+        return NGX_HTTP_BAD_REQUEST;
+    incr_t *in = ngx_pcalloc(r->pool, sizeof *in);
+    ngx_pool_cleanup_t *cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (in == NULL || cln == NULL)
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a, as the Redis module */
+    for (size_t i = 0; i < k.len; i++)
+        h = (h ^ k.data[i]) * 1099511628211ull;
+    *in = (incr_t){.r = r, .token = ++next_token, .slot = (size_t)(h % INCR_SLOTS), .form = form, .id = -1};
+    cln->handler = incr_cleanup;
+    cln->data = in;
+    ngx_int_t rc = incr_start(in);
+    if (rc == NGX_DONE) {
+        r->main->count++; /* finished by incr_settle */
+        in->counted = 1;
+    }
+    return rc;
+}
+
+static ngx_int_t handle_guard(ngx_http_request_t *r) {
+    struct toffload_guard_stats s;
+    int rc = toffload_guard_stats(&s);
+    if (rc < 0)
+        return device_error(r, "toffload_guard_stats", rc);
+    static const char *const modes[] = {"off", "detect", "enforce"};
+    const char *mech = s.mode == 0 ? "off" : s.mode == 1 && s.uffd_async ? "uffd-async" : "mprotect";
+    ngx_buf_t *b = ngx_create_temp_buf(r->pool, 200);
+    if (b == NULL)
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    b->last = ngx_sprintf(b->pos, "%s %s %uL %uL %uL %uL %uL\n", s.mode >= 0 && s.mode <= 2 ? modes[s.mode] : "invalid",
+                          mech, (uint64_t)s.pages, (uint64_t)s.faults, (uint64_t)s.conflicts, (uint64_t)s.deferred,
+                          (uint64_t)s.released);
+    return respond(r, b, (ngx_str_t)ngx_string("text/plain"));
+}
+
+static ngx_uint_t incr_configured; /* an incr-family location exists */
+
+/* In the worker: the counters, registered with the guard. */
+static ngx_int_t incr_init(ngx_log_t *log) {
+    ngx_queue_init(&incr_inflight);
+    ngx_queue_init(&incr_deferred);
+    lock_holder = NULL;
+    if (!incr_configured || counters != NULL)
+        return NGX_OK;
+    void *p = mmap(NULL, COUNTERS_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NGX_ERROR;
+    int rc = toffload_guard_register(p, COUNTERS_BYTES);
+    if (rc < 0) {
+        ngx_log_error(NGX_LOG_EMERG, log, (ngx_err_t)-rc, "toffload: toffload_guard_register failed");
+        munmap(p, COUNTERS_BYTES);
+        return NGX_ERROR;
+    }
+    counters = p;
+    return NGX_OK;
 }
 
 /* ---- configuration and process hooks ----------------------------------------------- */
@@ -253,18 +534,31 @@ static char *toffload_accel(ngx_conf_t *cf, ngx_command_t *cmd, void *conf) {
         {ngx_string("sync"), FORM_SYNC},
         {ngx_string("async"), FORM_ASYNC},
         {ngx_string("stats"), FORM_STATS},
+        {ngx_string("incr"), FORM_INCR},
+        {ngx_string("incrlocked"), FORM_INCRLOCKED},
+        {ngx_string("get"), FORM_GET},
+        {ngx_string("sum"), FORM_SUM},
+        {ngx_string("guard"), FORM_GUARD},
     };
     if (lc->form != FORM_UNSET)
         return "is duplicate";
     for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
         if (v[1].len == forms[i].name.len && ngx_strncmp(v[1].data, forms[i].name.data, v[1].len) == 0) {
             lc->form = forms[i].form;
+            if (lc->form >= FORM_INCR) {
+                /* Checked here, in the master, so that nginx refuses to start. */
+                if (toffload_guard_mode() < 0) {
+                    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "toffload: TOFFLOAD_GUARD must be off, detect or enforce");
+                    return NGX_CONF_ERROR;
+                }
+                incr_configured = 1;
+            }
             ngx_http_core_loc_conf_t *clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
             clcf->handler = toffload_handler;
             return NGX_CONF_OK;
         }
     }
-    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "toffload_accel: \"%V\" is not sync, async or stats", &v[1]);
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "toffload_accel: \"%V\" is not sync, async, stats, incr, incrlocked, get, sum or guard", &v[1]);
     return NGX_CONF_ERROR;
 }
 
@@ -281,11 +575,10 @@ static char *toffload_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child) 
 }
 
 static ngx_int_t toffload_init_process(ngx_cycle_t *cycle) {
-    (void)cycle;
     ngx_queue_init(&pending);
     completion = NULL;
     n_inflight = most_inflight = n_finished = 0;
-    return NGX_OK;
+    return incr_init(cycle->log);
 }
 
 static void toffload_exit_process(ngx_cycle_t *cycle) {

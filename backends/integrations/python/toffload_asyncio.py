@@ -14,6 +14,13 @@ Run as a program, it is a small HTTP/1.1 server (keep-alive) offering both:
 payload of BYTES bytes, byte i = i*7 mod 256) and `GET /stats` (in flight now, most
 in flight at once, finished). Errors are HTTP errors, never a crash of the server.
 
+With `--guard-helper PATH` (toffload_guard_helper.c built, see that file) it also
+offers a read-modify-write across the rerouted offload, for the conflict guard
+(TOFFLOAD_GUARD, toffload_accel.h), on counters of its own: `GET /incr?k=KEY` reads
+KEY's counter, offloads it, writes it back plus one; `/incrlocked?k=KEY` does the same
+holding one coarse lock across the offload; `/get?k=KEY`, `/sum` and `/guard` ("mode
+mechanism pages faults conflicts deferred released"). See `Counters`.
+
     python3 toffload_asyncio.py --port 8080 --lib target/toffload/lib/libtoffload_accel.so
 
 The device is configured by the TOFFLOAD_* variables of the environment, as
@@ -23,7 +30,9 @@ everywhere else (docs/configuration.md).
 import argparse
 import asyncio
 import ctypes
+import collections
 import errno
+import mmap
 import os
 import sys
 
@@ -122,6 +131,145 @@ class Accel:
     # REROUTE END
 
 
+class Counters:
+    """Counters read, offloaded and written back across the reroute, under the guard.
+
+    Overlapped, two increments of one counter can both read the same value: one
+    update is lost. The guard watches the counters' pages: detect counts those
+    conflicts; enforce sends back an increment that touches a page whose owner is
+    parked at its offload (the helper's begin-and-read returns 1), and the coroutine
+    waits until an owner ends, then tries again. 1024 counters, a key's by its
+    FNV-1a hash, 64 bytes apart: 64 to a page (as the Redis module).
+    """
+
+    SLOTS, WORDS, PER_PAGE = 1024, 8, 64
+
+    def __init__(self, accel, helper_path):
+        lib = accel.lib
+        u64 = ctypes.c_uint64
+        for name, args in (
+            ("toffload_guard_mode", []),
+            ("toffload_guard_register", [ctypes.c_void_p, ctypes.c_size_t]),
+            ("toffload_guard_park", [u64]),
+            ("toffload_guard_resume", [u64]),
+            ("toffload_guard_end", [u64]),
+        ):
+            getattr(lib, name).argtypes = args
+            getattr(lib, name).restype = ctypes.c_int
+        self.mode = lib.toffload_guard_mode()
+        if self.mode < 0:
+            raise ValueError("TOFFLOAD_GUARD must be off, detect or enforce")
+        # The helper's guard calls must reach this very copy of the library: make
+        # its symbols global before loading the helper (which is not linked to one).
+        ctypes.CDLL(lib._name, mode=ctypes.RTLD_GLOBAL)
+        helper = ctypes.CDLL(helper_path)
+        helper.toffload_py_begin_read.argtypes = [
+            u64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(u64)
+        ]
+        helper.toffload_py_begin_read.restype = ctypes.c_int
+        size = self.SLOTS * self.WORDS * 8
+        # Our own pages: Python never touches them but through the helper and ctypes.
+        self.mem = mmap.mmap(-1, size)
+        self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.mem))
+        r = lib.toffload_guard_register(self.base, size)
+        if r < 0:
+            raise OSError(-r, "toffload_guard_register: " + os.strerror(-r))
+        self.lib, self.helper, self.accel = lib, helper, accel
+        self.token = 0
+        self.locked = False
+        self.waiting = collections.deque()  # (wants, future) of requests sent back
+
+    def slot(self, key):
+        h = 1469598103934665603
+        for b in key:
+            h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+        return h % self.SLOTS
+
+    def addr(self, slot):
+        return self.base + slot * self.WORDS * 8
+
+    def wake(self, wants):
+        """Wakes the first waiting request that wants what was freed (FIFO)."""
+        for i, (w, fut) in enumerate(self.waiting):
+            if wants(w) and not fut.done():
+                del self.waiting[i]
+                fut.set_result(None)
+                return
+
+    def ended(self, token, slot):
+        self.lib.toffload_guard_end(token)
+        page = slot // self.PER_PAGE
+        self.wake(lambda w: w[0] == "sum" or w[1] // self.PER_PAGE == page)
+
+    async def wait(self, kind, slot):
+        fut = asyncio.get_running_loop().create_future()
+        entry = ((kind, slot), fut)
+        self.waiting.append(entry)
+        try:
+            await fut
+        finally:
+            if not fut.done():  # cancelled while waiting: leave no trace
+                self.waiting.remove(entry)
+
+    # GUARD BEGIN
+    async def op(self, kind, slot):
+        """kind: incr, incrlocked, get or sum; the counter's new value (or the read)."""
+        self.token += 1
+        token = self.token
+        out = ctypes.c_uint64()
+        while True:
+            if kind == "incrlocked" and self.locked:
+                await self.wait(kind, slot)
+                continue
+            n, at = (self.SLOTS, self.base) if kind == "sum" else (1, self.addr(slot))
+            r = self.helper.toffload_py_begin_read(token, at, n, self.WORDS, ctypes.byref(out))
+            if r == 1:  # enforce: a parked request owns the page
+                await self.wait(kind, slot)
+                continue
+            if r < 0:
+                raise OSError(-r, "toffload_guard_begin: " + os.strerror(-r))
+            break
+        old = out.value
+        if kind in ("get", "sum"):
+            self.ended(token, slot)
+            return old
+        if kind == "incrlocked":
+            self.locked = True
+        self.lib.toffload_guard_park(token)
+        wrote = False
+        try:
+            await self.accel.run(old.to_bytes(8, "little"))
+            self.lib.toffload_guard_resume(token)
+            ctypes.c_uint64.from_address(self.addr(slot)).value = old + 1  # the write back
+            wrote = True
+        finally:
+            # Done, failed or cancelled: free the page (and the lock), wake who waits.
+            self.ended(token, slot)
+            if kind == "incrlocked":
+                self.locked = False
+                self.wake(lambda w: w[0] == "incrlocked")
+        return old + 1 if wrote else None
+    # GUARD END
+
+    def stats(self):
+        class Stats(ctypes.Structure):
+            _fields_ = [("mode", ctypes.c_int), ("uffd_async", ctypes.c_int)] + [
+                (f, ctypes.c_ulonglong)
+                for f in ("pages", "faults", "conflicts", "deferred", "released")
+            ]
+
+        s = Stats()
+        self.lib.toffload_guard_stats.argtypes = [ctypes.POINTER(Stats)]
+        r = self.lib.toffload_guard_stats(ctypes.byref(s))
+        if r < 0:
+            raise OSError(-r, "toffload_guard_stats: " + os.strerror(-r))
+        mode = ("off", "detect", "enforce")[s.mode]
+        mech = "off" if s.mode == 0 else "uffd-async" if s.mode == 1 and s.uffd_async else "mprotect"
+        return "%s %s %d %d %d %d %d\n" % (
+            mode, mech, s.pages, s.faults, s.conflicts, s.deferred, s.released
+        )
+
+
 PAYLOADS = {}
 
 
@@ -151,8 +299,34 @@ def size_of(query):
     return 1024
 
 
-async def answer(accel, target):
+def key_of(query):
+    for kv in query.split("&"):
+        k, _, v = kv.partition("=")
+        if k == "k":
+            return v.encode("latin-1")
+    return None
+
+
+async def answer_counter(counters, path, query):
+    if counters is None:
+        return response(b"501 Not Implemented", b"start with --guard-helper\n", b"text/plain")
+    if path == "/guard":
+        return response(b"200 OK", counters.stats().encode(), b"text/plain")
+    kind = path[1:]
+    key = b"" if kind == "sum" else key_of(query)
+    if key is None:
+        return response(b"400 Bad Request", b"k=KEY is missing\n", b"text/plain")
+    try:
+        v = await counters.op(kind, counters.slot(key))
+    except OSError as e:
+        return response(b"500 Internal Server Error", (str(e) + "\n").encode(), b"text/plain")
+    return response(b"200 OK", b"%d\n" % v, b"text/plain")
+
+
+async def answer(accel, target, counters=None):
     path, _, query = target.partition("?")
+    if path in ("/incr", "/incrlocked", "/get", "/sum", "/guard"):
+        return await answer_counter(counters, path, query)
     if path == "/stats":
         now = len(accel.inflight or {})
         body = ("%d %d %d\n" % (now, accel.max_inflight, accel.finished)).encode()
@@ -173,7 +347,7 @@ async def answer(accel, target):
     return response(b"200 OK", out)
 
 
-async def serve_conn(accel, reader, writer):
+async def serve_conn(accel, reader, writer, counters=None):
     try:
         while True:
             line = await reader.readline()
@@ -191,7 +365,7 @@ async def serve_conn(accel, reader, writer):
             if len(parts) != 3 or parts[0] != b"GET":
                 writer.write(response(b"400 Bad Request", b"GET only\n", b"text/plain"))
                 break
-            writer.write(await answer(accel, parts[1].decode("latin-1")))
+            writer.write(await answer(accel, parts[1].decode("latin-1"), counters))
             await writer.drain()
     except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
         pass
@@ -204,10 +378,18 @@ async def main():
     ap.add_argument("--port", type=int, default=8080, help="0: any; the port is printed")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--lib", required=True, help="path of libtoffload_accel.so")
+    ap.add_argument("--guard-helper", help="toffload_guard_helper.so: offer /incr and the rest")
     a = ap.parse_args()
     accel = Accel(a.lib)
+    counters = None
+    if a.guard_helper:
+        try:
+            counters = Counters(accel, a.guard_helper)
+        except (ValueError, OSError) as e:
+            print("toffload_asyncio: " + str(e), file=sys.stderr)
+            sys.exit(2)
     server = await asyncio.start_server(
-        lambda r, w: serve_conn(accel, r, w), a.host, a.port, limit=16384, backlog=1024
+        lambda r, w: serve_conn(accel, r, w, counters), a.host, a.port, limit=16384, backlog=1024
     )
     port = server.sockets[0].getsockname()[1]
     print("port", port, flush=True)
