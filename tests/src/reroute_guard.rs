@@ -335,6 +335,35 @@ pub fn check_hang_ups_leave_nothing_stuck(port: u16) {
     );
 }
 
+/// How long each integration lets a request sent back by enforce wait in all.
+pub const GUARD_WAIT: Duration = Duration::from_secs(10);
+
+/// With a 12 s offload (`lat_us` of the server) one `/incr` owns its counter's page
+/// the whole time; a second on that counter, sent back by enforce, is answered 503
+/// after GUARD_WAIT (not held until the owner ends, never held for good), and the
+/// first still counts.
+pub fn check_guard_wait_has_a_deadline(port: u16) {
+    let mut owner = Conn::new(port);
+    owner.send("/incr?k=deadline");
+    std::thread::sleep(Duration::from_millis(300));
+    let mut waiter = Conn::new(port);
+    let t0 = Instant::now();
+    let (code, body) = waiter.get("/incr?k=deadline");
+    let waited = t0.elapsed();
+    println!("sent back: {code} {body:?} after {waited:?}");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        waited >= GUARD_WAIT - Duration::from_millis(500)
+            && waited < GUARD_WAIT + Duration::from_millis(1500),
+        "answered after {waited:?}, the deadline is {GUARD_WAIT:?}"
+    );
+    match owner.read() {
+        Ok((200, b)) => assert_eq!(b.trim(), "1"),
+        other => panic!("the owner's /incr: {other:?}"),
+    }
+    assert_eq!(Conn::new(port).number("/get?k=deadline"), 1);
+}
+
 /// A running server for the benchmark: kept alive while held.
 pub type Running = (Box<dyn std::any::Any>, u16);
 

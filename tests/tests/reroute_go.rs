@@ -387,6 +387,15 @@ fn guard_bad_mode_and_arguments_are_errors() {
 }
 
 #[test]
+fn guard_wait_has_a_deadline() {
+    let _g = serial();
+    let Some(exe) = accelhttp() else { return };
+    let mut s = start(&exe, &guarded("enforce", 12_000_000), None);
+    reroute_guard::check_guard_wait_has_a_deadline(s.port);
+    assert!(s.alive());
+}
+
+#[test]
 fn guard_clients_gone_leave_nothing_stuck() {
     let _g = serial();
     let Some(exe) = accelhttp() else { return };

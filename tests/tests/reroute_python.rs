@@ -321,6 +321,15 @@ fn guard_bad_mode_and_arguments_are_errors() {
 }
 
 #[test]
+fn guard_wait_has_a_deadline() {
+    let _g = serial();
+    let Some(py) = python() else { return };
+    let mut s = start_guarded(&py, &guarded("enforce", 12_000_000), None);
+    reroute_guard::check_guard_wait_has_a_deadline(s.port);
+    assert!(s.alive());
+}
+
+#[test]
 fn guard_clients_gone_leave_nothing_stuck() {
     let _g = serial();
     let Some(py) = python() else { return };

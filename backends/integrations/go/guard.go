@@ -168,6 +168,9 @@ func slotOf(key string) C.size_t {
 
 var errGone = errors.New("the client went away")
 
+// errTooLong: sent back for longer than deferWait; answered 503, as nginx and Python.
+var errTooLong = errors.New("the guard's wait timed out")
+
 // begin runs counter_begin until the guard lets the token in (enforce may send it
 // back while another request's offload owns the page).
 func begin(r *http.Request, token uint64, slot C.size_t, sum, park bool) (uint64, error) {
@@ -195,7 +198,7 @@ func begin(r *http.Request, token uint64, slot C.size_t, sum, park bool) (uint64
 			return 0, errGone
 		case <-deadline.C:
 			leave(w)
-			return 0, errors.New("sent back by the guard for too long")
+			return 0, errTooLong
 		}
 	}
 }
@@ -246,7 +249,10 @@ func guardRoutes(mux *http.ServeMux, asyncErr error, unserialized bool) error {
 				slot = slotOf(k[0])
 			}
 			v, err := run(r, slot)
-			if err != nil {
+			if errors.Is(err, errTooLong) {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			} else if err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return
 			}

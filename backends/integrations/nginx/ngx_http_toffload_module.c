@@ -300,7 +300,12 @@ typedef struct {
     unsigned counted : 1; /* r->main->count taken: finished by incr_settle */
     long id;
     unsigned char val[sizeof(uint64_t)];
+    ngx_event_t wait_timer; /* the deadline of a request sent back (GUARD_WAIT_MS) */
 } incr_t;
+
+/* How long a request sent back may wait for owners to end, in all: then 503, as the
+ * Redis module's and the Go handler's, never a wait without a deadline. */
+#define GUARD_WAIT_MS 10000
 
 static volatile uint64_t *counters;
 static uint64_t next_token;
@@ -326,9 +331,30 @@ static void incr_settle(incr_t *in, ngx_int_t rc) {
     ngx_http_run_posted_requests(c);
 }
 
+static void incr_wait_expired(ngx_event_t *ev) {
+    incr_t *in = ev->data;
+    if (in->state != INCR_DEFERRED)
+        return;
+    ngx_queue_remove(&in->link);
+    in->state = INCR_ENDED; /* never began: nothing of the guard's to end */
+    incr_settle(in, NGX_HTTP_SERVICE_UNAVAILABLE);
+}
+
 static void incr_defer(incr_t *in) {
     in->state = INCR_DEFERRED;
     ngx_queue_insert_tail(&incr_deferred, &in->link);
+    if (!in->wait_timer.timer_set) { /* first time sent back: the deadline starts */
+        in->wait_timer.handler = incr_wait_expired;
+        in->wait_timer.data = in;
+        in->wait_timer.log = in->r->connection->log;
+        ngx_add_timer(&in->wait_timer, GUARD_WAIT_MS);
+    }
+}
+
+/* Its memory goes with the request's pool: no timer may outlive it. */
+static void incr_drop_timer(incr_t *in) {
+    if (in->wait_timer.timer_set)
+        ngx_del_timer(&in->wait_timer);
 }
 
 static int wants_page(const incr_t *in, size_t page) {
@@ -359,6 +385,7 @@ static void retry_first(int (*wants)(const incr_t *, size_t), size_t page) {
  * retry who waited for them. */
 static void incr_end(incr_t *in) {
     in->state = INCR_ENDED;
+    incr_drop_timer(in);
     toffload_guard_end(in->token);
     if (lock_holder == in)
         lock_holder = NULL;
@@ -443,6 +470,7 @@ static void incr_poll(void) {
 /* The request's pool is going away: a request still waiting leaves no trace. */
 static void incr_cleanup(void *data) {
     incr_t *in = data;
+    incr_drop_timer(in);
     switch (in->state) {
     case INCR_DEFERRED:
         ngx_queue_remove(&in->link);

@@ -143,6 +143,9 @@ class Counters:
     """
 
     SLOTS, WORDS, PER_PAGE = 1024, 8, 64
+    # A request sent back waits at most this long for an owner to end (as the Redis
+    # module's and the Go handler's): then 503, never a wait without a deadline.
+    WAIT_S = 10.0
 
     def __init__(self, accel, helper_path):
         lib = accel.lib
@@ -206,9 +209,9 @@ class Counters:
         entry = ((kind, slot), fut)
         self.waiting.append(entry)
         try:
-            await fut
+            await asyncio.wait_for(fut, self.WAIT_S)
         finally:
-            if not fut.done():  # cancelled while waiting: leave no trace
+            if entry in self.waiting:  # timed out or cancelled: leave no trace
                 self.waiting.remove(entry)
 
     # GUARD BEGIN
@@ -318,6 +321,10 @@ async def answer_counter(counters, path, query):
         return response(b"400 Bad Request", b"k=KEY is missing\n", b"text/plain")
     try:
         v = await counters.op(kind, counters.slot(key))
+    except asyncio.TimeoutError:
+        return response(
+            b"503 Service Unavailable", b"the guard's wait timed out\n", b"text/plain"
+        )
     except OSError as e:
         return response(b"500 Internal Server Error", (str(e) + "\n").encode(), b"text/plain")
     return response(b"200 OK", b"%d\n" % v, b"text/plain")
