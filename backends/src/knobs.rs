@@ -91,8 +91,12 @@ knobs! {
         "TLS: the client certificate's key", Remote;
     REMOTE_PSK: "TOFFLOAD_REMOTE_PSK", "(none)", "a file path; not with TLS_*",
         "TLS 1.3 with a pre-shared key: a file with one `IDENTITY HEXKEY` line", Remote;
-    CUDA_REMOTE: "TOFFLOAD_CUDA_REMOTE", "(required)", "host:port",
-        "the toffload-remoted that runs this program's CUDA calls", CudaRemote;
+    CUDA_REMOTE: "TOFFLOAD_CUDA_REMOTE", "(required)", "host:port[,host:port...] (at most 16)",
+        "the toffload-remoted that runs this program's CUDA calls; of several, the one placement picks when the program starts", CudaRemote;
+    CUDA_REMOTE_PLACEMENT: "TOFFLOAD_CUDA_REMOTE_PLACEMENT", "predicted", "`predicted` or `first`",
+        "of several daemons: the least predicted latency (round trip and bandwidth measured, the GPU's kernel queue and time per kernel from its heartbeat), or the first in list order that answers", CudaRemote;
+    CUDA_REMOTE_PROBE_MS: "TOFFLOAD_CUDA_REMOTE_PROBE_MS", "1000", "milliseconds from 1 to 60000",
+        "of several daemons: how long placement waits for each to answer its probe; one that has not is skipped", CudaRemote;
     CUDA_REMOTE_TIMEOUT_MS: "TOFFLOAD_CUDA_REMOTE_TIMEOUT_MS", "30000", "milliseconds from 1 to 3600000",
         "a call that waits for the daemon (synchronize, query answers, DtoH) fails with CUDA_ERROR_TIMEOUT by then; connecting too", CudaRemote;
     CUDA_REMOTE_LINGER_US: "TOFFLOAD_CUDA_REMOTE_LINGER_US", "200", "microseconds from 0 to 100000",

@@ -75,6 +75,15 @@ pub enum Which {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Remote CUDA's remoting efficiency: conn_server on the cuda backend direct vs
+    /// through the client library, over loopback and delayed links, batching and the
+    /// upload cache on/off, stock and under the runtime (needs root) ->
+    /// remote-cuda-bench.md.
+    RemoteCuda {
+        /// Extra arguments (--runs N, --real-driver on a GPU machine).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
     /// The Redis reroute: ACCEL.SYNC vs ACCEL.ASYNC under redis-benchmark -> reroute.md.
     Reroute {
         /// `-- --rounds N`: redis-benchmark runs per form and latency (default 3).
@@ -257,6 +266,9 @@ pub fn run(which: Which) -> Result {
             )
         }
         Which::Remote { args } => charted(Bench::Remote, crate::bench_remote::run(args)),
+        Which::RemoteCuda { args } => {
+            charted(Bench::RemoteCuda, crate::bench_remote_cuda::run(args))
+        }
         Which::Reroute { args } => crate::bench_reroute::run(args),
     }
 }

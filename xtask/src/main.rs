@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_remote;
+mod bench_remote_cuda;
 mod bench_reroute;
 mod build;
 mod chart;

@@ -26,3 +26,4 @@ mod knobs;
 
 mod api;
 mod remote;
+mod sched;

@@ -10,9 +10,10 @@
 
 use crate::frame::{self, FrameReader, Msg};
 use crate::knobs;
+use crate::sched;
 use crate::wire::{self, Call, Note};
 use std::collections::{HashMap, HashSet};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
@@ -98,17 +99,26 @@ pub struct Remote {
 
 /// write_all without SIGPIPE: a daemon gone must be an error return, never a signal
 /// that kills the program (std's TcpStream writes with write(2)).
-fn send_all(sock: &TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
+///
+/// The raw system call, not libc's send: under libtoffload.so a send from a fiber
+/// that would block parks the fiber, and this one is made holding the batch's lock,
+/// which another fiber of the same carrier then waits for in the kernel: the carrier
+/// deadlocks (seen with a full socket buffer on a delayed link). Blocking the carrier
+/// for the send instead is bounded by SO_SNDTIMEO.
+pub(crate) fn send_all(sock: &TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
     while !buf.is_empty() {
-        // SAFETY: a valid socket and a buffer of buf.len() bytes.
+        // SAFETY: a valid socket and a buffer of buf.len() bytes; no address.
         let n = unsafe {
-            libc::send(
+            libc::syscall(
+                libc::SYS_sendto,
                 sock.as_raw_fd(),
                 buf.as_ptr() as *const libc::c_void,
                 buf.len(),
                 libc::MSG_NOSIGNAL,
+                std::ptr::null::<libc::sockaddr>(),
+                0 as libc::socklen_t,
             )
-        };
+        } as isize;
         if n < 0 {
             let e = std::io::Error::last_os_error();
             match e.kind() {
@@ -160,16 +170,7 @@ pub fn get() -> Result<&'static Arc<Remote>, CuResult> {
 
 impl Remote {
     fn connect() -> Result<Arc<Remote>, (CuResult, String)> {
-        let addr = std::env::var(knobs::CUDA_REMOTE.var).unwrap_or_default();
-        if addr.is_empty() {
-            return Err((
-                NO_DEVICE,
-                format!(
-                    "{} is not set: no daemon to run CUDA calls on",
-                    knobs::CUDA_REMOTE.var
-                ),
-            ));
-        }
+        let list = std::env::var(knobs::CUDA_REMOTE.var).unwrap_or_default();
         let timeout = Duration::from_millis(knob_u64(
             &knobs::CUDA_REMOTE_TIMEOUT_MS,
             30000,
@@ -179,47 +180,16 @@ impl Remote {
         let linger =
             Duration::from_micros(knob_u64(&knobs::CUDA_REMOTE_LINGER_US, 200, 0, 100_000));
         let cache_min = knob_u64(&knobs::CUDA_REMOTE_CACHE_MIN, 65536, 0, 16 << 20) as usize;
+        let probe_ms = knob_u64(&knobs::CUDA_REMOTE_PROBE_MS, 1000, 1, 60_000);
+        // The daemon (of several: the one placement picks), past its Welcome.
+        let sched::Conn {
+            addr,
+            sock,
+            rd,
+            held,
+        } = sched::place(&list, timeout, probe_ms)?;
         let fail = |e: std::io::Error| (NO_DEVICE, format!("daemon {addr}: {e}"));
-        let sa = addr
-            .to_socket_addrs()
-            .map_err(fail)?
-            .next()
-            .ok_or_else(|| (NO_DEVICE, format!("daemon {addr}: no address")))?;
-        let mut sock = TcpStream::connect_timeout(&sa, timeout).map_err(fail)?;
-        let _ = sock.set_nodelay(true);
         sock.set_write_timeout(Some(timeout)).map_err(fail)?;
-        sock.set_read_timeout(Some(timeout)).map_err(fail)?;
-        let mut id = [0u8; 8];
-        openssl::rand::rand_bytes(&mut id).map_err(|e| (NO_DEVICE, e.to_string()))?;
-        let mut out = Vec::new();
-        frame::encode(
-            &Msg::Hello {
-                version: frame::VERSION,
-                client_id: u64::from_le_bytes(id),
-            },
-            &mut out,
-        );
-        send_all(&sock, &out).map_err(fail)?;
-        let mut rd = FrameReader::new();
-        let held: HashSet<[u8; 32]> = loop {
-            if let Some(body) = rd
-                .next_frame()
-                .map_err(|e| (NO_DEVICE, format!("daemon {addr}: {e}")))?
-            {
-                match frame::decode(body) {
-                    Ok(Msg::Welcome { chunks, .. }) => break chunks.into_iter().collect(),
-                    Ok(Msg::Refused { reason }) => {
-                        return Err((NO_DEVICE, format!("daemon {addr} refused us: {reason}")))
-                    }
-                    other => {
-                        return Err((NO_DEVICE, format!("daemon {addr}: unexpected {other:?}")))
-                    }
-                }
-            }
-            if rd.fill(&mut sock).map_err(fail)? == 0 {
-                return Err((NO_DEVICE, format!("daemon {addr} closed the connection")));
-            }
-        };
         // The receiver blocks in read until the daemon speaks or goes away.
         sock.set_read_timeout(None).map_err(fail)?;
         let rx = sock.try_clone().map_err(fail)?;
@@ -405,6 +375,8 @@ impl Remote {
                     }
                 }
                 Note::Reached { seq, status, data } => self.reached(seq, status, data),
+                // The chosen daemon's load: nothing re-places a running context.
+                Note::Heartbeat(_) => {}
             }
             self.cv.notify_all();
         }

@@ -10,13 +10,15 @@
 
 use super::cache::{ChunkCache, Part};
 use super::chunk::MAX_CHUNK;
-use super::cuda_wire::{self as w, Call, Data, Note, Query};
+use super::cuda_wire::{self as w, Beat, Call, Data, Note, Query};
 use super::state::ConnOut;
 use crate::cuda::driver::{self, Context};
 use cudarc::driver::sys;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_void, CString};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 const SUCCESS: i32 = 0;
 const INVALID_VALUE: i32 = 1;
@@ -37,6 +39,51 @@ fn code(r: sys::CUresult) -> i32 {
     r as i32
 }
 
+/// Heartbeat periods a client may ask for (bounded both ways: a flood of beats, or
+/// beats too rare to place by).
+const BEAT_MIN: Duration = Duration::from_millis(10);
+const BEAT_MAX: Duration = Duration::from_secs(60);
+
+/// The GPU's load across every session of the daemon, as heartbeats report it.
+#[derive(Default, Debug)]
+pub struct GpuLoad {
+    /// Kernels launched and not yet passed by a reported call of their stream.
+    queue: AtomicU64,
+    /// Sessions holding a context now, and ever.
+    sessions: AtomicU64,
+    pub opened: AtomicU64,
+    /// EWMA of the time per kernel, ns.
+    kernel_ns: AtomicU64,
+}
+
+impl GpuLoad {
+    pub fn beat(&self) -> Beat {
+        Beat {
+            queue: self.queue.load(Relaxed).min(u32::MAX as u64) as u32,
+            sessions: self.sessions.load(Relaxed).min(u32::MAX as u64) as u32,
+            kernel_ns: self.kernel_ns.load(Relaxed),
+        }
+    }
+
+    /// A stretch of a stream with `kernels` kernels, begun at `since`, was passed (or
+    /// dropped: `since` None).
+    fn passed(&self, kernels: u64, since: Option<Instant>) {
+        if kernels == 0 {
+            return;
+        }
+        let _ = self
+            .queue
+            .fetch_update(Relaxed, Relaxed, |q| Some(q.saturating_sub(kernels)));
+        if let Some(t) = since {
+            let per = (t.elapsed().as_nanos() as u64 / kernels).max(1);
+            // 1/4 new: a load that comes or goes shows within a few stretches.
+            let _ = self.kernel_ns.fetch_update(Relaxed, Relaxed, |old| {
+                Some(if old == 0 { per } else { (old * 3 + per) / 4 })
+            });
+        }
+    }
+}
+
 /// What one batch did, for the daemon's counters.
 #[derive(Default, Debug)]
 pub struct Tally {
@@ -53,6 +100,20 @@ struct Strm {
     /// Host bytes of copies queued on the stream, kept until a host function behind
     /// them runs.
     keep: Vec<Arc<[u8]>>,
+    /// Kernels queued since the last marker, and when the first call after it was.
+    kernels: u64,
+    since: Option<Instant>,
+}
+
+impl Strm {
+    fn new(s: sys::CUstream) -> Strm {
+        Strm {
+            s,
+            keep: Vec::new(),
+            kernels: 0,
+            since: None,
+        }
+    }
 }
 
 struct Func {
@@ -67,11 +128,15 @@ struct Pending {
     seq: u64,
     data: Vec<u8>,
     _keep: Vec<Arc<[u8]>>,
+    load: Arc<GpuLoad>,
+    kernels: u64,
+    since: Option<Instant>,
 }
 
 unsafe extern "C" fn reached(user: *mut c_void) {
     // SAFETY: `user` is the Box<Pending> leaked by `mark`, handed to us exactly once.
     let p = unsafe { Box::from_raw(user as *mut Pending) };
+    p.load.passed(p.kernels, p.since);
     let mut note = Vec::with_capacity(p.data.len() + 20);
     w::put_note(
         &Note::Reached {
@@ -106,10 +171,13 @@ pub struct CudaSession {
     /// Uploads the client was told we hold, kept until it has referred to them as
     /// often as it asked (the cache may evict them meanwhile).
     pinned: HashMap<[u8; 32], (Arc<[u8]>, u32)>,
+    load: Arc<GpuLoad>,
+    /// Heartbeats asked for: the period and when the next is due.
+    beats: Option<(Duration, Instant)>,
 }
 
 impl CudaSession {
-    pub fn new(out: Arc<ConnOut>, part: Part) -> Self {
+    pub fn new(out: Arc<ConnOut>, part: Part, load: Arc<GpuLoad>) -> Self {
         CudaSession {
             out,
             part,
@@ -120,7 +188,22 @@ impl CudaSession {
             modules: HashMap::new(),
             funcs: HashMap::new(),
             pinned: HashMap::new(),
+            load,
+            beats: None,
         }
+    }
+
+    /// Sends a heartbeat if one is due; how long until the next (None: not asked).
+    pub fn heartbeat(&mut self) -> Option<Duration> {
+        let (period, next) = self.beats.as_mut()?;
+        let now = Instant::now();
+        if now >= *next {
+            let mut note = Vec::with_capacity(24);
+            w::put_note(&Note::Heartbeat(self.load.beat()), &mut note);
+            push(&self.out, note);
+            *next = now + *period;
+        }
+        Some(next.saturating_duration_since(now))
     }
 
     fn ensure_ctx(&mut self) -> Result<(), i32> {
@@ -130,6 +213,8 @@ impl CudaSession {
         let (dev, _) = driver::init(0).map_err(|_| NO_DEVICE)?;
         let c = Context::retain(dev).map_err(|_| NO_DEVICE)?;
         self.ctx = Some(c);
+        self.load.sessions.fetch_add(1, Relaxed);
+        self.load.opened.fetch_add(1, Relaxed);
         Ok(())
     }
 
@@ -143,13 +228,7 @@ impl CudaSession {
                     return Err(code(r));
                 }
                 self.default = s;
-                self.streams.insert(
-                    w::NULL_STREAM,
-                    Strm {
-                        s,
-                        keep: Vec::new(),
-                    },
-                );
+                self.streams.insert(w::NULL_STREAM, Strm::new(s));
             }
         }
         self.streams.get_mut(&id).ok_or(INVALID_HANDLE)
@@ -165,6 +244,7 @@ impl CudaSession {
     /// Queues a host function on `stream` that sends `Reached { seq, data }`.
     fn mark(&mut self, stream: u64, seq: u64, data: Vec<u8>) -> Result<(), i32> {
         let out = Arc::clone(&self.out);
+        let load = Arc::clone(&self.load);
         let st = self.stream(stream)?;
         let s = st.s;
         let p = Box::new(Pending {
@@ -172,13 +252,17 @@ impl CudaSession {
             seq,
             data,
             _keep: std::mem::take(&mut st.keep),
+            load,
+            kernels: std::mem::take(&mut st.kernels),
+            since: st.since.take(),
         });
         let user = Box::into_raw(p) as *mut c_void;
         // SAFETY: a live stream; `reached` takes back the box when it runs.
         let r = unsafe { sys::cuLaunchHostFunc(s, Some(reached), user) };
         if r != sys::CUresult::CUDA_SUCCESS {
             // SAFETY: not queued: the box is still ours.
-            drop(unsafe { Box::from_raw(user as *mut Pending) });
+            let p = unsafe { Box::from_raw(user as *mut Pending) };
+            p.load.passed(p.kernels, None);
             return Err(code(r));
         }
         Ok(())
@@ -334,9 +418,25 @@ impl CudaSession {
             self.answer(*req, &a);
             return Ok(());
         }
+        // Placement's calls: no context for them (a probe is not a session).
+        match *c {
+            Call::Watch { period_ms } => {
+                self.beats = (period_ms > 0).then(|| {
+                    let p = Duration::from_millis(period_ms as u64).clamp(BEAT_MIN, BEAT_MAX);
+                    (p, Instant::now())
+                });
+                return Ok(());
+            }
+            Call::Probe { req, .. } => {
+                self.answer(req, &[]);
+                return Ok(());
+            }
+            _ => {}
+        }
         self.ensure_ctx()?;
         match *c {
             Call::CtxRetain { .. } => Ok(()),
+            Call::Watch { .. } | Call::Probe { .. } => unreachable!("answered above"),
             Call::Query { req, q } => {
                 let dev = match q {
                     Query::Name { dev } | Query::Attr { dev, .. } => dev,
@@ -389,13 +489,7 @@ impl CudaSession {
                 let mut s = std::ptr::null_mut();
                 // SAFETY: context current; out-pointer valid.
                 ok(unsafe { sys::cuStreamCreate(&mut s, flags) })?;
-                self.streams.insert(
-                    id,
-                    Strm {
-                        s,
-                        keep: Vec::new(),
-                    },
-                );
+                self.streams.insert(id, Strm::new(s));
                 Ok(())
             }
             Call::StreamDestroy { id } => {
@@ -403,7 +497,7 @@ impl CudaSession {
                     return Err(INVALID_HANDLE);
                 }
                 let st = self.streams.remove(&id).ok_or(INVALID_HANDLE)?;
-                destroy(st);
+                destroy(st, &self.load);
                 Ok(())
             }
             Call::HtoD { stream, dst, data } => {
@@ -552,10 +646,11 @@ impl CudaSession {
                     .iter_mut()
                     .map(|b| b.as_mut_ptr() as *mut c_void)
                     .collect();
-                let s = self.stream(stream)?.s;
+                let st = self.stream(stream)?;
+                let s = st.s;
                 // SAFETY: a live function and stream; the parameter buffers outlive
                 // the call (the driver copies them at launch).
-                ok(unsafe {
+                let r = ok(unsafe {
                     sys::cuLaunchKernel(
                         f,
                         grid[0],
@@ -569,7 +664,13 @@ impl CudaSession {
                         ptrs.as_mut_ptr(),
                         std::ptr::null_mut(),
                     )
-                })
+                });
+                if r.is_ok() {
+                    st.kernels += 1;
+                    st.since.get_or_insert_with(Instant::now);
+                    self.load.queue.fetch_add(1, Relaxed);
+                }
+                r
             }
         }
     }
@@ -613,7 +714,7 @@ fn param_layout(f: sys::CUfunction) -> Result<Vec<(u32, u32)>, i32> {
     Ok(out)
 }
 
-fn destroy(st: Strm) {
+fn destroy(st: Strm, load: &GpuLoad) {
     // SAFETY: a live stream, synchronized (its copies' host bytes are in `keep`)
     // then destroyed once.
     unsafe {
@@ -621,16 +722,18 @@ fn destroy(st: Strm) {
         sys::cuStreamDestroy_v2(st.s);
     }
     drop(st.keep);
+    load.passed(st.kernels, None);
 }
 
 impl Drop for CudaSession {
     fn drop(&mut self) {
         let Some(c) = &self.ctx else { return };
+        self.load.sessions.fetch_sub(1, Relaxed);
         if c.make_current().is_err() {
             return;
         }
         for (_, st) in self.streams.drain() {
-            destroy(st);
+            destroy(st, &self.load);
         }
         for (_, (_, p)) in std::mem::take(&mut self.mem) {
             // SAFETY: allocated by this session, freed once.

@@ -140,6 +140,21 @@ pub enum Call<'a> {
         shmem: u32,
         params: &'a [u8],
     },
+    /// Placement's calls (tags from 30, its note from 10: apart from the driver
+    /// calls' range).
+    ///
+    /// Subscribes the connection to `Note::Heartbeat`s, one at once and then one
+    /// every `period_ms` (the daemon bounds it); 0 stops them. Opens no GPU context:
+    /// a client probing several daemons for placement costs none of them a session.
+    Watch {
+        period_ms: u32,
+    },
+    /// Answered by an empty `Note::Answer` once read: the client times it against a
+    /// ping to measure the link's bandwidth with `pad`'s bytes.
+    Probe {
+        req: u64,
+        pad: &'a [u8],
+    },
 }
 
 impl Call<'_> {
@@ -160,6 +175,8 @@ impl Call<'_> {
             Call::GetFunction { .. } => "cuModuleGetFunction",
             Call::Pin { .. } => "upload cache query",
             Call::Launch { .. } => "cuLaunchKernel",
+            Call::Watch { .. } => "heartbeat subscription",
+            Call::Probe { .. } => "bandwidth probe",
         }
     }
 }
@@ -181,6 +198,21 @@ pub enum Note<'a> {
     /// A call sent without waiting failed on the daemon: the error is the client's
     /// next synchronize's (as CUDA reports asynchronous errors).
     Failed { status: i32, call: &'a str },
+    /// The daemon's GPU load, for placement (sched.rs of the client library).
+    Heartbeat(Beat),
+}
+
+/// What a heartbeat says about the daemon's GPU, all sessions together.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Beat {
+    /// Kernels launched and not yet passed by their stream's next reported call.
+    pub queue: u32,
+    /// CUDA sessions holding the GPU (connections that made a GPU call).
+    pub sessions: u32,
+    /// Recent time per kernel, ns (EWMA over stretches of streams: the time from a
+    /// stretch's first kernel to the reported call after it, over its kernels; a
+    /// loaded GPU stretches it), 0 before any.
+    pub kernel_ns: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -320,6 +352,12 @@ pub fn put_call(c: &Call<'_>, out: &mut Vec<u8>) {
             }
             w.u32(*shmem).bytes(params);
         }
+        Call::Watch { period_ms } => {
+            w.u8(30).u32(*period_ms);
+        }
+        Call::Probe { req, pad } => {
+            w.u8(31).u64(*req).bytes(pad);
+        }
     }
 }
 
@@ -335,6 +373,9 @@ pub fn put_note(n: &Note<'_>, out: &mut Vec<u8>) {
         }
         Note::Failed { status, call } => {
             w.u8(3).i32(*status).bytes(call.as_bytes());
+        }
+        Note::Heartbeat(b) => {
+            w.u8(10).u32(b.queue).u32(b.sessions).u64(b.kernel_ns);
         }
     }
 }
@@ -492,6 +533,13 @@ impl<'a> Reader<'a> {
                 }
                 Call::Pin { req, hashes }
             }
+            30 => Call::Watch {
+                period_ms: self.u32()?,
+            },
+            31 => Call::Probe {
+                req: self.u64()?,
+                pad: self.bytes()?,
+            },
             t => return Err(WireError::UnknownTag(t)),
         };
         Ok(Some(c))
@@ -517,6 +565,11 @@ impl<'a> Reader<'a> {
                 status: self.i32()?,
                 call: self.str()?,
             },
+            10 => Note::Heartbeat(Beat {
+                queue: self.u32()?,
+                sessions: self.u32()?,
+                kernel_ns: self.u64()?,
+            }),
             t => return Err(WireError::UnknownTag(t)),
         };
         Ok(Some(n))
@@ -582,6 +635,11 @@ mod tests {
                 shmem: 0,
                 params: &[1, 2, 3],
             },
+            Call::Watch { period_ms: 250 },
+            Call::Probe {
+                req: 4,
+                pad: &[9; 100],
+            },
         ];
         let mut b = Vec::new();
         for c in &calls {
@@ -607,6 +665,11 @@ mod tests {
                 status: 2,
                 call: "cuMemAlloc",
             },
+            Note::Heartbeat(Beat {
+                queue: 3,
+                sessions: 2,
+                kernel_ns: 300_000,
+            }),
         ];
         let mut b = Vec::new();
         for n in &notes {

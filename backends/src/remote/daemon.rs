@@ -13,7 +13,7 @@ use super::cache::{ChunkCache, Part};
 use super::chunk::{sha256, MAX_CHUNK};
 use super::cli::LocalBackend;
 use super::conn::{self, Conn, EventFd, Stream};
-use super::cuda_exec::CudaSession;
+use super::cuda_exec::{CudaSession, GpuLoad};
 use super::exec::{AesExec, Device, Finished, Job, RsaExec, Sink};
 use super::files;
 use super::frame::{
@@ -101,6 +101,8 @@ pub struct Daemon {
     /// Ops the local device serves at once (reported to clients for placement).
     lanes: u32,
     next_conn: AtomicU64,
+    /// The GPU's load over every CUDA session (their heartbeats').
+    gpu: Arc<GpuLoad>,
 }
 
 fn load_key(cfg: &DaemonConfig) -> io::Result<PKey<Private>> {
@@ -183,6 +185,7 @@ impl Daemon {
             daemon_id: conn::random_u64()?,
             lanes,
             next_conn: AtomicU64::new(1),
+            gpu: Arc::default(),
             cfg,
         });
         let weak = Arc::downgrade(&d);
@@ -489,7 +492,10 @@ impl Daemon {
                 conn::pollfd(c.fd(), ev),
                 conn::pollfd(out.wake.fd(), libc::POLLIN),
             ];
-            conn::poll(&mut fds, Some(Duration::from_secs(1)))?;
+            // Heartbeats the client asked for are due by then.
+            let beat = s.cuda.borrow_mut().as_mut().and_then(|c| c.heartbeat());
+            let wait = beat.map_or(Duration::from_secs(1), |b| b.min(Duration::from_secs(1)));
+            conn::poll(&mut fds, Some(wait))?;
             if fds[1].revents != 0 {
                 out.wake.drain();
             }
@@ -724,7 +730,9 @@ impl Daemon {
     /// session; what the client waits for comes back as notes (serve_conn sends them).
     fn cuda(&self, s: &Session, calls: &[u8]) -> io::Result<()> {
         let mut slot = s.cuda.borrow_mut();
-        let sess = slot.get_or_insert_with(|| CudaSession::new(Arc::clone(&s.out), s.part));
+        let sess = slot.get_or_insert_with(|| {
+            CudaSession::new(Arc::clone(&s.out), s.part, Arc::clone(&self.gpu))
+        });
         let t = sess
             .run(calls, &self.cache, self.cfg.cache_mb > 0)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
@@ -1068,6 +1076,9 @@ impl Daemon {
             ("cuda_upload_bytes_saved", n.cuda_upload_bytes_saved),
             ("cuda_upload_misses", n.cuda_upload_misses),
             ("cuda_failed", n.cuda_failed),
+            ("cuda_sessions", self.gpu.opened.load(Relaxed)),
+            ("cuda_queue", self.gpu.beat().queue as u64),
+            ("cuda_kernel_ns", self.gpu.beat().kernel_ns),
         ]
     }
 }

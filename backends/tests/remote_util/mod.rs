@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test binary uses part of it
 
 pub mod conn_server;
+pub mod cuda;
 pub mod netns;
 pub mod pki;
 pub mod raw;

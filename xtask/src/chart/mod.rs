@@ -10,6 +10,7 @@ mod model;
 mod openloop;
 pub mod plot;
 mod remote;
+mod remote_cuda;
 pub mod render;
 mod runtime;
 mod serve;
@@ -34,10 +35,11 @@ pub enum Bench {
     Watch,
     Remote,
     Serve,
+    RemoteCuda,
 }
 
 impl Bench {
-    pub const ALL: [Bench; 9] = [
+    pub const ALL: [Bench; 10] = [
         Bench::Demo,
         Bench::Device,
         Bench::Runtime,
@@ -47,6 +49,7 @@ impl Bench {
         Bench::Watch,
         Bench::Remote,
         Bench::Serve,
+        Bench::RemoteCuda,
     ];
 
     /// The results file the chart is drawn from.
@@ -61,6 +64,7 @@ impl Bench {
             Bench::Watch => "watch.md",
             Bench::Remote => "remote.md",
             Bench::Serve => "serve.md",
+            Bench::RemoteCuda => "remote-cuda-bench.md",
         }
     }
 
@@ -75,6 +79,7 @@ impl Bench {
             Bench::Watch => "watch.svg",
             Bench::Remote => "remote.svg",
             Bench::Serve => "serve.svg",
+            Bench::RemoteCuda => "remote-cuda-bench.svg",
         }
     }
 
@@ -89,6 +94,7 @@ impl Bench {
             Bench::Watch => watch::chart(source),
             Bench::Remote => remote::chart(source),
             Bench::Serve => serve::chart(source),
+            Bench::RemoteCuda => remote_cuda::chart(source),
         }
     }
 }

@@ -1,0 +1,202 @@
+//! Placement of remote CUDA tasks across several daemons (backends/cuda-remote's
+//! sched.rs): a task is a program's CUDA context (its one connection), placed when
+//! it starts by the latency predicted from each daemon's probe (round trip,
+//! bandwidth) and heartbeat (GPU kernel queue, time per kernel). Daemons on the fake
+//! driver in network namespaces behind delay lines (remote_util/netns.rs); which
+//! daemon ran a task is its `cuda_sessions` counter. Needs root for the namespaces
+//! (skips with the reason otherwise; fails under TOFFLOAD_NO_SKIP=1).
+
+mod remote_util;
+
+use remote_util::cuda::{text, Libs};
+use remote_util::netns::{self, daemon_on, in_ns, stats_in, Net, Shape};
+use remote_util::Daemon;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn ready() -> bool {
+    match netns::can_run() {
+        Ok(()) => true,
+        Err(why) => {
+            netns::skip_or_fail(&why);
+            false
+        }
+    }
+}
+
+/// A near daemon (50 us each way) and a far one (1.5 ms each way).
+const NEAR: Shape = Shape {
+    mbit: 1000,
+    delay_us: 50,
+    jitter_us: 0,
+};
+const FAR: Shape = Shape {
+    mbit: 1000,
+    delay_us: 1500,
+    jitter_us: 0,
+};
+/// The fake GPU's time per kernel on both daemons.
+const KERNEL_US: u32 = 2000;
+const ARGS: [&str; 3] = ["run", "2", "5"];
+
+/// The app from the client namespace (it inherits the thread's namespace).
+fn run_in(ns: &str, mut c: Command) -> (Output, Duration) {
+    in_ns(ns, move || {
+        let t0 = Instant::now();
+        let out = c.output().unwrap();
+        (out, t0.elapsed())
+    })
+}
+
+fn sessions(d: &Daemon, ns: &str) -> u64 {
+    stats_in(ns, d.port)["cuda_sessions"]
+}
+
+#[test]
+fn tasks_go_to_the_near_daemon_and_spread_when_it_is_loaded() {
+    if !ready() {
+        return;
+    }
+    let libs = Libs::new("place");
+    let direct = libs.direct(&ARGS, KERNEL_US);
+    assert!(direct.status.success(), "{}", text(&direct.stderr));
+    // Listed far first: the order alone would pick it.
+    let net = Net::new("cs", &[FAR, NEAR]).unwrap();
+    let env = libs.gpu_env(KERNEL_US);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let (far, _fdl, far_addr) = daemon_on(&net.links[0], &[], &env);
+    let (near, _ndl, near_addr) = daemon_on(&net.links[1], &[], &env);
+    let list = format!("{far_addr},{near_addr}");
+    let (far_ns, near_ns) = (net.links[0].ns.clone(), net.links[1].ns.clone());
+    let count = || (sessions(&far, &far_ns), sessions(&near, &near_ns));
+
+    // The hazard: placed by list order, the task runs across the far link.
+    let mut c = libs.remote_cmd(&libs.app, &list);
+    c.args(ARGS).env("TOFFLOAD_CUDA_REMOTE_PLACEMENT", "first");
+    let (out, first_t) = run_in(&net.client_ns, c);
+    assert_eq!(
+        text(&out.stdout),
+        text(&direct.stdout),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(count(), (1, 0), "list order: the far daemon");
+
+    // Predicted: three tasks, one after another, all on the near daemon.
+    let mut times = Vec::new();
+    for _ in 0..3 {
+        let mut c = libs.remote_cmd(&libs.app, &list);
+        c.args(ARGS);
+        let (out, t) = run_in(&net.client_ns, c);
+        assert_eq!(
+            text(&out.stdout),
+            text(&direct.stdout),
+            "{}",
+            text(&out.stderr)
+        );
+        assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
+        times.push(t);
+    }
+    println!("by list order (far): {first_t:?}; predicted (near): {times:?}");
+    assert_eq!(count(), (1, 3), "predicted: the near daemon");
+
+    // The near daemon loaded by another program (8 threads of back-to-back
+    // requests, there alone): its heartbeat shows the queue, and the next task goes
+    // to the far daemon, whose round trip now costs less than the queue.
+    let mut load = libs.remote_cmd(&libs.app, &near_addr);
+    load.args(["run", "8", "100000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut load = in_ns(&net.client_ns, move || load.spawn().unwrap());
+    let t0 = Instant::now();
+    loop {
+        let s = stats_in(&near_ns, near.port);
+        if s["cuda_queue"] >= 4 {
+            println!(
+                "near daemon loaded: {} kernels queued, {} us per kernel",
+                s["cuda_queue"],
+                s["cuda_kernel_ns"] / 1000
+            );
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the load never showed: {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut c = libs.remote_cmd(&libs.app, &list);
+    c.args(ARGS);
+    let (out, t) = run_in(&net.client_ns, c);
+    let _ = load.kill();
+    let _ = load.wait();
+    assert_eq!(
+        text(&out.stdout),
+        text(&direct.stdout),
+        "{}",
+        text(&out.stderr)
+    );
+    println!("with the near daemon loaded: {t:?}");
+    let (f, n) = count();
+    assert_eq!(f, 2, "the new task spread to the far daemon");
+    assert_eq!(n, 4, "the load's own session");
+}
+
+/// A daemon that refuses connections and one that accepts but never answers (stopped)
+/// are skipped by the probe's deadline; the program runs on the third, as on the
+/// driver. The hazard first: the stopped daemon alone holds the program for the
+/// whole connect timeout, then fails it.
+#[test]
+fn a_dead_or_stopped_daemon_is_skipped_within_the_probe_deadline() {
+    let libs = Libs::new("dead");
+    let direct = libs.direct(&ARGS, 50);
+    assert!(direct.status.success(), "{}", text(&direct.stderr));
+    let env = libs.gpu_env(50);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let good = Daemon::start(&["--listen", "127.0.0.1:0"], &env);
+    let stopped = Daemon::start(&["--listen", "127.0.0.1:0"], &env);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(stopped.child.id() as i32, libc::SIGSTOP) };
+    let refused = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+
+    let t0 = Instant::now();
+    let out = libs
+        .remote_cmd(&libs.app, &stopped.addr())
+        .args(ARGS)
+        .env("TOFFLOAD_CUDA_REMOTE_TIMEOUT_MS", "2000")
+        .output()
+        .unwrap();
+    let alone = t0.elapsed();
+    println!("the stopped daemon alone: failed after {alone:?}");
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("CUDA error 100"));
+    assert!(alone >= Duration::from_millis(1900), "{alone:?}");
+
+    let list = format!("{refused},{},{}", stopped.addr(), good.addr());
+    let t0 = Instant::now();
+    let out = libs
+        .remote_cmd(&libs.app, &list)
+        .args(ARGS)
+        .env("TOFFLOAD_CUDA_REMOTE_PROBE_MS", "300")
+        .output()
+        .unwrap();
+    let took = t0.elapsed();
+    // SAFETY: as above.
+    unsafe { libc::kill(stopped.child.id() as i32, libc::SIGCONT) };
+    let err = text(&out.stderr);
+    println!("refused, stopped, good: ran in {took:?}; {err}");
+    assert_eq!(text(&out.stdout), text(&direct.stdout), "{err}");
+    assert_eq!(err.lines().count(), 2, "one line per daemon skipped: {err}");
+    assert!(
+        err.contains(&refused) && err.contains(&stopped.addr()),
+        "{err}"
+    );
+    let s = remote_util::stats(&good.addr());
+    assert_eq!(s["cuda_sessions"], 1);
+    // The probe's 300 ms, then the run itself (well under the 2 s the stopped
+    // daemon held the program alone).
+    assert!(took < alone, "{took:?}");
+}

@@ -1,0 +1,121 @@
+//! The remote CUDA client's pieces for tests and the remote-cuda bench: the fake
+//! driver (tests/c/fake_cuda.c) as the daemons' GPU, a folder where the client
+//! library is libcuda.so.1, and tests/c/cuda_app.c built against it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The profile folder of the running test or bench (target/release, say).
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+/// Builds the client library (its own crate) in this profile; returns it.
+pub fn client_lib() -> PathBuf {
+    let dir = profile_dir();
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.args(["build", "-q", "-p", "toffload-cuda-remote"]);
+    if dir.ends_with("release") {
+        cmd.arg("--release");
+    }
+    assert!(
+        cmd.status().expect("running cargo").success(),
+        "building backends/cuda-remote failed"
+    );
+    let lib = dir.join("libtoffload_cuda_remote.so");
+    assert!(lib.exists(), "{} missing", lib.display());
+    lib
+}
+
+/// The fake driver's folder (also as libcuda.so.1), a folder where the client
+/// library is libcuda.so.1 and libcuda.so (NVRTC stays the fake's: it compiles on
+/// the client), and cuda_app; removed on drop.
+pub struct Libs {
+    pub fake: PathBuf,
+    pub client: PathBuf,
+    pub app: PathBuf,
+}
+
+impl Libs {
+    pub fn new(tag: &str) -> Libs {
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let fake =
+            std::env::temp_dir().join(format!("toffload_cuda_sched_{}_{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&fake);
+        std::fs::create_dir_all(&fake).unwrap();
+        let ok = Command::new("cc")
+            .args([
+                "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-pthread",
+            ])
+            .arg("-I")
+            .arg(manifest.join("src/cuda"))
+            .arg(manifest.join("tests/c/fake_cuda.c"))
+            .arg("-o")
+            .arg(fake.join("libfakecuda.so"))
+            .status()
+            .expect("running cc")
+            .success();
+        assert!(ok, "compiling fake_cuda.c failed");
+        for name in ["libcuda.so", "libnvrtc.so", "libcuda.so.1"] {
+            std::os::unix::fs::symlink("libfakecuda.so", fake.join(name)).unwrap();
+        }
+        let client = fake.join("client");
+        std::fs::create_dir_all(&client).unwrap();
+        let lib = client_lib();
+        for name in ["libcuda.so.1", "libcuda.so"] {
+            std::os::unix::fs::symlink(&lib, client.join(name)).unwrap();
+        }
+        std::os::unix::fs::symlink(fake.join("libfakecuda.so"), client.join("libnvrtc.so"))
+            .unwrap();
+        let app = fake.join("cuda_app");
+        let ok = Command::new("cc")
+            .args(["-O1", "-Wall", "-Wextra", "-Werror", "-pthread"])
+            .arg(manifest.join("tests/c/cuda_app.c"))
+            .arg("-L")
+            .arg(&fake)
+            .args(["-l:libcuda.so.1", "-ldl", "-o"])
+            .arg(&app)
+            .status()
+            .expect("running cc")
+            .success();
+        assert!(ok, "compiling cuda_app.c failed");
+        Libs { fake, client, app }
+    }
+
+    /// A daemon's environment: the fake driver as its GPU, `kernel_us` per kernel.
+    pub fn gpu_env(&self, kernel_us: u32) -> Vec<(String, String)> {
+        vec![
+            ("LD_LIBRARY_PATH".into(), self.fake.display().to_string()),
+            ("FAKE_CUDA_KERNEL_US".into(), kernel_us.to_string()),
+        ]
+    }
+
+    /// cuda_app run directly on the fake driver.
+    pub fn direct(&self, args: &[&str], kernel_us: u32) -> Output {
+        Command::new(&self.app)
+            .args(args)
+            .env("LD_LIBRARY_PATH", &self.fake)
+            .env("FAKE_CUDA_KERNEL_US", kernel_us.to_string())
+            .output()
+            .unwrap()
+    }
+
+    /// `bin` with the client library as its driver, on the daemons `list`.
+    pub fn remote_cmd(&self, bin: &Path, list: &str) -> Command {
+        let mut c = Command::new(bin);
+        c.env("LD_LIBRARY_PATH", &self.client)
+            .env("TOFFLOAD_CUDA_REMOTE", list);
+        c
+    }
+}
+
+impl Drop for Libs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.fake);
+    }
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
