@@ -597,7 +597,14 @@ impl Remote {
                 }
             };
             let bytes = (status == SUCCESS && matches!(p, Pend::DtoH { .. })).then_some(data);
-            lock(&self.st).journal.reached(stream, seq, bytes);
+            let mut st = lock(&self.st);
+            st.journal.reached(seq, bytes);
+            // A host function is the program told the stream got there (a
+            // completion it acts on); a destroyed stream's end is its last word.
+            let ended = st.streams.get(&stream).is_none_or(|s| s.destroyed);
+            if matches!(p, Pend::HostFn { .. }) || ended {
+                st.journal.synced(stream, seq);
+            }
         }
         let stream = match p {
             Pend::DtoH { stream, dst, len } => {
@@ -692,10 +699,14 @@ impl Remote {
         }
     }
 
-    /// Waits until `stream` reaches `seq`; then any error owed to it.
+    /// Waits until `stream` reaches `seq`; then any error owed to it. A wait the
+    /// program makes is a synchronize: the guardian's log folds there.
     pub fn wait_seq(&self, stream: u64, seq: u64) -> CuResult {
         if let Err(e) = self.wait_for(|st| Self::at(st, stream, seq)) {
             return e;
+        }
+        if self.guarded() {
+            lock(&self.st).journal.synced(stream, seq);
         }
         self.owed(Some(stream))
     }
@@ -741,6 +752,14 @@ impl Remote {
             let rc = self.sync_stream(id);
             if rc != SUCCESS {
                 return rc;
+            }
+        }
+        if self.guarded() {
+            // The streams that were idle are synchronized too.
+            let mut st = lock(&self.st);
+            let idle: Vec<(u64, u64)> = st.streams.iter().map(|(&i, s)| (i, s.done)).collect();
+            for (id, done) in idle {
+                st.journal.synced(id, done);
             }
         }
         self.owed(None)

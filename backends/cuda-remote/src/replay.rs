@@ -7,9 +7,9 @@
 //! modules, functions, streams, events). The *log*: every call since, in the order it
 //! was batched, with the bytes it carried. Replay is the base, one synchronizing
 //! marker, then the log: a device buffer a kernel wrote and nobody read back is
-//! recomputed by the launches in the log. The log is folded into the base as the
-//! daemon reports progress (so after a synchronize it is empty), always from its
-//! front, so the base is the state after a prefix of the program's calls.
+//! recomputed by the launches in the log. The log is folded into the base at each
+//! synchronize (a stream's calls up to where the program waited for it), always
+//! from its front, so the base is the state after a prefix of the program's calls.
 //!
 //! What cannot be replayed: a buffer a kernel wrote before the base was taken (its
 //! contents are gone with the old daemon) that later work reads, and a log whose
@@ -179,7 +179,7 @@ pub struct Journal {
     modules: HashMap<u64, Vec<u8>>,
     funcs: HashMap<u64, (u64, String)>,
     log: VecDeque<Entry>,
-    /// Per stream, the last sequence number the daemon reported it past.
+    /// Per stream, the last sequence number the program synchronized it past.
     done: HashMap<u64, u64>,
     /// The log passed its bound and was dropped: no replay from here on.
     overflowed: bool,
@@ -232,8 +232,9 @@ impl Journal {
         self.fold();
     }
 
-    /// The daemon reported `stream` past `seq` (a DtoH's bytes in `data`).
-    pub fn reached(&mut self, stream: u64, seq: u64, data: Option<&[u8]>) {
+    /// The daemon reported the call `seq`: a DtoH's bytes in `data` are the
+    /// buffer's contents there.
+    pub fn reached(&mut self, seq: u64, data: Option<&[u8]>) {
         if let Some(d) = data {
             if let Some(e) = self.log.iter_mut().find(|e| e.seq == seq) {
                 if let Rec::DtoH {
@@ -247,12 +248,20 @@ impl Journal {
                 }
             }
         }
+    }
+
+    /// The program waited for `stream` to get past `seq` (a synchronize), or was
+    /// told it had (a host function ran, the stream ended): the calls before are
+    /// done with, and fold into the base. Progress reported without the program
+    /// seeing it (a query's marker, an event's record) folds nothing, so that the
+    /// launches since the last synchronize stay in the log to recompute from.
+    pub fn synced(&mut self, stream: u64, seq: u64) {
         let s = self.done.entry(stream).or_default();
         *s = (*s).max(seq);
         self.fold();
     }
 
-    /// Moves the log's completed front into the base.
+    /// Moves the log's front, as far as it is synchronized, into the base.
     fn fold(&mut self) {
         while let Some(e) = self.log.front() {
             let complete = match e.rec.stream() {
