@@ -485,15 +485,27 @@ fn a_daemon_lost_between_synchronizations_is_replayed() {
     assert_eq!(text(&again.stdout), text(&direct.stdout));
 }
 
-/// A multi-threaded server (4 threads x 400 requests, each thread its own stream,
-/// host functions, events) whose daemon is killed mid-run at no chosen point, then the daemon it moved to:
+/// A multi-threaded server (4 threads x 400 requests, each thread its own stream or
+/// all on one, host functions, events) whose daemon is killed mid-run at no chosen point, then the daemon it moved to:
 /// with the guardian it completes with the driver's results and every host function
 /// run exactly once.
 #[test]
 fn a_busy_program_completes_through_replay() {
     let libs = Libs::new("busy");
+    busy(&libs, &[]);
+    // Tasks multiplexed on one stream: its queued work, everyone's, replays in order.
+    busy(&libs, &[("CUDA_APP_SHARED_STREAM", "1")]);
+}
+
+fn busy(libs: &Libs, env: &[(&str, &str)]) {
     let args = ["run", "4", "400"];
-    let direct = libs.direct(&args);
+    let direct = Command::new(&libs.app)
+        .args(args)
+        .env("LD_LIBRARY_PATH", &libs.fake)
+        .env("FAKE_CUDA_KERNEL_US", "50")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
     assert!(direct.status.success(), "{}", text(&direct.stderr));
     let last = |o: &[u8]| {
         text(o)
@@ -511,6 +523,7 @@ fn a_busy_program_completes_through_replay() {
             .args(args)
             .env("CUDA_APP_PROGRESS", "1")
             .env("TOFFLOAD_CUDA_REMOTE_REPLAY_MB", guard)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -557,7 +570,10 @@ fn a_busy_program_completes_through_replay() {
         let o = wait_with_deadline(c, Duration::from_secs(30));
         all += &rest.join().unwrap();
         let err = errs.join().unwrap();
-        println!("guardian {guard} MiB: {:?} {err}", last(all.as_bytes()));
+        println!(
+            "{env:?} guardian {guard} MiB: {:?} {err}",
+            last(all.as_bytes())
+        );
         if guard == "0" {
             assert_eq!(o.status.code(), Some(3), "{all}");
         } else {

@@ -12,7 +12,8 @@
  *        | replay | unreplayable   (pause between two synchronizations: see pause())
  *        | events [nowait]         (cuStreamWaitEvent and cuEventElapsedTime)
  *        | victim | poke ADDR      (two identities: see victim_mode) 
- * CUDA_APP_PROGRESS=1: `run` prints a line per request as `loop` does. */
+ * CUDA_APP_PROGRESS=1: `run` prints a line per request as `loop` does.
+ * CUDA_APP_SHARED_STREAM=1: `run`'s threads share one stream. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -102,13 +103,17 @@ struct worker {
     int host_fns;
 };
 
+/* CUDA_APP_SHARED_STREAM=1: every thread queues on this one stream (tasks
+ * multiplexed on a stream; each one's synchronize waits for all queued before). */
+static CUstream shared_stream;
+
 static void *serve(void *arg) {
     struct worker *w = arg;
-    CUstream s;
+    CUstream s = shared_stream;
     CUevent e;
     CUdeviceptr d;
     unsigned char *in, *out;
-    CK(cuStreamCreate(&s, 1));
+    if (!s) CK(cuStreamCreate(&s, 1));
     CK(cuEventCreate(&e, 0));
     CK(cuMemAlloc_v2(&d, REQ));
     CK(cuMemHostAlloc((void **)&in, REQ, 0));
@@ -138,7 +143,7 @@ static void *serve(void *arg) {
     CK(cuMemFreeHost(in));
     CK(cuMemFreeHost(out));
     CK(cuEventDestroy_v2(e));
-    CK(cuStreamDestroy_v2(s));
+    if (s != shared_stream) CK(cuStreamDestroy_v2(s));
     return NULL;
 }
 
@@ -350,6 +355,7 @@ int main(int argc, char **argv) {
         threads = argc > 2 ? atoi(argv[2]) : 2;
         requests_per_thread = argc > 3 ? atoi(argv[3]) : 20;
         progress = getenv("CUDA_APP_PROGRESS") != NULL;
+        if (getenv("CUDA_APP_SHARED_STREAM")) CK(cuStreamCreate(&shared_stream, 1));
     } else {
         requests_per_thread = 1 << 30; /* loop: until killed or failed */
         progress = 1;
