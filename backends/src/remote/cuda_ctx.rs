@@ -128,12 +128,12 @@ impl SessionCtx {
     pub fn make_current(&self) -> Result<(), i32> {
         match self {
             SessionCtx::Primary(c) => c.make_current().map_err(|_| INVALID_HANDLE),
-            // Set on every batch (no per-thread cache: a connection thread serves
-            // one identity after another, and the primary context's cache would not
-            // know of these).
+            // Set on every batch, and the primary context's per-thread cache told
+            // (the cuda backend may run on this thread too).
             SessionCtx::Identity(c) => {
                 // SAFETY: a live context handle.
                 let r = unsafe { sys::cuCtxSetCurrent(c.ctx) };
+                driver::forget_current();
                 if r != sys::CUresult::CUDA_SUCCESS {
                     return Err(r as i32);
                 }
