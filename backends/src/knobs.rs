@@ -92,7 +92,7 @@ knobs! {
     REMOTE_PSK: "TOFFLOAD_REMOTE_PSK", "(none)", "a file path; not with TLS_*",
         "TLS 1.3 with a pre-shared key: a file with one `IDENTITY HEXKEY` line", Remote;
     CUDA_REMOTE: "TOFFLOAD_CUDA_REMOTE", "(required)", "host:port[,host:port...] (at most 16)",
-        "the toffload-remoted that runs this program's CUDA calls; of several, the one placement picks when the program starts", CudaRemote;
+        "the toffload-remoted that runs this program's CUDA calls; of several, the one placement picks when the program starts, then the others in list order if it is lost", CudaRemote;
     CUDA_REMOTE_PLACEMENT: "TOFFLOAD_CUDA_REMOTE_PLACEMENT", "predicted", "`predicted` or `first`",
         "of several daemons: the least predicted latency (round trip and bandwidth measured, the GPU's kernel queue and time per kernel from its heartbeat), or the first in list order that answers", CudaRemote;
     CUDA_REMOTE_PROBE_MS: "TOFFLOAD_CUDA_REMOTE_PROBE_MS", "1000", "milliseconds from 1 to 60000",
@@ -103,6 +103,12 @@ knobs! {
         "how long calls that return nothing wait to share a frame before it is sent (a wait sends at once)", CudaRemote;
     CUDA_REMOTE_CACHE_MIN: "TOFFLOAD_CUDA_REMOTE_CACHE_MIN", "65536", "bytes from 0 (every copy) to 16777216",
         "host-to-device copies this large go through the daemon's upload cache by content hash (module images always do)", CudaRemote;
+    CUDA_REMOTE_REPLAY_MB: "TOFFLOAD_CUDA_REMOTE_REPLAY_MB", "256", "MiB from 0 (off: a lost daemon is an error) to 65536",
+        "the guardian: bytes kept to replay the session on another connection (uploads since the last synchronize, buffers' known contents); past it, what needs them cannot be replayed", CudaRemote;
+    CUDA_REMOTE_RECONNECT_MS: "TOFFLOAD_CUDA_REMOTE_RECONNECT_MS", "10000", "milliseconds from 1 to 3600000",
+        "how long the guardian tries the listed daemons (with a growing pause) after the connection is lost", CudaRemote;
+    REMOTED_CUDA_CONTEXT: "TOFFLOAD_REMOTED_CUDA_CONTEXT", "identity", "`identity` or `primary`",
+        "remoted CUDA sessions run in one context per client identity (isolated from each other), or all in the device's primary context", Daemon;
     REMOTED_LOG: "TOFFLOAD_REMOTED_LOG", "info", "`error`, `warn`, `info`, `debug` or `trace`",
         "the daemon's log level (on stderr)", Daemon;
 }

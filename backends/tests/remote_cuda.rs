@@ -354,14 +354,16 @@ fn looping(libs: &Libs, d: &Daemon, env: &[(&str, &str)]) -> std::process::Child
     c
 }
 
-/// A daemon gone mid-run: the program's next wait fails with a CUDA error at once
+/// A daemon gone mid-run, guardian off: the program's next wait fails with a CUDA error at once
 /// (the connection closed) instead of hanging; a daemon that stops answering fails
 /// it by TOFFLOAD_CUDA_REMOTE_TIMEOUT_MS.
 #[test]
 fn a_lost_daemon_is_a_cuda_error_not_a_hang() {
     let libs = Libs::new("lost");
     let mut d = libs.daemon();
-    let c = looping(&libs, &d, &[]);
+    // Without the guardian (with it, the client would try to reconnect first: see
+    // what_cannot_be_replayed_is_a_clear_error for where that ends).
+    let c = looping(&libs, &d, &[("TOFFLOAD_CUDA_REMOTE_REPLAY_MB", "0")]);
     d.kill();
     let out = wait_with_deadline(c, Duration::from_secs(10));
     let err = text(&out.stderr);
@@ -383,4 +385,385 @@ fn a_lost_daemon_is_a_cuda_error_not_a_hang() {
     unsafe { libc::kill(d.child.id() as i32, libc::SIGCONT) };
     println!("stopped: failed after {:?}", t0.elapsed());
     assert_eq!(out.status.code(), Some(3));
+}
+
+/// The app in a `replay`/`unreplayable` mode: runs to its pause between two
+/// synchronizations, `at_pause` runs (kills a daemon), then it continues.
+fn paused_run(
+    libs: &Libs,
+    addrs: &str,
+    mode: &str,
+    env: &[(&str, &str)],
+    at_pause: impl FnOnce(),
+) -> Output {
+    use std::io::Write;
+    let mut c = libs
+        .remote_cmd(&libs.app, addrs)
+        .arg(mode)
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(c.stdout.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut l = String::new();
+        assert!(out.read_line(&mut l).unwrap() > 0, "no pause: {seen}");
+        seen += &l;
+        if l == "between syncs\n" {
+            break;
+        }
+    }
+    at_pause();
+    let mut stdin = c.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    // The rest of stdout, read while the app runs (it must not block on a pipe).
+    let rest = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut out, &mut s).unwrap();
+        s
+    });
+    let mut o = wait_with_deadline(c, Duration::from_secs(30));
+    o.stdout = (seen + &rest.join().unwrap()).into_bytes();
+    o
+}
+
+/// The guardian. The app uploads, launches, reads back, then uploads and launches
+/// again (buffers a kernel wrote since the last synchronize, never read back) and
+/// pauses; the daemon is killed there. Without the guardian
+/// (TOFFLOAD_CUDA_REMOTE_REPLAY_MB=0) its next wait fails; with it the client
+/// reconnects to the next daemon listed, or to the same one restarted, replays the
+/// session (the launches since the last synchronize recompute the buffers), and the
+/// app prints what it prints on the driver, byte for byte.
+#[test]
+fn a_daemon_lost_between_synchronizations_is_replayed() {
+    let libs = Libs::new("replay");
+    let direct = libs.direct(&["replay"]);
+    assert!(direct.status.success(), "{}", text(&direct.stderr));
+    let mut d1 = libs.daemon();
+    let d2 = libs.daemon();
+    let both = format!("{},{}", d1.addr(), d2.addr());
+
+    // The hazard: no guardian, the lost daemon is the program's error.
+    let off = paused_run(
+        &libs,
+        &both,
+        "replay",
+        &[("TOFFLOAD_CUDA_REMOTE_REPLAY_MB", "0")],
+        || d1.kill(),
+    );
+    println!("guardian off: {}{}", text(&off.stdout), text(&off.stderr));
+    assert_eq!(off.status.code(), Some(3), "the app fails");
+    assert!(text(&off.stdout).contains("CUDA error 46"));
+    assert_ne!(text(&off.stdout), text(&direct.stdout));
+
+    // The guardian: the second daemon listed takes over.
+    d1.restart();
+    let on = paused_run(&libs, &both, "replay", &[], || d1.kill());
+    let err = text(&on.stderr);
+    println!("guardian on: {}{err}", text(&on.stdout));
+    assert!(on.status.success(), "{}{err}", text(&on.stdout));
+    assert_eq!(text(&on.stdout), text(&direct.stdout), "byte-identical");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!("reconnected to {}", d2.addr())) && err.contains("replayed"),
+        "{err}"
+    );
+
+    // The same daemon, restarted on its port while the client retries.
+    d1.restart();
+    let again = paused_run(&libs, &d1.addr(), "replay", &[], || {
+        d1.kill();
+        std::thread::sleep(Duration::from_millis(300));
+        d1.restart();
+    });
+    println!("restarted: {}", text(&again.stderr));
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert_eq!(text(&again.stdout), text(&direct.stdout));
+}
+
+/// A multi-threaded server (4 threads x 400 requests, each thread its own stream or
+/// all on one, host functions, events) whose daemon is killed mid-run at no chosen point, then the daemon it moved to:
+/// with the guardian it completes with the driver's results and every host function
+/// run exactly once.
+#[test]
+fn a_busy_program_completes_through_replay() {
+    let libs = Libs::new("busy");
+    busy(&libs, &[]);
+    // Tasks multiplexed on one stream: its queued work, everyone's, replays in order.
+    busy(&libs, &[("CUDA_APP_SHARED_STREAM", "1")]);
+}
+
+fn busy(libs: &Libs, env: &[(&str, &str)]) {
+    let args = ["run", "4", "400"];
+    let direct = Command::new(&libs.app)
+        .args(args)
+        .env("LD_LIBRARY_PATH", &libs.fake)
+        .env("FAKE_CUDA_KERNEL_US", "50")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(direct.status.success(), "{}", text(&direct.stderr));
+    let last = |o: &[u8]| {
+        text(o)
+            .lines()
+            .filter(|l| l.starts_with("requests "))
+            .map(String::from)
+            .next_back()
+    };
+    let expected = last(&direct.stdout).expect("result line");
+    for guard in ["0", "256"] {
+        let mut d1 = libs.daemon();
+        let mut d2 = libs.daemon();
+        let mut c = libs
+            .remote_cmd(&libs.app, &format!("{},{}", d1.addr(), d2.addr()))
+            .args(args)
+            .env("CUDA_APP_PROGRESS", "1")
+            .env("TOFFLOAD_CUDA_REMOTE_REPLAY_MB", guard)
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(c.stdout.take().unwrap());
+        let mut n = 0;
+        let mut all = String::new();
+        while n < 40 {
+            let mut l = String::new();
+            assert!(out.read_line(&mut l).unwrap() > 0, "{all}");
+            n += l.starts_with("progress") as usize;
+            all += &l;
+        }
+        d1.kill();
+        // The client's stderr, line by line as it comes.
+        let (tx, lines) = std::sync::mpsc::channel::<String>();
+        let mut err_pipe = BufReader::new(c.stderr.take().unwrap());
+        let errs = std::thread::spawn(move || {
+            let mut all = String::new();
+            let mut l = String::new();
+            while err_pipe.read_line(&mut l).unwrap_or(0) > 0 {
+                let _ = tx.send(l.clone());
+                all += &l;
+                l.clear();
+            }
+            all
+        });
+        if guard != "0" {
+            // Once the client says it moved to the second daemon: the second
+            // killed, the first back on its port while the client retries; it
+            // replays onto the first.
+            let moved = lines
+                .recv_timeout(Duration::from_secs(20))
+                .expect("a replay");
+            assert!(moved.contains(&d2.addr()), "{moved}");
+            d2.kill();
+            d1.restart();
+        }
+        let rest = std::thread::spawn(move || {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut out, &mut s).unwrap();
+            s
+        });
+        let o = wait_with_deadline(c, Duration::from_secs(30));
+        all += &rest.join().unwrap();
+        let err = errs.join().unwrap();
+        println!(
+            "{env:?} guardian {guard} MiB: {:?} {err}",
+            last(all.as_bytes())
+        );
+        if guard == "0" {
+            assert_eq!(o.status.code(), Some(3), "{all}");
+        } else {
+            assert!(o.status.success(), "{all}{err}");
+            assert_eq!(last(all.as_bytes()).as_deref(), Some(expected.as_str()));
+            assert_eq!(err.matches("replayed the session").count(), 2, "{err}");
+        }
+    }
+}
+
+/// What a replay cannot rebuild is a clear error (one line, CUDA_ERROR_DEVICE_
+/// UNAVAILABLE), never a wrong answer or a hang: a buffer a kernel wrote before the
+/// last synchronize and nothing read back; a log past its bound; no daemon left.
+#[test]
+fn what_cannot_be_replayed_is_a_clear_error() {
+    let libs = Libs::new("noreplay");
+    let mut d1 = libs.daemon();
+    let d2 = libs.daemon();
+    let both = format!("{},{}", d1.addr(), d2.addr());
+    let o = paused_run(&libs, &both, "unreplayable", &[], || d1.kill());
+    let err = text(&o.stderr);
+    println!("lost contents: {}{err}", text(&o.stdout));
+    assert_eq!(o.status.code(), Some(3));
+    assert!(
+        text(&o.stdout).contains("CUDA error 46"),
+        "{}",
+        text(&o.stdout)
+    );
+    assert!(err.contains("written by a kernel before"), "{err}");
+    // Either the replay went through and the read failed (two lines), or the read
+    // was in the log already and the replay could not be (one line).
+    assert!(
+        err.contains("replayed the session") || err.contains("cannot replay"),
+        "{err}"
+    );
+    assert_eq!(
+        err.lines()
+            .filter(|l| l.contains("written by a kernel"))
+            .count(),
+        1,
+        "{err}"
+    );
+
+    d1.restart();
+    let o = paused_run(
+        &libs,
+        &both,
+        "replay",
+        &[("TOFFLOAD_CUDA_REMOTE_REPLAY_MB", "1")],
+        || d1.kill(),
+    );
+    let err = text(&o.stderr);
+    println!("log overflow: {err}");
+    assert_eq!(o.status.code(), Some(3));
+    assert!(err.contains("did not fit the replay log"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+
+    // Every daemon gone: the bounded reconnect ends in the error.
+    d1.restart();
+    let mut d2 = d2;
+    let t0 = Instant::now();
+    let o = paused_run(
+        &libs,
+        &both,
+        "replay",
+        &[("TOFFLOAD_CUDA_REMOTE_RECONNECT_MS", "500")],
+        || {
+            d1.kill();
+            d2.kill();
+        },
+    );
+    let err = text(&o.stderr);
+    println!("no daemon: after {:?}: {err}", t0.elapsed());
+    assert_eq!(o.status.code(), Some(3));
+    assert!(err.contains("answered within"), "{err}");
+}
+
+/// cuStreamWaitEvent and cuEventElapsedTime run on the daemon's driver: a copy on
+/// stream B that waits for an event recorded after a 200 ms kernel on stream A reads the
+/// kernel's output (without the wait it reads the buffer before the kernel is
+/// done); the kernel's time is measured between two events; an event created with
+/// CU_EVENT_DISABLE_TIMING has none (CUDA_ERROR_INVALID_HANDLE).
+#[test]
+fn stream_waits_and_event_times_are_the_drivers() {
+    let libs = Libs::new("events");
+    // A kernel long enough that the copy on B, not waiting, runs while it does on a
+    // loaded host.
+    let slow = [("FAKE_CUDA_KERNEL_US", "200000")];
+    let direct = Command::new(&libs.app)
+        .arg("events")
+        .env("LD_LIBRARY_PATH", &libs.fake)
+        .envs(slow)
+        .output()
+        .unwrap();
+    assert!(direct.status.success(), "{}", text(&direct.stdout));
+    let d = Daemon::start(
+        &["--listen", "127.0.0.1:0"],
+        &[("LD_LIBRARY_PATH", libs.fake.to_str().unwrap()), slow[0]],
+    );
+    let run = |extra: &[&str]| {
+        let o = libs
+            .remote_cmd(&libs.app, &d.addr())
+            .arg("events")
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}{}", text(&o.stdout), text(&o.stderr));
+        assert!(o.stderr.is_empty(), "{}", text(&o.stderr));
+        text(&o.stdout)
+    };
+    let read_line = |s: &str| {
+        s.lines()
+            .find(|l| l.starts_with("read on B"))
+            .map(String::from)
+            .unwrap()
+    };
+    let nowait = run(&["nowait"]);
+    let waited = run(&[]);
+    print!("{waited}");
+    assert_ne!(
+        read_line(&nowait),
+        read_line(&waited),
+        "without the wait, B reads before the kernel is done"
+    );
+    assert_eq!(waited, text(&direct.stdout), "as on the driver");
+    assert!(waited.contains("elapsed at least 150 ms: 1"), "{waited}");
+    assert!(waited.contains("untimed event: 400"), "{waited}");
+}
+
+/// Two client identities (plaintext: the peer's address; the second client leaves
+/// from 127.0.0.2 through an LD_PRELOAD shim) in one daemon, whose fake driver fails
+/// a copy or launch on memory of another context, as a GPU faults. The second
+/// client launches a kernel on the raw device address of the first's buffer (read
+/// from the fake driver's allocation log). With all sessions in the primary context
+/// (TOFFLOAD_REMOTED_CUDA_CONTEXT=primary) it overwrites the first's data; with a
+/// context per identity (the default) the launch fails and the data is intact.
+#[test]
+fn two_identities_do_not_see_each_others_memory() {
+    let libs = Libs::new("ident");
+    let direct = libs.direct(&["victim"]);
+    assert!(direct.status.success(), "{}", text(&direct.stderr));
+    let shim = libs.fake.join("bind_src.so");
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    assert!(Command::new("cc")
+        .args(["-shared", "-fPIC", "-Wall", "-Werror", "-o"])
+        .arg(&shim)
+        .arg(manifest.join("tests/c/bind_src.c"))
+        .arg("-ldl")
+        .status()
+        .unwrap()
+        .success());
+    let allocs = libs.fake.join("allocs.log");
+    for mode in ["primary", "identity"] {
+        let _ = std::fs::remove_file(&allocs);
+        let d = Daemon::start(
+            &["--listen", "127.0.0.1:0"],
+            &[
+                ("LD_LIBRARY_PATH", libs.fake.to_str().unwrap()),
+                ("FAKE_CUDA_STRICT_CTX", "1"),
+                ("FAKE_CUDA_ALLOC_LOG", allocs.to_str().unwrap()),
+                ("TOFFLOAD_REMOTED_CUDA_CONTEXT", mode),
+            ],
+        );
+        let mut poked = String::new();
+        let victim = paused_run(&libs, &d.addr(), "victim", &[], || {
+            let log = std::fs::read_to_string(&allocs).unwrap();
+            let addr = log
+                .lines()
+                .find_map(|l| l.strip_suffix(" 12288"))
+                .expect("the victim's buffer in the allocation log")
+                .to_string();
+            let o = libs
+                .remote_cmd(&libs.app, &d.addr())
+                .args(["poke", &addr])
+                .env("LD_PRELOAD", &shim)
+                .env("BIND_SRC", "127.0.0.2")
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}{}", text(&o.stdout), text(&o.stderr));
+            poked = text(&o.stdout);
+        });
+        assert!(victim.status.success(), "{}", text(&victim.stderr));
+        let seen = text(&victim.stdout);
+        println!("{mode}: {}{}", poked.lines().last().unwrap_or(""), seen);
+        if mode == "primary" {
+            assert!(poked.contains("poke -> 0"), "{poked}");
+            assert_ne!(seen, text(&direct.stdout), "the other identity wrote it");
+        } else {
+            assert!(!poked.contains("poke -> 0"), "{poked}");
+            assert_eq!(seen, text(&direct.stdout), "untouched");
+        }
+    }
 }

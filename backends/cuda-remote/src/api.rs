@@ -5,6 +5,7 @@
 
 use crate::remote::{self, log, CuResult, PendKind, Remote, INVALID_HANDLE, INVALID_VALUE};
 use crate::remote::{NOT_SUPPORTED, SUCCESS};
+use crate::replay::Rec;
 use crate::wire::{self, Call, Query};
 use libc::{c_char, c_int, c_uint, c_void, size_t};
 use std::ffi::CStr;
@@ -245,11 +246,10 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: size_t) -> 
     }
     let r = tri!(r());
     let addr = r.alloc_addr(size as u64);
-    tri!(r.send(
-        &Call::MemAlloc {
-            addr,
-            size: size as u64
-        },
+    let size = size as u64;
+    tri!(r.send_rec(
+        &Call::MemAlloc { addr, size },
+        Some(Rec::Alloc { addr, size }),
         false
     ));
     // SAFETY: non-null out-pointer from the caller.
@@ -274,7 +274,12 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CuResult {
         return INVALID_VALUE;
     }
     let r = tri!(r());
-    done(r.send(&Call::MemFree { addr: dptr }, false))
+    r.freed(dptr);
+    done(r.send_rec(
+        &Call::MemFree { addr: dptr },
+        Some(Rec::Free { addr: dptr }),
+        false,
+    ))
 }
 
 #[no_mangle]
@@ -334,15 +339,16 @@ fn htod(r: &Remote, stream: u64, dst: CUdeviceptr, src: *const u8, n: usize) -> 
     let bytes = unsafe { std::slice::from_raw_parts(src, n) };
     let data = tri!(r.upload(bytes.chunks(wire::PIECE).collect(), n >= r.cache_min));
     for (i, data) in data.into_iter().enumerate() {
-        tri!(r.send(
-            &Call::HtoD {
-                stream,
-                dst: dst + (i * wire::PIECE) as u64,
-                data,
-            },
-            false
-        ));
+        let dst = dst + (i * wire::PIECE) as u64;
+        // The guardian keeps the bytes (a copy, only while it is on).
+        let rec = r.guarded().then(|| Rec::HtoD {
+            stream,
+            dst,
+            bytes: bytes[i * wire::PIECE..][..data.len()].to_vec(),
+        });
+        tri!(r.send_rec(&Call::HtoD { stream, dst, data }, rec, false));
     }
+    r.restored(dst, n as u64);
     r.touch(stream);
     SUCCESS
 }
@@ -388,13 +394,21 @@ fn dtoh(r: &Remote, stream: u64, dst: *mut u8, src: CUdeviceptr, n: usize, wait:
         let len = DTOH_PIECE.min(n - off);
         let d = dst as usize + off;
         let seq = r.track(stream, |_| PendKind::DtoH { dst: d, len });
-        tri!(r.send(
+        let (src, len) = (src + off as u64, len as u32);
+        tri!(r.send_rec(
             &Call::DtoH {
                 stream,
                 seq,
-                src: src + off as u64,
-                len: len as u32,
+                src,
+                len,
             },
+            Some(Rec::DtoH {
+                stream,
+                seq,
+                src,
+                len,
+                data: None
+            }),
             false
         ));
         last = seq;
@@ -441,7 +455,11 @@ pub unsafe extern "C" fn cuStreamCreate(out: *mut Handle, flags: c_uint) -> CuRe
     let r = tri!(r());
     let id = r.id();
     r.stream_created(id);
-    tri!(r.send(&Call::StreamCreate { id, flags }, false));
+    tri!(r.send_rec(
+        &Call::StreamCreate { id, flags },
+        Some(Rec::StreamCreate { id, flags }),
+        false
+    ));
     // SAFETY: non-null out-pointer from the caller.
     unsafe { *out = handle(id) };
     SUCCESS
@@ -456,16 +474,21 @@ pub extern "C" fn cuStreamDestroy_v2(stream: Handle) -> CuResult {
     let r = tri!(r());
     // A last marker, so that the stream's record is dropped once the daemon is there.
     let seq = r.track(id, |_| PendKind::Mark);
-    tri!(r.send(
+    tri!(r.send_rec(
         &Call::Marker {
             stream: id,
             seq,
             sync: false
         },
+        Some(Rec::Marker { stream: id, seq }),
         false
     ));
     r.stream_destroyed(id);
-    done(r.send(&Call::StreamDestroy { id }, false))
+    done(r.send_rec(
+        &Call::StreamDestroy { id },
+        Some(Rec::StreamDestroy { id }),
+        false,
+    ))
 }
 
 #[no_mangle]
@@ -488,13 +511,16 @@ pub extern "C" fn cuStreamQuery(stream: Handle) -> CuResult {
 /// # Safety
 /// `out` points to a handle.
 #[no_mangle]
-pub unsafe extern "C" fn cuEventCreate(out: *mut Handle, _flags: c_uint) -> CuResult {
+pub unsafe extern "C" fn cuEventCreate(out: *mut Handle, flags: c_uint) -> CuResult {
     if out.is_null() {
         return INVALID_VALUE;
     }
     let r = tri!(r());
     let id = r.id();
-    r.event_create(id);
+    let rc = r.event_create(id, flags);
+    if rc != SUCCESS {
+        return rc;
+    }
     // SAFETY: non-null out-pointer from the caller.
     unsafe { *out = handle(id) };
     SUCCESS
@@ -529,6 +555,41 @@ pub extern "C" fn cuEventSynchronize(ev: Handle) -> CuResult {
     r.event_sync(id_of(ev))
 }
 
+#[no_mangle]
+pub extern "C" fn cuStreamWaitEvent(stream: Handle, ev: Handle, flags: c_uint) -> CuResult {
+    if flags != 0 {
+        return unsupported("cuStreamWaitEvent with flags");
+    }
+    let r = tri!(r());
+    r.wait_event(stream_of(stream), id_of(ev))
+}
+
+/// # Safety
+/// `ms` points to a float.
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Handle) -> CuResult {
+    if ms.is_null() {
+        return INVALID_VALUE;
+    }
+    let r = tri!(r());
+    let v = tri!(r.elapsed(id_of(start), id_of(end)));
+    // SAFETY: non-null out-pointer from the caller.
+    unsafe { *ms = v };
+    SUCCESS
+}
+
+/// # Safety
+/// As cuEventElapsedTime (CUDA 13's name for it).
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut f32,
+    start: Handle,
+    end: Handle,
+) -> CuResult {
+    // SAFETY: same contract.
+    unsafe { cuEventElapsedTime(ms, start, end) }
+}
+
 /// # Safety
 /// `f` is a host function the program may have called with `user` on any thread.
 #[no_mangle]
@@ -544,12 +605,13 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
         f,
         user: user as usize,
     });
-    done(r.send(
+    done(r.send_rec(
         &Call::Marker {
             stream,
             seq,
             sync: false,
         },
+        Some(Rec::Marker { stream, seq }),
         false,
     ))
 }
@@ -595,7 +657,11 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_v
     let bytes = unsafe { std::slice::from_raw_parts(image as *const u8, n) };
     let id = r.id();
     let image = tri!(r.upload(vec![bytes], true)).remove(0);
-    tri!(r.send(&Call::ModuleLoad { id, image }, false));
+    let rec = r.guarded().then(|| Rec::Module {
+        id,
+        image: bytes.to_vec(),
+    });
+    tri!(r.send_rec(&Call::ModuleLoad { id, image }, rec, false));
     // SAFETY: non-null out-pointer from the caller.
     unsafe { *module = handle(id) };
     SUCCESS
@@ -638,6 +704,11 @@ pub unsafe extern "C" fn cuModuleGetFunction(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(id, layout);
+    r.journal(Rec::Func {
+        id,
+        module,
+        name: name.to_string(),
+    });
     // SAFETY: non-null out-pointer from the caller.
     unsafe { *f = handle(id) };
     SUCCESS
@@ -646,7 +717,12 @@ pub unsafe extern "C" fn cuModuleGetFunction(
 #[no_mangle]
 pub extern "C" fn cuModuleUnload(module: Handle) -> CuResult {
     let r = tri!(r());
-    done(r.send(&Call::ModuleUnload { id: id_of(module) }, false))
+    let id = id_of(module);
+    done(r.send_rec(
+        &Call::ModuleUnload { id },
+        Some(Rec::ModuleUnload { id }),
+        false,
+    ))
 }
 
 /// # Safety
@@ -678,6 +754,9 @@ pub unsafe extern "C" fn cuLaunchKernel(
         return INVALID_VALUE;
     }
     let mut blob = Vec::new();
+    // Parameters that are addresses in our allocations (as the daemon translates
+    // them): the buffers the kernel may read and write.
+    let mut ptrs = Vec::new();
     for (i, &(_, size)) in layout.iter().enumerate() {
         // SAFETY: the program passes one pointer per parameter, each to `size` bytes
         // (the function's own layout).
@@ -686,21 +765,36 @@ pub unsafe extern "C" fn cuLaunchKernel(
             if p.is_null() {
                 return INVALID_VALUE;
             }
-            blob.extend_from_slice(std::slice::from_raw_parts(p, size as usize));
+            let b = std::slice::from_raw_parts(p, size as usize);
+            if size == 8 {
+                let v = u64::from_le_bytes(b.try_into().expect("8 bytes"));
+                if wire::is_sim(v) {
+                    ptrs.push(v);
+                }
+            }
+            blob.extend_from_slice(b);
         }
     }
     let stream = stream_of(stream);
-    let rc = done(r.send(
-        &Call::Launch {
-            func,
-            stream,
-            grid: [gx, gy, gz],
-            block: [bx, by, bz],
-            shmem,
-            params: &blob,
-        },
-        false,
-    ));
+    let (grid, block) = ([gx, gy, gz], [bx, by, bz]);
+    let call = Call::Launch {
+        func,
+        stream,
+        grid,
+        block,
+        shmem,
+        params: &blob,
+    };
+    let rec = r.guarded().then(|| Rec::Launch {
+        func,
+        stream,
+        grid,
+        block,
+        shmem,
+        params: blob.clone(),
+        ptrs,
+    });
+    let rc = done(r.send_rec(&call, rec, false));
     r.touch(stream);
     rc
 }
@@ -825,9 +919,9 @@ unsupported! {
     cuLibraryLoadData cuLibraryGetKernel cuLaunchKernelEx cuLaunchCooperativeKernel
     cuFuncGetAttribute cuFuncSetAttribute cuFuncSetCacheConfig cuFuncGetParamInfo
     cuOccupancyMaxActiveBlocksPerMultiprocessor cuOccupancyMaxPotentialBlockSize
-    cuStreamCreateWithPriority cuStreamWaitEvent cuStreamAddCallback
+    cuStreamCreateWithPriority cuStreamAddCallback
     cuStreamBeginCapture_v2 cuStreamEndCapture cuStreamGetFlags cuStreamGetPriority
-    cuEventElapsedTime cuEventElapsedTime_v2 cuEventRecordWithFlags cuGraphCreate
+    cuEventRecordWithFlags cuGraphCreate
     cuGraphLaunch cuGraphInstantiateWithFlags cuIpcGetMemHandle cuIpcOpenMemHandle_v2
     cuMemAddressReserve cuMemCreate cuMemMap cuMemSetAccess cuMemRelease cuMemUnmap
 }

@@ -6,7 +6,8 @@
 //! hash. See docs/remote-cuda.md.
 //!
 //! api.rs: the exported driver functions; remote.rs: the connection and the
-//! simulated state. The frame layout and the calls' encoding are the daemon's own
+//! simulated state; replay.rs and guard.rs: the context consistency guardian (the
+//! session's journal, and its replay on another connection after a loss). The frame layout and the calls' encoding are the daemon's own
 //! files, included by path (std only), so the two sides cannot drift apart.
 
 // The driver API's names and its C types.
@@ -25,5 +26,7 @@ mod wire;
 mod knobs;
 
 mod api;
+mod guard;
 mod remote;
+mod replay;
 mod sched;

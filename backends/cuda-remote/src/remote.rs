@@ -5,17 +5,20 @@
 //!
 //! Three kinds of thread touch it: the program's (calls), the flusher (sends a batch
 //! that waited its linger) and the receiver (notes: answers, stream progress). Every
-//! wait has the deadline TOFFLOAD_CUDA_REMOTE_TIMEOUT_MS, and a lost connection ends
+//! wait has the deadline TOFFLOAD_CUDA_REMOTE_TIMEOUT_MS. A lost connection is
+//! reconnected and the session replayed by the receiver (guard.rs, replay.rs); with
+//! the guardian off (TOFFLOAD_CUDA_REMOTE_REPLAY_MB=0), or when that fails, it ends
 //! every wait at once with CUDA_ERROR_DEVICE_UNAVAILABLE.
 
 use crate::frame::{self, FrameReader, Msg};
 use crate::knobs;
+use crate::replay::{Journal, Rec};
 use crate::sched;
 use crate::wire::{self, Call, Note};
-use std::collections::{HashMap, HashSet};
-use std::net::TcpStream;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -62,8 +65,8 @@ struct StreamSt {
 }
 
 #[derive(Default)]
-struct St {
-    dead: Option<CuResult>,
+pub(crate) struct St {
+    pub(crate) dead: Option<CuResult>,
     /// The first error of a call sent without waiting, owed to the next synchronize.
     sticky: CuResult,
     answers: HashMap<u64, (CuResult, Vec<u8>)>,
@@ -71,26 +74,42 @@ struct St {
     pending: HashMap<u64, Pend>,
     /// event -> (stream, seq) of its last record.
     events: HashMap<u64, Option<(u64, u64)>>,
+    /// The guardian's base and log (replay.rs).
+    pub(crate) journal: Journal,
+    /// Queries sent and not answered, encoded: a replay sends them again.
+    pub(crate) asks: HashMap<u64, Vec<u8>>,
+    /// Allocations whose contents a replay could not restore (base -> size, and
+    /// whether a line said so).
+    pub(crate) lost: BTreeMap<u64, (u64, bool)>,
 }
 
-struct Tx {
-    sock: TcpStream,
-    batch: Vec<u8>,
+pub(crate) struct Tx {
+    pub(crate) sock: TcpStream,
+    pub(crate) batch: Vec<u8>,
     last_send: Instant,
 }
 
 pub struct Remote {
-    tx: Mutex<Tx>,
+    pub(crate) tx: Mutex<Tx>,
     tx_cv: Condvar,
-    st: Mutex<St>,
-    cv: Condvar,
+    pub(crate) st: Mutex<St>,
+    pub(crate) cv: Condvar,
     pub timeout: Duration,
+    /// The daemons, in order of preference (TOFFLOAD_CUDA_REMOTE's list).
+    pub(crate) addrs: Vec<String>,
+    /// The one connected now.
+    pub(crate) at: AtomicUsize,
+    pub(crate) client_id: u64,
+    /// The guardian's bound in bytes (0: off).
+    pub(crate) replay_limit: usize,
+    /// How long the guardian tries to reconnect.
+    pub(crate) reconnect: Duration,
     linger: Duration,
     pub cache_min: usize,
     next: AtomicU64,
     next_addr: AtomicU64,
     /// Upload hashes the daemon holds for us (its Welcome inventory, then what we sent).
-    held: Mutex<HashSet<[u8; 32]>>,
+    pub(crate) held: Mutex<HashSet<[u8; 32]>>,
     /// Function id -> parameter layout.
     pub funcs: Mutex<HashMap<u64, Vec<(u32, u32)>>>,
     /// Answers that never change (device queries), by query.
@@ -138,7 +157,7 @@ pub(crate) fn send_all(sock: &TcpStream, mut buf: &[u8]) -> std::io::Result<()> 
     Ok(())
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -168,9 +187,59 @@ pub fn get() -> Result<&'static Arc<Remote>, CuResult> {
     .map_err(|e| *e)
 }
 
+/// A connection to one daemon: the socket (read timeout cleared), the reader with
+/// whatever followed the Welcome, and the uploads the daemon holds for us.
+pub(crate) struct Dialed {
+    pub sock: TcpStream,
+    pub rd: FrameReader,
+    pub held: HashSet<[u8; 32]>,
+}
+
+/// Connects to `addr` and says hello as `client_id`.
+pub(crate) fn dial(addr: &str, client_id: u64, timeout: Duration) -> Result<Dialed, String> {
+    let fail = |e: std::io::Error| format!("daemon {addr}: {e}");
+    let sa = addr
+        .to_socket_addrs()
+        .map_err(fail)?
+        .next()
+        .ok_or_else(|| format!("daemon {addr}: no address"))?;
+    let mut sock = TcpStream::connect_timeout(&sa, timeout).map_err(fail)?;
+    let _ = sock.set_nodelay(true);
+    sock.set_write_timeout(Some(timeout)).map_err(fail)?;
+    sock.set_read_timeout(Some(timeout)).map_err(fail)?;
+    let mut out = Vec::new();
+    frame::encode(
+        &Msg::Hello {
+            version: frame::VERSION,
+            client_id,
+        },
+        &mut out,
+    );
+    send_all(&sock, &out).map_err(fail)?;
+    let mut rd = FrameReader::new();
+    let held: HashSet<[u8; 32]> = loop {
+        if let Some(body) = rd.next_frame().map_err(|e| format!("daemon {addr}: {e}"))? {
+            match frame::decode(body) {
+                Ok(Msg::Welcome { chunks, .. }) => break chunks.into_iter().collect(),
+                Ok(Msg::Refused { reason }) => {
+                    return Err(format!("daemon {addr} refused us: {reason}"))
+                }
+                other => return Err(format!("daemon {addr}: unexpected {other:?}")),
+            }
+        }
+        if rd.fill(&mut sock).map_err(fail)? == 0 {
+            return Err(format!("daemon {addr} closed the connection"));
+        }
+    };
+    // The receiver blocks in read until the daemon speaks or goes away.
+    sock.set_read_timeout(None).map_err(fail)?;
+    Ok(Dialed { sock, rd, held })
+}
+
 impl Remote {
     fn connect() -> Result<Arc<Remote>, (CuResult, String)> {
         let list = std::env::var(knobs::CUDA_REMOTE.var).unwrap_or_default();
+        let addrs = sched::parse_list(&list).map_err(|e| (NO_DEVICE, e))?;
         let timeout = Duration::from_millis(knob_u64(
             &knobs::CUDA_REMOTE_TIMEOUT_MS,
             30000,
@@ -181,13 +250,26 @@ impl Remote {
             Duration::from_micros(knob_u64(&knobs::CUDA_REMOTE_LINGER_US, 200, 0, 100_000));
         let cache_min = knob_u64(&knobs::CUDA_REMOTE_CACHE_MIN, 65536, 0, 16 << 20) as usize;
         let probe_ms = knob_u64(&knobs::CUDA_REMOTE_PROBE_MS, 1000, 1, 60_000);
-        // The daemon (of several: the one placement picks), past its Welcome.
+        let replay_limit = (knob_u64(&knobs::CUDA_REMOTE_REPLAY_MB, 256, 0, 65536) << 20) as usize;
+        let reconnect = Duration::from_millis(knob_u64(
+            &knobs::CUDA_REMOTE_RECONNECT_MS,
+            10000,
+            1,
+            3_600_000,
+        ));
+        let mut id = [0u8; 8];
+        openssl::rand::rand_bytes(&mut id).map_err(|e| (NO_DEVICE, e.to_string()))?;
+        // The session's id for reconnects (placement's probes hello with their own).
+        let client_id = u64::from_le_bytes(id);
+        // The daemon (of several: the one placement picks), past its Welcome; a lost
+        // connection goes back to it first, then to the others in list order.
         let sched::Conn {
             addr,
             sock,
             rd,
             held,
         } = sched::place(&list, timeout, probe_ms)?;
+        let at = addrs.iter().position(|a| *a == addr).unwrap_or(0);
         let fail = |e: std::io::Error| (NO_DEVICE, format!("daemon {addr}: {e}"));
         sock.set_write_timeout(Some(timeout)).map_err(fail)?;
         // The receiver blocks in read until the daemon speaks or goes away.
@@ -200,9 +282,17 @@ impl Remote {
                 last_send: Instant::now(),
             }),
             tx_cv: Condvar::new(),
-            st: Mutex::new(St::default()),
+            st: Mutex::new(St {
+                journal: Journal::new(replay_limit),
+                ..St::default()
+            }),
             cv: Condvar::new(),
             timeout,
+            addrs,
+            at: AtomicUsize::new(at),
+            client_id,
+            replay_limit,
+            reconnect,
             linger,
             cache_min,
             next: AtomicU64::new(1),
@@ -241,6 +331,18 @@ impl Remote {
 
     /// Queues a call; `now`: send the batch at once (a wait follows).
     pub fn send(&self, c: &Call<'_>, now: bool) -> Result<(), CuResult> {
+        self.send_rec(c, None, now)
+    }
+
+    /// Is the guardian on?
+    pub fn guarded(&self) -> bool {
+        self.replay_limit > 0
+    }
+
+    /// Queues a call and, with the guardian on, keeps `rec` in its journal: the
+    /// journal gets it under the same lock as the batch, so a replay (which clears
+    /// the batch) holds every call the program made, once.
+    pub fn send_rec(&self, c: &Call<'_>, rec: Option<Rec>, now: bool) -> Result<(), CuResult> {
         if let Some(e) = self.dead() {
             return Err(e);
         }
@@ -253,6 +355,21 @@ impl Remote {
         let mut tx = lock(&self.tx);
         if tx.batch.len() + one.len() > (1 << 20) {
             self.flush_locked(&mut tx)?;
+        }
+        if let Some(rec) = rec.filter(|_| self.guarded()) {
+            // After the send lock, so that a replay in progress has said what it
+            // could not restore.
+            match &rec {
+                Rec::DtoH { src, .. } => self.check_lost(*src)?,
+                Rec::Launch { ptrs, .. } => {
+                    for &p in ptrs {
+                        self.check_lost(p)?;
+                    }
+                }
+                _ => {}
+            }
+            let seq = self.id();
+            lock(&self.st).journal.push(seq, rec);
         }
         tx.batch.extend_from_slice(&one);
         if now || self.linger.is_zero() {
@@ -278,6 +395,12 @@ impl Remote {
         tx.batch.clear();
         tx.last_send = Instant::now();
         if let Err(e) = send_all(&tx.sock, &out) {
+            if self.guarded() {
+                // The receiver sees the connection end and replays the journal,
+                // which holds what this batch held.
+                let _ = tx.sock.shutdown(std::net::Shutdown::Both);
+                return Ok(());
+            }
             self.lost(&format!("sending to the daemon: {e}"));
             return Err(DEVICE_UNAVAILABLE);
         }
@@ -303,6 +426,10 @@ impl Remote {
                     frame::encode(&Msg::Ping { token: 0 }, &mut out);
                     tx.last_send = Instant::now();
                     if send_all(&tx.sock, &out).is_err() {
+                        if self.guarded() {
+                            let _ = tx.sock.shutdown(std::net::Shutdown::Both);
+                            continue;
+                        }
                         drop(tx);
                         self.lost("pinging the daemon failed");
                         return;
@@ -316,7 +443,62 @@ impl Remote {
         }
     }
 
-    fn lost(&self, why: &str) {
+    /// Has the daemon reported the call `seq`?
+    pub(crate) fn reported(&self, seq: u64) -> bool {
+        !lock(&self.st).pending.contains_key(&seq)
+    }
+
+    pub(crate) fn wake_all(&self) {
+        self.cv.notify_all();
+        self.tx_cv.notify_all();
+    }
+
+    /// Keeps `rec` in the journal without sending anything (what the daemon did on
+    /// a query, a function looked up).
+    pub fn journal(&self, rec: Rec) {
+        if !self.guarded() {
+            return;
+        }
+        let _tx = lock(&self.tx);
+        let seq = self.id();
+        lock(&self.st).journal.push(seq, rec);
+    }
+
+    /// Fails a use of device memory whose contents a replay could not restore
+    /// (CUDA_ERROR_DEVICE_UNAVAILABLE, one line per allocation).
+    pub fn check_lost(&self, addr: u64) -> Result<(), CuResult> {
+        let mut st = lock(&self.st);
+        let Some((&base, (size, said))) = st.lost.range_mut(..=addr).next_back() else {
+            return Ok(());
+        };
+        if addr >= base + *size {
+            return Ok(());
+        }
+        if !*said {
+            *said = true;
+            log(&format!(
+                "device memory {base:#x} ({size} bytes) was written by a kernel before the \
+                 daemon was lost and never read back: its contents are gone \
+                 (CUDA_ERROR_DEVICE_UNAVAILABLE until it is uploaded whole again)"
+            ));
+        }
+        Err(DEVICE_UNAVAILABLE)
+    }
+
+    /// An upload of `len` bytes at `addr`: a lost allocation written whole is whole
+    /// again.
+    pub fn restored(&self, addr: u64, len: u64) {
+        let mut st = lock(&self.st);
+        if st.lost.get(&addr).is_some_and(|&(s, _)| s == len) {
+            st.lost.remove(&addr);
+        }
+    }
+
+    pub fn freed(&self, addr: u64) {
+        lock(&self.st).lost.remove(&addr);
+    }
+
+    pub(crate) fn lost(&self, why: &str) {
         let mut st = lock(&self.st);
         if st.dead.is_none() {
             st.dead = Some(DEVICE_UNAVAILABLE);
@@ -329,33 +511,45 @@ impl Remote {
         self.tx_cv.notify_all();
     }
 
+    /// Handles the frames `rd` holds. Err: the connection is unusable (why).
+    pub(crate) fn frames(&self, rd: &mut FrameReader) -> Result<(), String> {
+        loop {
+            let body = match rd.next_frame() {
+                Ok(Some(b)) => b.to_vec(),
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(format!("bad frame: {e}")),
+            };
+            match frame::decode(&body) {
+                Ok(Msg::CudaNotes { notes }) => {
+                    self.notes(notes).map_err(|e| format!("bad note: {e}"))?
+                }
+                Ok(Msg::Pong { .. }) => {}
+                Ok(Msg::Refused { reason }) => return Err(format!("the daemon refused: {reason}")),
+                Ok(m) => return Err(format!("unexpected frame {m:?}")),
+                Err(e) => return Err(format!("bad frame: {e}")),
+            }
+        }
+    }
+
     fn receive(self: Arc<Self>, mut sock: TcpStream, mut rd: FrameReader) {
         loop {
-            loop {
-                let body = match rd.next_frame() {
-                    Ok(Some(b)) => b.to_vec(),
-                    Ok(None) => break,
-                    Err(e) => return self.lost(&format!("bad frame: {e}")),
-                };
-                match frame::decode(&body) {
-                    Ok(Msg::CudaNotes { notes }) => {
-                        if let Err(e) = self.notes(notes) {
-                            return self.lost(&format!("bad note: {e}"));
-                        }
-                    }
-                    Ok(Msg::Pong { .. }) => {}
-                    Ok(Msg::Refused { reason }) => {
-                        return self.lost(&format!("the daemon refused: {reason}"))
-                    }
-                    Ok(m) => return self.lost(&format!("unexpected frame {m:?}")),
-                    Err(e) => return self.lost(&format!("bad frame: {e}")),
-                }
+            let why = match self.frames(&mut rd) {
+                Err(why) => why,
+                Ok(()) => match rd.fill(&mut sock) {
+                    Ok(0) => "the daemon closed the connection".to_string(),
+                    Ok(_) => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => e.to_string(),
+                },
+            };
+            if !self.guarded() || self.dead().is_some() {
+                return self.lost(&why);
             }
-            match rd.fill(&mut sock) {
-                Ok(0) => return self.lost("the daemon closed the connection"),
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return self.lost(&e.to_string()),
+            // The guardian: another connection with the session replayed, or the
+            // error for every call from now on.
+            match self.recover(&why) {
+                Some((s, r)) => (sock, rd) = (s, r),
+                None => return,
             }
         }
     }
@@ -365,7 +559,12 @@ impl Remote {
         while let Some(n) = r.note()? {
             match n {
                 Note::Answer { req, status, data } => {
-                    lock(&self.st).answers.insert(req, (status, data.to_vec()));
+                    let mut st = lock(&self.st);
+                    // A replay's function lookups (req 0) are answered to nobody.
+                    if req != 0 {
+                        st.asks.remove(&req);
+                        st.answers.insert(req, (status, data.to_vec()));
+                    }
                 }
                 Note::Failed { status, call } => {
                     let mut st = lock(&self.st);
@@ -387,6 +586,22 @@ impl Remote {
         let Some(p) = lock(&self.st).pending.remove(&seq) else {
             return;
         };
+        if self.guarded() {
+            let stream = match &p {
+                Pend::DtoH { stream, .. } | Pend::Mark { stream } | Pend::HostFn { stream, .. } => {
+                    *stream
+                }
+            };
+            let bytes = (status == SUCCESS && matches!(p, Pend::DtoH { .. })).then_some(data);
+            let mut st = lock(&self.st);
+            st.journal.reached(seq, bytes);
+            // A host function is the program told the stream got there (a
+            // completion it acts on); a destroyed stream's end is its last word.
+            let ended = st.streams.get(&stream).is_none_or(|s| s.destroyed);
+            if matches!(p, Pend::HostFn { .. }) || ended {
+                st.journal.synced(stream, seq);
+            }
+        }
         let stream = match p {
             Pend::DtoH { stream, dst, len } => {
                 if status == SUCCESS && data.len() == len {
@@ -480,10 +695,14 @@ impl Remote {
         }
     }
 
-    /// Waits until `stream` reaches `seq`; then any error owed to it.
+    /// Waits until `stream` reaches `seq`; then any error owed to it. A wait the
+    /// program makes is a synchronize: the guardian's log folds there.
     pub fn wait_seq(&self, stream: u64, seq: u64) -> CuResult {
         if let Err(e) = self.wait_for(|st| Self::at(st, stream, seq)) {
             return e;
+        }
+        if self.guarded() {
+            lock(&self.st).journal.synced(stream, seq);
         }
         self.owed(Some(stream))
     }
@@ -503,12 +722,13 @@ impl Remote {
     /// A marker on `stream`: synchronize (wait) or query (do not).
     pub fn sync_stream(&self, stream: u64) -> CuResult {
         let seq = self.track(stream, |_| PendKind::Mark);
-        if let Err(e) = self.send(
+        if let Err(e) = self.send_rec(
             &Call::Marker {
                 stream,
                 seq,
                 sync: true,
             },
+            Some(Rec::Marker { stream, seq }),
             true,
         ) {
             return e;
@@ -530,6 +750,14 @@ impl Remote {
                 return rc;
             }
         }
+        if self.guarded() {
+            // The streams that were idle are synchronized too.
+            let mut st = lock(&self.st);
+            let idle: Vec<(u64, u64)> = st.streams.iter().map(|(&i, s)| (i, s.done)).collect();
+            for (id, done) in idle {
+                st.journal.synced(id, done);
+            }
+        }
         self.owed(None)
     }
 
@@ -543,12 +771,13 @@ impl Remote {
         };
         let last = if dirty {
             let seq = self.track(stream, |_| PendKind::Mark);
-            if let Err(e) = self.send(
+            if let Err(e) = self.send_rec(
                 &Call::Marker {
                     stream,
                     seq,
                     sync: false,
                 },
+                Some(Rec::Marker { stream, seq }),
                 true,
             ) {
                 return e;
@@ -571,14 +800,30 @@ impl Remote {
         }
     }
 
-    pub fn event_create(&self, ev: u64) {
+    /// An event, on the daemon too (stream waits and timing are the driver's).
+    pub fn event_create(&self, ev: u64, flags: u32) -> CuResult {
         lock(&self.st).events.insert(ev, None);
+        match self.send_rec(
+            &Call::EventCreate { id: ev, flags },
+            Some(Rec::EventCreate { id: ev, flags }),
+            false,
+        ) {
+            Ok(()) => SUCCESS,
+            Err(e) => e,
+        }
     }
 
     pub fn event_destroy(&self, ev: u64) -> CuResult {
-        match lock(&self.st).events.remove(&ev) {
-            Some(_) => SUCCESS,
-            None => INVALID_HANDLE,
+        if lock(&self.st).events.remove(&ev).is_none() {
+            return INVALID_HANDLE;
+        }
+        match self.send_rec(
+            &Call::EventDestroy { id: ev },
+            Some(Rec::EventDestroy { id: ev }),
+            false,
+        ) {
+            Ok(()) => SUCCESS,
+            Err(e) => e,
         }
     }
 
@@ -588,17 +833,55 @@ impl Remote {
         }
         let seq = self.track(stream, |_| PendKind::Mark);
         lock(&self.st).events.insert(ev, Some((stream, seq)));
-        match self.send(
-            &Call::Marker {
+        match self.send_rec(
+            &Call::EventRecord {
+                event: ev,
                 stream,
                 seq,
-                sync: false,
             },
+            Some(Rec::EventRecord {
+                event: ev,
+                stream,
+                seq,
+            }),
             false,
         ) {
             Ok(()) => SUCCESS,
             Err(e) => e,
         }
+    }
+
+    /// cuStreamWaitEvent: the daemon's stream waits for the event's last record.
+    pub fn wait_event(&self, stream: u64, ev: u64) -> CuResult {
+        if !lock(&self.st).events.contains_key(&ev) {
+            return INVALID_HANDLE;
+        }
+        let rc = match self.send_rec(
+            &Call::WaitEvent { stream, event: ev },
+            Some(Rec::WaitEvent { stream, event: ev }),
+            false,
+        ) {
+            Ok(()) => SUCCESS,
+            Err(e) => e,
+        };
+        self.touch(stream);
+        rc
+    }
+
+    /// cuEventElapsedTime: once both records are done, the daemon's driver measures.
+    pub fn elapsed(&self, start: u64, end: u64) -> Result<f32, CuResult> {
+        for ev in [start, end] {
+            if let Some((stream, seq)) = self.event_at(ev)? {
+                self.flush()?;
+                let rc = self.wait_seq(stream, seq);
+                if rc != SUCCESS {
+                    return Err(rc);
+                }
+            }
+        }
+        let a = self.ask(|req| Call::Elapsed { req, start, end })?;
+        let b: [u8; 4] = a.as_slice().try_into().map_err(|_| INVALID_VALUE)?;
+        Ok(f32::from_le_bytes(b))
     }
 
     fn event_at(&self, ev: u64) -> Result<Option<(u64, u64)>, CuResult> {
@@ -645,12 +928,23 @@ impl Remote {
     /// Sends a query and waits for its answer.
     pub fn ask<'a>(&self, c: impl FnOnce(u64) -> Call<'a>) -> Result<Vec<u8>, CuResult> {
         let req = self.id();
-        self.send(&c(req), true)?;
+        let c = c(req);
+        if self.guarded() {
+            let mut enc = Vec::new();
+            wire::put_call(&c, &mut enc);
+            lock(&self.st).asks.insert(req, enc);
+        }
+        if let Err(e) = self.send(&c, true) {
+            lock(&self.st).asks.remove(&req);
+            return Err(e);
+        }
         let mut got = None;
-        self.wait_for(|st| {
+        let waited = self.wait_for(|st| {
             got = st.answers.remove(&req);
             got.is_some()
-        })?;
+        });
+        lock(&self.st).asks.remove(&req);
+        waited?;
         let (status, data) = got.expect("answered");
         if status != SUCCESS {
             return Err(status);

@@ -324,6 +324,14 @@ pub fn init(ordinal: i32) -> Result<(sys::CUdevice, DeviceInfo), CuError> {
     }
 }
 
+thread_local!(static CURRENT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) });
+
+/// Another context was made current on this thread (remoted CUDA sessions run in
+/// their own): the next `make_current` must set the primary one again.
+pub fn forget_current() {
+    CURRENT.with(|c| c.set(0));
+}
+
 /// The device's primary context (shared with any other CUDA user in the process, as
 /// the runtime API does), released on drop.
 pub struct Context {
@@ -357,7 +365,6 @@ impl Context {
     /// Makes the context current on the calling thread (cached per thread: the
     /// runtime's carriers call in from a handful of threads, over and over).
     pub fn make_current(&self) -> Result<(), CuError> {
-        thread_local!(static CURRENT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) });
         let me = self.id;
         if CURRENT.with(|c| c.get()) == me {
             return Ok(());

@@ -10,9 +10,10 @@
 
 use super::cache::{ChunkCache, Part};
 use super::chunk::MAX_CHUNK;
+use super::cuda_ctx::SessionCtx;
 use super::cuda_wire::{self as w, Beat, Call, Data, Note, Query};
 use super::state::ConnOut;
-use crate::cuda::driver::{self, Context};
+use crate::cuda::driver;
 use cudarc::driver::sys;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_void, CString};
@@ -24,6 +25,7 @@ const SUCCESS: i32 = 0;
 const INVALID_VALUE: i32 = 1;
 const NO_DEVICE: i32 = 100;
 const INVALID_HANDLE: i32 = 400;
+const NOT_SUPPORTED: i32 = 801;
 const OUT_OF_MEMORY: i32 = 2;
 /// What one session may hold (a client cannot exhaust the daemon's host memory or
 /// threads with handles; device memory is bounded by the GPU itself).
@@ -31,6 +33,7 @@ const MAX_STREAMS: usize = 4096;
 const MAX_MODULES: usize = 1024;
 const MAX_FUNCS: usize = 65536;
 const MAX_ALLOCS: usize = 1 << 20;
+const MAX_EVENTS: usize = 65536;
 /// A cached upload the daemon no longer holds (evicted since the client learnt of
 /// it): the copy did not happen.
 const MISSING_UPLOAD: i32 = 999;
@@ -161,8 +164,9 @@ fn push(out: &ConnOut, note: Vec<u8>) {
 pub struct CudaSession {
     out: Arc<ConnOut>,
     part: Part,
-    ctx: Option<Context>,
+    ctx: Option<SessionCtx>,
     default: sys::CUstream,
+    events: HashMap<u64, sys::CUevent>,
     /// Client address -> (length, device address).
     mem: BTreeMap<u64, (u64, sys::CUdeviceptr)>,
     streams: HashMap<u64, Strm>,
@@ -183,6 +187,7 @@ impl CudaSession {
             part,
             ctx: None,
             default: std::ptr::null_mut(),
+            events: HashMap::new(),
             mem: BTreeMap::new(),
             streams: HashMap::new(),
             modules: HashMap::new(),
@@ -208,10 +213,10 @@ impl CudaSession {
 
     fn ensure_ctx(&mut self) -> Result<(), i32> {
         if let Some(c) = &self.ctx {
-            return c.make_current().map_err(|_| INVALID_HANDLE);
+            return c.make_current();
         }
-        let (dev, _) = driver::init(0).map_err(|_| NO_DEVICE)?;
-        let c = Context::retain(dev).map_err(|_| NO_DEVICE)?;
+        let c = SessionCtx::open(&self.part)?;
+        c.make_current()?;
         self.ctx = Some(c);
         self.load.sessions.fetch_add(1, Relaxed);
         self.load.opened.fetch_add(1, Relaxed);
@@ -339,7 +344,8 @@ impl CudaSession {
                     // The client waits on these: answer them, failed.
                     Call::Query { req, .. }
                     | Call::GetFunction { req, .. }
-                    | Call::Pin { req, .. } => {
+                    | Call::Pin { req, .. }
+                    | Call::Elapsed { req, .. } => {
                         w::put_note(
                             &Note::Answer {
                                 req,
@@ -349,7 +355,9 @@ impl CudaSession {
                             &mut note,
                         );
                     }
-                    Call::DtoH { seq, .. } | Call::Marker { seq, .. } => {
+                    Call::DtoH { seq, .. }
+                    | Call::Marker { seq, .. }
+                    | Call::EventRecord { seq, .. } => {
                         w::put_note(
                             &Note::Reached {
                                 seq,
@@ -672,6 +680,62 @@ impl CudaSession {
                 }
                 r
             }
+            Call::EventCreate { id, flags } => {
+                if self.events.contains_key(&id) {
+                    return Err(INVALID_VALUE);
+                }
+                if self.events.len() >= MAX_EVENTS {
+                    return Err(OUT_OF_MEMORY);
+                }
+                let mut e = std::ptr::null_mut();
+                // SAFETY: context current; out-pointer valid.
+                ok(unsafe { sys::cuEventCreate(&mut e, flags) })?;
+                self.events.insert(id, e);
+                Ok(())
+            }
+            Call::EventDestroy { id } => {
+                let e = self.events.remove(&id).ok_or(INVALID_HANDLE)?;
+                // SAFETY: created above, destroyed once (the driver defers the release
+                // of an event still queued on a stream).
+                ok(unsafe { sys::cuEventDestroy_v2(e) })
+            }
+            Call::EventRecord { event, stream, seq } => {
+                let e = *self.events.get(&event).ok_or(INVALID_HANDLE)?;
+                let s = self.stream(stream)?.s;
+                // SAFETY: a live event and stream.
+                ok(unsafe { sys::cuEventRecord(e, s) })?;
+                self.mark(stream, seq, Vec::new())
+            }
+            Call::WaitEvent { stream, event } => {
+                let e = *self.events.get(&event).ok_or(INVALID_HANDLE)?;
+                let s = self.stream(stream)?.s;
+                type F = unsafe extern "C" fn(sys::CUstream, sys::CUevent, u32) -> i32;
+                let p = driver::driver_sym("cuStreamWaitEvent").ok_or(NOT_SUPPORTED)?;
+                // SAFETY: the driver's cuStreamWaitEvent has this C signature; a live
+                // stream and event.
+                let r = unsafe { std::mem::transmute::<usize, F>(p)(s, e, 0) };
+                if r != SUCCESS {
+                    return Err(r);
+                }
+                Ok(())
+            }
+            Call::Elapsed { req, start, end } => {
+                let a = *self.events.get(&start).ok_or(INVALID_HANDLE)?;
+                let b = *self.events.get(&end).ok_or(INVALID_HANDLE)?;
+                type F = unsafe extern "C" fn(*mut f32, sys::CUevent, sys::CUevent) -> i32;
+                // CUDA 13 names it _v2 (the same signature).
+                let p = driver::driver_sym("cuEventElapsedTime_v2")
+                    .or_else(|| driver::driver_sym("cuEventElapsedTime"))
+                    .ok_or(NOT_SUPPORTED)?;
+                let mut ms = 0f32;
+                // SAFETY: the driver's signature; live events; out-pointer valid.
+                let r = unsafe { std::mem::transmute::<usize, F>(p)(&mut ms, a, b) };
+                if r != SUCCESS {
+                    return Err(r);
+                }
+                self.answer(req, &ms.to_le_bytes());
+                Ok(())
+            }
         }
     }
 }
@@ -734,6 +798,10 @@ impl Drop for CudaSession {
         }
         for (_, st) in self.streams.drain() {
             destroy(st, &self.load);
+        }
+        for (_, e) in self.events.drain() {
+            // SAFETY: created by this session, destroyed once (its streams are done).
+            unsafe { sys::cuEventDestroy_v2(e) };
         }
         for (_, (_, p)) in std::mem::take(&mut self.mem) {
             // SAFETY: allocated by this session, freed once.

@@ -155,6 +155,32 @@ pub enum Call<'a> {
         req: u64,
         pad: &'a [u8],
     },
+    /// A daemon-side event (`flags` as cuEventCreate's: timing unless
+    /// CU_EVENT_DISABLE_TIMING).
+    EventCreate {
+        id: u64,
+        flags: u32,
+    },
+    EventDestroy {
+        id: u64,
+    },
+    /// cuEventRecord on the daemon, then a `Note::Reached { seq }` as for a marker.
+    EventRecord {
+        event: u64,
+        stream: u64,
+        seq: u64,
+    },
+    /// cuStreamWaitEvent: the stream's later work waits for the event's last record.
+    WaitEvent {
+        stream: u64,
+        event: u64,
+    },
+    /// cuEventElapsedTime; answered by a `Note::Answer` with the f32 milliseconds.
+    Elapsed {
+        req: u64,
+        start: u64,
+        end: u64,
+    },
 }
 
 impl Call<'_> {
@@ -177,6 +203,11 @@ impl Call<'_> {
             Call::Launch { .. } => "cuLaunchKernel",
             Call::Watch { .. } => "heartbeat subscription",
             Call::Probe { .. } => "bandwidth probe",
+            Call::EventCreate { .. } => "cuEventCreate",
+            Call::EventDestroy { .. } => "cuEventDestroy",
+            Call::EventRecord { .. } => "cuEventRecord",
+            Call::WaitEvent { .. } => "cuStreamWaitEvent",
+            Call::Elapsed { .. } => "cuEventElapsedTime",
         }
     }
 }
@@ -357,6 +388,21 @@ pub fn put_call(c: &Call<'_>, out: &mut Vec<u8>) {
         }
         Call::Probe { req, pad } => {
             w.u8(31).u64(*req).bytes(pad);
+        }
+        Call::EventCreate { id, flags } => {
+            w.u8(15).u64(*id).u32(*flags);
+        }
+        Call::EventDestroy { id } => {
+            w.u8(16).u64(*id);
+        }
+        Call::EventRecord { event, stream, seq } => {
+            w.u8(17).u64(*event).u64(*stream).u64(*seq);
+        }
+        Call::WaitEvent { stream, event } => {
+            w.u8(18).u64(*stream).u64(*event);
+        }
+        Call::Elapsed { req, start, end } => {
+            w.u8(19).u64(*req).u64(*start).u64(*end);
         }
     }
 }
@@ -540,6 +586,25 @@ impl<'a> Reader<'a> {
                 req: self.u64()?,
                 pad: self.bytes()?,
             },
+            15 => Call::EventCreate {
+                id: self.u64()?,
+                flags: self.u32()?,
+            },
+            16 => Call::EventDestroy { id: self.u64()? },
+            17 => Call::EventRecord {
+                event: self.u64()?,
+                stream: self.u64()?,
+                seq: self.u64()?,
+            },
+            18 => Call::WaitEvent {
+                stream: self.u64()?,
+                event: self.u64()?,
+            },
+            19 => Call::Elapsed {
+                req: self.u64()?,
+                start: self.u64()?,
+                end: self.u64()?,
+            },
             t => return Err(WireError::UnknownTag(t)),
         };
         Ok(Some(c))
@@ -640,6 +705,22 @@ mod tests {
                 req: 4,
                 pad: &[9; 100],
             },
+            Call::EventCreate { id: 8, flags: 2 },
+            Call::EventRecord {
+                event: 8,
+                stream: 3,
+                seq: 11,
+            },
+            Call::WaitEvent {
+                stream: 4,
+                event: 8,
+            },
+            Call::Elapsed {
+                req: 12,
+                start: 8,
+                end: 9,
+            },
+            Call::EventDestroy { id: 8 },
         ];
         let mut b = Vec::new();
         for c in &calls {

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod conn;
+pub mod cuda_ctx;
 pub mod cuda_exec;
 pub mod cuda_wire;
 pub mod daemon;

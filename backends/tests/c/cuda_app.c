@@ -8,7 +8,12 @@
  * fake driver (tests/c/fake_cuda.c) or with backends/cuda-remote's library first on
  * the path, it must print the same.
  *
- * Usage: cuda_app run THREADS REQUESTS | reupload | loop | unsupported */
+ * Usage: cuda_app run THREADS REQUESTS | reupload | loop | unsupported
+ *        | replay | unreplayable   (pause between two synchronizations: see pause())
+ *        | events [nowait]         (cuStreamWaitEvent and cuEventElapsedTime)
+ *        | victim | poke ADDR      (two identities: see victim_mode) 
+ * CUDA_APP_PROGRESS=1: `run` prints a line per request as `loop` does.
+ * CUDA_APP_SHARED_STREAM=1: `run`'s threads share one stream. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -16,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -51,6 +57,9 @@ CUresult cuEventRecord(CUevent, CUstream);
 CUresult cuEventQuery(CUevent);
 CUresult cuEventSynchronize(CUevent);
 CUresult cuEventDestroy_v2(CUevent);
+CUresult cuStreamWaitEvent(CUstream, CUevent, unsigned);
+CUresult cuEventElapsedTime(float *, CUevent, CUevent);
+CUresult cuStreamQuery(CUstream);
 
 #define CK(call)                                                                         \
     do {                                                                                 \
@@ -94,13 +103,17 @@ struct worker {
     int host_fns;
 };
 
+/* CUDA_APP_SHARED_STREAM=1: every thread queues on this one stream (tasks
+ * multiplexed on a stream; each one's synchronize waits for all queued before). */
+static CUstream shared_stream;
+
 static void *serve(void *arg) {
     struct worker *w = arg;
-    CUstream s;
+    CUstream s = shared_stream;
     CUevent e;
     CUdeviceptr d;
     unsigned char *in, *out;
-    CK(cuStreamCreate(&s, 1));
+    if (!s) CK(cuStreamCreate(&s, 1));
     CK(cuEventCreate(&e, 0));
     CK(cuMemAlloc_v2(&d, REQ));
     CK(cuMemHostAlloc((void **)&in, REQ, 0));
@@ -130,8 +143,139 @@ static void *serve(void *arg) {
     CK(cuMemFreeHost(in));
     CK(cuMemFreeHost(out));
     CK(cuEventDestroy_v2(e));
-    CK(cuStreamDestroy_v2(s));
+    if (s != shared_stream) CK(cuStreamDestroy_v2(s));
     return NULL;
+}
+
+/* Between two synchronizations: polls the stream until it is idle (queries, which
+ * do not synchronize: the work is done but the program has not waited for it), says
+ * so on stdout and waits for a line on stdin (the test kills the daemon meanwhile). */
+static void pause_here(CUstream s) {
+    CUresult q;
+    for (int i = 0; (q = cuStreamQuery(s)) == 600 && i < 10000; i++) {
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    CK(q);
+    printf("between syncs\n");
+    fflush(stdout);
+    char line[16];
+    if (!fgets(line, sizeof line, stdin)) { /* no one to wait for (a direct run) */
+    }
+}
+
+static uint64_t read_back(CUdeviceptr d, size_t n, CUstream s) {
+    unsigned char *out = malloc(n);
+    CK(cuMemcpyDtoHAsync_v2(out, d, n, s));
+    CK(cuStreamSynchronize(s));
+    uint64_t h = fnv(out, n);
+    free(out);
+    return h;
+}
+
+/* `replay`: a buffer written by kernels since the last synchronize and never read
+ * back (A, B), and a 2 MiB upload (C), when the daemon is lost: a replay recomputes
+ * A and B and re-sends C. `unreplayable`: A was written by a kernel before the last
+ * synchronize and nothing read it back: after a loss its contents are gone. */
+static int replay_mode(int recompute) {
+    const size_t N = 16384, BIG = 2 << 20;
+    CUstream s;
+    CUdeviceptr a, b, c;
+    unsigned char *in = malloc(N), *inb = malloc(N), *inc = malloc(BIG);
+    CK(cuStreamCreate(&s, 1));
+    CK(cuMemAlloc_v2(&a, N));
+    CK(cuMemAlloc_v2(&b, N));
+    CK(cuMemAlloc_v2(&c, BIG));
+    for (size_t i = 0; i < N; i++) in[i] = (unsigned char)(i * 5 + 3);
+    CK(cuMemcpyHtoDAsync_v2(a, in, N, s));
+    launch(a, N, 11, s);
+    if (recompute) {
+        printf("A first %016llx\n", (unsigned long long)read_back(a, N, s));
+        /* Each upload from its own host buffer: an async copy may read it late. */
+        for (size_t i = 0; i < BIG; i++) inc[i] = (unsigned char)(i * 3 + (i >> 16));
+        CK(cuMemcpyHtoDAsync_v2(c, inc, BIG, s));
+        for (size_t i = 0; i < N; i++) inb[i] = (unsigned char)(i * 9 + 1);
+        CK(cuMemcpyHtoDAsync_v2(b, inb, N, s));
+        launch(b, N, 12, s);
+        launch(a, N, 13, s);
+    } else {
+        CK(cuStreamSynchronize(s));
+    }
+    pause_here(s);
+    if (recompute) launch(b, N, 14, s);
+    printf("A %016llx\n", (unsigned long long)read_back(a, N, s));
+    if (recompute) {
+        printf("B %016llx\n", (unsigned long long)read_back(b, N, s));
+        printf("C %016llx\n", (unsigned long long)read_back(c, BIG, s));
+    }
+    free(in);
+    free(inb);
+    free(inc);
+    return 0;
+}
+
+/* `events`: a kernel on stream A between two timing events, and a copy of its output
+ * on stream B that waits for the second (`nowait`: does not; it then reads the
+ * buffer before the kernel is done). */
+static int events_mode(int wait) {
+    const size_t N = 65536;
+    CUstream sa, sb;
+    CUevent e0, e1, untimed;
+    CUdeviceptr x;
+    unsigned char *buf = malloc(N), *out = malloc(N);
+    CK(cuStreamCreate(&sa, 1));
+    CK(cuStreamCreate(&sb, 1));
+    CK(cuEventCreate(&e0, 0));
+    CK(cuEventCreate(&e1, 0));
+    CK(cuEventCreate(&untimed, 2)); /* CU_EVENT_DISABLE_TIMING */
+    CK(cuMemAlloc_v2(&x, N));
+    for (size_t i = 0; i < N; i++) buf[i] = (unsigned char)(i * 11 + 5);
+    CK(cuMemcpyHtoDAsync_v2(x, buf, N, sa));
+    CK(cuEventRecord(e0, sa));
+    launch(x, N, 21, sa);
+    CK(cuEventRecord(e1, sa));
+    CK(cuEventRecord(untimed, sa));
+    if (wait) CK(cuStreamWaitEvent(sb, e1, 0));
+    memset(out, 0, N);
+    CK(cuMemcpyDtoHAsync_v2(out, x, N, sb));
+    CK(cuStreamSynchronize(sb));
+    printf("read on B %016llx\n", (unsigned long long)fnv(out, N));
+    CK(cuStreamSynchronize(sa));
+    float ms = -1;
+    CK(cuEventElapsedTime(&ms, e0, e1));
+    /* The fake's kernel sleeps FAKE_CUDA_KERNEL_US (the test sets 200 ms). */
+    printf("elapsed at least 150 ms: %d\n", ms >= 150.0f && ms < 10000.0f);
+    printf("untimed event: %d\n", cuEventElapsedTime(&ms, e0, untimed));
+    free(buf);
+    free(out);
+    return 0;
+}
+
+/* `victim`: a buffer of 12288 bytes (a size nothing else allocates) uploaded, then a
+ * pause, then read back. `poke ADDR`: a kernel launched on the raw device address
+ * ADDR (another session's buffer, as the daemon's driver knows it) for 12288 bytes:
+ * it must not reach another identity's memory. */
+static const size_t VICTIM = 12288;
+static int victim_mode(void) {
+    CUstream s;
+    CUdeviceptr v;
+    unsigned char *in = malloc(VICTIM);
+    CK(cuStreamCreate(&s, 1));
+    CK(cuMemAlloc_v2(&v, VICTIM));
+    for (size_t i = 0; i < VICTIM; i++) in[i] = (unsigned char)(i * 17 + 2);
+    CK(cuMemcpyHtoDAsync_v2(v, in, VICTIM, s));
+    CK(cuStreamSynchronize(s));
+    pause_here(s);
+    printf("victim %016llx\n", (unsigned long long)read_back(v, VICTIM, s));
+    free(in);
+    return 0;
+}
+static int poke_mode(const char *addr) {
+    CUstream s;
+    CK(cuStreamCreate(&s, 1));
+    launch((CUdeviceptr)strtoull(addr, NULL, 10), VICTIM, 99, s);
+    printf("poke -> %d\n", cuStreamSynchronize(s));
+    return 0;
 }
 
 static const char IMAGE[] = "FAKE-PTX .entry aes128_ctr (the fake driver's kernel)";
@@ -182,6 +326,11 @@ int main(int argc, char **argv) {
     printf("weights %016llx\n", (unsigned long long)fnv(host, WEIGHTS));
     fflush(stdout);
 
+    if (!strcmp(mode, "replay") || !strcmp(mode, "unreplayable"))
+        return replay_mode(!strcmp(mode, "replay"));
+    if (!strcmp(mode, "victim")) return victim_mode();
+    if (!strcmp(mode, "poke") && argc > 2) return poke_mode(argv[2]);
+    if (!strcmp(mode, "events")) return events_mode(!(argc > 2 && !strcmp(argv[2], "nowait")));
     if (!strcmp(mode, "reupload")) {
         /* Other data (2 MiB, which pushes the weights out of a small upload cache),
          * then the weights again: the client believes the daemon holds them. */
@@ -205,6 +354,8 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "run")) {
         threads = argc > 2 ? atoi(argv[2]) : 2;
         requests_per_thread = argc > 3 ? atoi(argv[3]) : 20;
+        progress = getenv("CUDA_APP_PROGRESS") != NULL;
+        if (getenv("CUDA_APP_SHARED_STREAM")) CK(cuStreamCreate(&shared_stream, 1));
     } else {
         requests_per_thread = 1 << 30; /* loop: until killed or failed */
         progress = 1;

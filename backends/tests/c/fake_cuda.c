@@ -15,9 +15,13 @@
  * Knobs (environment): FAKE_CUDA_DEVICES=0 (no device), FAKE_CUDA_KERNEL_US (delay per
  * kernel, default 300), FAKE_CUDA_OOM_ABOVE=N (cuMemAlloc over N bytes fails),
  * FAKE_CUDA_NO_CUBIN=1 (the module loader rejects CUBIN images), FAKE_CUDA_WRONG=1 (the
- * kernel flips a bit), FAKE_NVRTC_FAIL=1 (compilation fails with a log). */
+ * kernel flips a bit), FAKE_NVRTC_FAIL=1 (compilation fails with a log),
+ * FAKE_CUDA_STRICT_CTX=1 (a copy or launch on memory another context allocated fails,
+ * as it faults on a GPU: contexts are separate address spaces), FAKE_CUDA_ALLOC_LOG=PATH
+ * (each allocation's address and size appended to PATH, for the isolation test). */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -30,6 +34,7 @@ enum {
     E_OOM = 2,
     E_NO_DEVICE = 100,
     E_INVALID_IMAGE = 200,
+    E_INVALID_HANDLE = 400,
     E_NOT_FOUND = 500,
     E_NOT_READY = 600,
 };
@@ -90,9 +95,12 @@ struct event {
     pthread_mutex_t m;
     pthread_cond_t c;
     unsigned long recorded, completed;
+    int timing;
+    /* When the last record completed (CLOCK_MONOTONIC), for cuEventElapsedTime. */
+    struct timespec at;
 };
 
-enum kind { COPY, KERNEL, RECORD, HOSTFN };
+enum kind { COPY, KERNEL, RECORD, HOSTFN, WAIT };
 struct cmd {
     enum kind kind;
     void *dst;
@@ -137,8 +145,16 @@ static void *stream_worker(void *arg) {
             break;
         case RECORD:
             pthread_mutex_lock(&c->ev->m);
-            if (c->ev->completed < c->seq) c->ev->completed = c->seq;
+            if (c->ev->completed < c->seq) {
+                c->ev->completed = c->seq;
+                clock_gettime(CLOCK_MONOTONIC, &c->ev->at);
+            }
             pthread_cond_broadcast(&c->ev->c);
+            pthread_mutex_unlock(&c->ev->m);
+            break;
+        case WAIT: /* the event's record as of cuStreamWaitEvent */
+            pthread_mutex_lock(&c->ev->m);
+            while (c->ev->completed < c->seq) pthread_cond_wait(&c->ev->c, &c->ev->m);
             pthread_mutex_unlock(&c->ev->m);
             break;
         case HOSTFN:
@@ -178,6 +194,33 @@ static struct cmd *new_cmd(enum kind k) {
 /* ---------------------------------------------------------------- the driver API */
 
 static int context_token;
+/* The calling thread's context (the primary one until set). */
+static __thread void *current_ctx = &context_token;
+
+/* Allocations and their contexts, for FAKE_CUDA_STRICT_CTX. */
+struct alloc {
+    uintptr_t base;
+    size_t n;
+    void *ctx;
+    struct alloc *next;
+};
+static struct alloc *allocs;
+static pthread_mutex_t allocs_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* May the calling thread's context touch [p, p+n)? (Memory this driver did not
+ * allocate, the host's, is not checked.) */
+static int ctx_may(uintptr_t p, size_t n) {
+    if (!getenv("FAKE_CUDA_STRICT_CTX")) return 1;
+    int ok = 1;
+    pthread_mutex_lock(&allocs_lock);
+    for (struct alloc *a = allocs; a; a = a->next)
+        if (p >= a->base && p < a->base + a->n) {
+            ok = a->ctx == current_ctx && p + n <= a->base + a->n;
+            break;
+        }
+    pthread_mutex_unlock(&allocs_lock);
+    return ok;
+}
 
 CUresult cuInit(unsigned flags) {
     (void)flags;
@@ -216,7 +259,25 @@ CUresult cuDevicePrimaryCtxRelease_v2(int dev) {
     (void)dev;
     return OK;
 }
-CUresult cuCtxSetCurrent(void *ctx) { return ctx == &context_token ? OK : E_INVALID_VALUE; }
+CUresult cuCtxSetCurrent(void *ctx) {
+    if (!ctx) return E_INVALID_VALUE;
+    current_ctx = ctx;
+    return OK;
+}
+/* A context of its own (made current, as the driver's is). */
+CUresult cuCtxCreate_v2(void **ctx, unsigned flags, int dev) {
+    (void)flags, (void)dev;
+    *ctx = malloc(1);
+    if (!*ctx) return E_OOM;
+    current_ctx = *ctx;
+    return OK;
+}
+CUresult cuCtxDestroy_v2(void *ctx) {
+    if (!ctx || ctx == &context_token) return E_INVALID_VALUE;
+    if (current_ctx == ctx) current_ctx = &context_token;
+    free(ctx);
+    return OK;
+}
 
 CUresult cuStreamCreate(void **out, unsigned flags) {
     (void)flags;
@@ -235,6 +296,13 @@ CUresult cuStreamSynchronize(void *stream) {
     pthread_mutex_unlock(&s->m);
     return OK;
 }
+CUresult cuStreamQuery(void *stream) {
+    struct stream *s = stream;
+    pthread_mutex_lock(&s->m);
+    int idle = !s->head && !s->busy;
+    pthread_mutex_unlock(&s->m);
+    return idle ? OK : E_NOT_READY;
+}
 CUresult cuStreamDestroy_v2(void *stream) {
     struct stream *s = stream;
     cuStreamSynchronize(s);
@@ -248,9 +316,9 @@ CUresult cuStreamDestroy_v2(void *stream) {
 }
 
 CUresult cuEventCreate(void **out, unsigned flags) {
-    (void)flags;
     struct event *e = calloc(1, sizeof *e);
     if (!e) return E_OOM;
+    e->timing = !(flags & 2); /* CU_EVENT_DISABLE_TIMING */
     pthread_mutex_init(&e->m, NULL);
     pthread_cond_init(&e->c, NULL);
     *out = e;
@@ -285,15 +353,74 @@ CUresult cuEventSynchronize(void *ev) {
     return OK;
 }
 
+/* cuStreamWaitEvent: the stream's later work waits for the event's last record
+ * (none recorded: no wait). */
+CUresult cuStreamWaitEvent(void *stream, void *ev, unsigned flags) {
+    (void)flags;
+    struct event *e = ev;
+    struct cmd *c = new_cmd(WAIT);
+    if (!c) return E_OOM;
+    c->ev = e;
+    pthread_mutex_lock(&e->m);
+    c->seq = e->recorded;
+    pthread_mutex_unlock(&e->m);
+    return enqueue(stream, c);
+}
+CUresult cuEventElapsedTime(float *ms, void *start, void *end) {
+    struct event *a = start, *b = end;
+    if (!a->timing || !b->timing) return E_INVALID_HANDLE;
+    pthread_mutex_lock(&a->m);
+    int da = a->recorded && a->completed >= a->recorded;
+    struct timespec ta = a->at;
+    pthread_mutex_unlock(&a->m);
+    pthread_mutex_lock(&b->m);
+    int db = b->recorded && b->completed >= b->recorded;
+    struct timespec tb = b->at;
+    pthread_mutex_unlock(&b->m);
+    if (!da || !db) return E_NOT_READY;
+    *ms = (float)((double)(tb.tv_sec - ta.tv_sec) * 1e3 + (double)(tb.tv_nsec - ta.tv_nsec) / 1e6);
+    return OK;
+}
+CUresult cuEventElapsedTime_v2(float *ms, void *start, void *end) {
+    return cuEventElapsedTime(ms, start, end);
+}
+
 CUresult cuMemAlloc_v2(unsigned long long *dptr, size_t n) {
     long above = env_long("FAKE_CUDA_OOM_ABOVE", -1);
     if (above >= 0 && (long)n > above) return E_OOM;
     void *p = malloc(n);
     if (!p) return E_OOM;
+    struct alloc *a = malloc(sizeof *a);
+    if (!a) {
+        free(p);
+        return E_OOM;
+    }
+    *a = (struct alloc){(uintptr_t)p, n, current_ctx, NULL};
+    pthread_mutex_lock(&allocs_lock);
+    a->next = allocs;
+    allocs = a;
+    pthread_mutex_unlock(&allocs_lock);
+    const char *log = getenv("FAKE_CUDA_ALLOC_LOG");
+    if (log && *log) {
+        FILE *f = fopen(log, "a");
+        if (f) {
+            fprintf(f, "%llu %zu\n", (unsigned long long)(uintptr_t)p, n);
+            fclose(f);
+        }
+    }
     *dptr = (unsigned long long)(uintptr_t)p;
     return OK;
 }
 CUresult cuMemFree_v2(unsigned long long dptr) {
+    pthread_mutex_lock(&allocs_lock);
+    for (struct alloc **a = &allocs; *a; a = &(*a)->next)
+        if ((*a)->base == dptr) {
+            struct alloc *dead = *a;
+            *a = dead->next;
+            free(dead);
+            break;
+        }
+    pthread_mutex_unlock(&allocs_lock);
     free((void *)(uintptr_t)dptr);
     return OK;
 }
@@ -307,6 +434,7 @@ CUresult cuMemFreeHost(void *p) {
     return OK;
 }
 CUresult cuMemcpyHtoDAsync_v2(unsigned long long dst, const void *src, size_t n, void *stream) {
+    if (!ctx_may(dst, n)) return E_INVALID_VALUE;
     struct cmd *c = new_cmd(COPY);
     if (!c) return E_OOM;
     c->dst = (void *)(uintptr_t)dst;
@@ -315,6 +443,7 @@ CUresult cuMemcpyHtoDAsync_v2(unsigned long long dst, const void *src, size_t n,
     return enqueue(stream, c);
 }
 CUresult cuMemcpyDtoHAsync_v2(void *dst, unsigned long long src, size_t n, void *stream) {
+    if (!ctx_may(src, n)) return E_INVALID_VALUE;
     struct cmd *c = new_cmd(COPY);
     if (!c) return E_OOM;
     c->dst = dst;
@@ -329,11 +458,14 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
                         unsigned bz, unsigned shmem, void *stream, void **params, void **extra) {
     (void)gy, (void)gz, (void)by, (void)bz, (void)shmem, (void)extra;
     if (f != &function_token || gx == 0 || bx == 0 || !params) return E_INVALID_VALUE;
+    uintptr_t data = (uintptr_t) * (unsigned long long *)params[0];
+    size_t len = (size_t) * (unsigned long long *)params[1];
+    if (!ctx_may(data, len)) return E_INVALID_VALUE;
     struct cmd *c = new_cmd(KERNEL);
     if (!c) return E_OOM;
     /* Parameters are copied at launch, as the real driver does. */
-    c->dst = (void *)(uintptr_t) * (unsigned long long *)params[0];
-    c->n = (size_t) * (unsigned long long *)params[1];
+    c->dst = (void *)data;
+    c->n = len;
     memcpy(&c->params, params[2], sizeof c->params);
     c->threads = gx * bx;
     return enqueue(stream, c);
