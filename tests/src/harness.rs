@@ -279,6 +279,22 @@ impl Drop for IdleSpinners {
 
 /// A program on PATH (or in the sbin folders a root shell has), as a stock server's
 /// binary is found.
+/// With TOFFLOAD_BENCH_WATCH_DUMP=DIR, a bench's toffload-watch output (its JSON
+/// lines) is kept as DIR/NAME.jsonl, for reading the model's inputs afterwards.
+pub fn dump_watch(name: &str, text: &str) {
+    let Some(dir) = std::env::var_os("TOFFLOAD_BENCH_WATCH_DUMP") else {
+        return;
+    };
+    let file: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let path = PathBuf::from(dir).join(format!("{file}.jsonl"));
+    if let Err(e) = std::fs::write(&path, text) {
+        eprintln!("TOFFLOAD_BENCH_WATCH_DUMP: {}: {e}", path.display());
+    }
+}
+
 pub fn which(p: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)

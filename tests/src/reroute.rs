@@ -379,7 +379,9 @@ pub fn predicted_reroute(pid: u32, secs: u32, load: impl FnOnce()) -> Option<f64
     load();
     let out = child.wait_with_output().expect("toffload-watch");
     assert!(out.status.success(), "toffload-watch failed: {said:?}");
-    let v: Vec<f64> = String::from_utf8_lossy(&out.stdout)
+    let text = String::from_utf8_lossy(&out.stdout);
+    harness::dump_watch(&format!("pid{pid}"), &text);
+    let v: Vec<f64> = text
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter_map(|j| j.get("window").cloned())

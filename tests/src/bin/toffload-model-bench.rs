@@ -321,6 +321,7 @@ fn watched(pt: Point, secs: f64) -> Result<Watched, String> {
     let _ = bg.join().map_err(|_| "load thread panicked")??;
     drop(server);
     let text = String::from_utf8_lossy(&out.stdout);
+    harness::dump_watch(&pt.key(), &text);
     let best = text
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())

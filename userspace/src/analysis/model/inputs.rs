@@ -125,8 +125,8 @@ pub fn from_window(
     // the few requests the spinners finish, would read as tens of us per request.
     // Under fibers the same cost spreads over a hundred times the requests.
     let connections = w.offload_threads.max(1) as f64;
+    let helpers_us = w.helper_on_cpu_ms * 1e3 / w.requests as f64;
     let (cpu, cpu_warm_quartile) = if spin {
-        let helpers_us = w.helper_on_cpu_ms * 1e3 / w.requests as f64;
         let mean = (w.cpu_per_request_us? - helpers_us).max(0.0);
         spin_cpu_us(w.outside_cpu.as_ref(), mean, connections, cores)
     } else {
@@ -182,7 +182,39 @@ pub fn from_window(
             let stall = w.offload.stall_mean_us.unwrap_or(0.0);
             outside_wait_us(z, connections, w.requests_per_sec, stall, cpu)
         }),
+        reroute_cpu_us: reroute_cpu_us(
+            spin,
+            cpu,
+            w.on_cpu_per_request_us,
+            helpers_us,
+            w.outside_cpu.as_ref(),
+        ),
     })
+}
+
+/// The loop's CPU per request as a reroute pays it. Threads that made no offload call
+/// spend per second, not per request (Go's idle Ms spinning for work and its sysmon:
+/// 19-87 us per request of a one-at-a-time Go handler at 50-1000 us, 80-160 ms a
+/// second), and a busy rerouted loop leaves them no idle time to spin in. A spinning
+/// synchronous loop's mean CPU outside the offload carries its per-second work (timers,
+/// cron, the watch's bursts) spread over the few requests it finishes, 2-4x its median
+/// (redis-server at 50 us: 4-5 us median, 15-18 mean), which the rerouted loop spreads
+/// over ten to fifty times the requests: the median is what each request costs it.
+fn reroute_cpu_us(
+    spin: bool,
+    cpu: f64,
+    on_cpu: Option<f64>,
+    helpers_us: f64,
+    outside: Option<&OutsideCpu>,
+) -> Option<f64> {
+    if spin {
+        Some(match outside {
+            Some(o) if o.requests >= WARM_MIN_REQUESTS => o.p50_us.min(cpu),
+            _ => cpu,
+        })
+    } else {
+        on_cpu.map(|c| (c - helpers_us).max(0.0))
+    }
 }
 
 /// A sleep's cost without the watch's own inside the offload: each sleep's futex wait
@@ -344,6 +376,31 @@ mod tests {
             p50_us: 30.0,
             p90_us: 100.0,
         }
+    }
+
+    #[test]
+    fn a_reroute_pays_the_loops_own_cpu() {
+        // A spinning loop: the median request's, never above the mean it stands for.
+        assert_eq!(
+            reroute_cpu_us(true, 45.0, Some(1045.0), 6.0, Some(&outside(250))),
+            Some(30.0)
+        );
+        assert_eq!(
+            reroute_cpu_us(true, 20.0, Some(1045.0), 6.0, Some(&outside(250))),
+            Some(20.0)
+        );
+        // Too few requests timed whole, or none: c as taken.
+        assert_eq!(
+            reroute_cpu_us(true, 45.0, None, 6.0, Some(&outside(5))),
+            Some(45.0)
+        );
+        assert_eq!(reroute_cpu_us(true, 45.0, None, 6.0, None), Some(45.0));
+        // A blocking wait: all its CPU less the threads that made no offload call.
+        assert_eq!(
+            reroute_cpu_us(false, 160.0, Some(160.0), 90.0, Some(&outside(250))),
+            Some(70.0)
+        );
+        assert_eq!(reroute_cpu_us(false, 0.0, None, 90.0, None), None);
     }
 
     #[test]

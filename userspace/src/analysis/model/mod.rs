@@ -36,6 +36,14 @@ pub const YIELDS_PER_REQUEST: f64 = 2.0;
 pub const OVERLAP_PAYS: f64 = 1.5;
 /// Below this predicted speedup the model says "no gain".
 pub const NO_GAIN: f64 = 1.10;
+/// The least a request spends outside the server's CPU work in a loop whose CPUs idle
+/// between requests: the answer wakes the client's thread on its CPU, the next request
+/// the carrier on the server's, each CPU halted in between. A spinning stock loop
+/// never idles, so its window cannot show it (Z is not fitted there), yet the fibers'
+/// loop pays it on every request. tests/programs/bench_wake.c, two CPUs idle between
+/// rounds: 50 us at the median on this kind of machine (41-51 us at the 10th
+/// percentile), against 10 us for the same hand-off on one CPU.
+pub const CROSS_CPU_ROUND_TRIP_US: f64 = 50.0;
 
 /// What the model reads off a stock window.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -93,6 +101,12 @@ pub struct Inputs {
     /// windows of the same point (the load generator's vCPU shared with the watcher
     /// and other guests), where the unwatched client's own latencies left ~0-300 us.
     pub outside_wait_us: Option<f64>,
+    /// The loop's own CPU per request as a reroute pays it, us: the typical request's
+    /// (the median of each request's CPU outside the offload, for a spinning wait)
+    /// without the threads that made no offload call (recipes.rs). None: c stands in.
+    /// Not in the JSON: event loops, which it serves, carry no zero-edit inputs there.
+    #[serde(skip)]
+    pub reroute_cpu_us: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -142,7 +156,8 @@ pub struct Prediction {
     /// a large gap says the stock server is limited by something the model lacks.
     pub stock_model_rps: f64,
     /// Z: what each request spends outside the server (the client, the network),
-    /// fitted so that the stock closed loop gives the stock rate, us.
+    /// fitted so that the stock closed loop gives the stock rate, us; for a spinning
+    /// stock loop, which cannot show it, CROSS_CPU_ROUND_TRIP_US.
     pub think_us: f64,
     /// Why overlap will not pay, when it will not.
     pub stop: Option<String>,
@@ -374,10 +389,12 @@ pub fn predict(i: &Inputs) -> Prediction {
     let stock = stock_rate(i, &cpu, stock_model);
     // The time outside the server is the same for the fibers: fitted on the stock
     // loop (its threads on every core), spent by the fibers' loop too. A spinning stock
-    // server's loop is its spinners', which says nothing of it. (The kernel's measure
-    // of it, `outside_wait_us`, is shown beside it but too unsteady to use.)
+    // server's loop is its spinners', which says nothing of it: there the fibers'
+    // loop pays at least the wake-ups of a loop that idles between requests, the
+    // cross-CPU round trip. (The kernel's measure of it, `outside_wait_us`, is shown
+    // beside it but too unsteady to use.)
     let think = if i.spin {
-        0.0
+        CROSS_CPU_ROUND_TRIP_US
     } else {
         think_time_us(n, c / avail, p, l, lanes, stock)
     };
@@ -470,8 +487,13 @@ impl Prediction {
             (
                 "Z outside".into(),
                 format!(
-                    "{:.1} us/req (fitted to the stock rate){}",
+                    "{:.1} us/req ({}){}",
                     self.think_us,
+                    if i.spin {
+                        "a spinning loop's cannot be fitted: the cross-CPU round trip"
+                    } else {
+                        "fitted to the stock rate"
+                    },
                     i.outside_wait_us
                         .map(|z| format!("; the reads slept {z:.1} us/req (measured, not used)"))
                         .unwrap_or_default()

@@ -251,8 +251,8 @@ pub fn lookup(command: &str, runtime: Option<RuntimeKind>) -> Option<Recipe> {
     (runtime == Some(RuntimeKind::Go)).then_some(GO)
 }
 
-/// The reroute's predicted throughput and speedup: the event loop's CPU per request
-/// plus a hand-off to a worker (2 switches) on `loops` threads, and as many requests
+/// The reroute's predicted throughput and speedup: the event loop's own CPU per request
+/// (`reroute_cpu_us`) plus a hand-off to a worker (2 switches) on `loops` threads, and as many requests
 /// in flight as there are client connections (the offload threads where the sockets
 /// were not seen: a thread-per-connection server's).
 pub fn predicted_speedup(i: &Inputs, loops: f64) -> (f64, f64) {
@@ -265,7 +265,11 @@ pub fn predicted_speedup(i: &Inputs, loops: f64) -> (f64, f64) {
     } else {
         i.blocking_switches_per_request.max(0.0) * i.switch_us.max(0.0)
     };
-    let c = (i.cpu_per_request_us.max(0.0) - blocking).max(0.0) + handoff;
+    // The loop's own CPU per request, as the rerouted loop pays it (inputs.rs): without
+    // the per-second work of its idle threads and its timers, which a synchronous loop
+    // spreads over few requests.
+    let own = i.reroute_cpu_us.unwrap_or(i.cpu_per_request_us).max(0.0);
+    let c = (own - blocking).max(0.0) + handoff;
     let cpu = loops.clamp(1.0, i.cores.max(1.0)) * 1e6 / c.max(1e-3);
     let in_flight = i.client_connections.unwrap_or(i.connections).max(1.0);
     let overlap = in_flight * 1e6 / (i.latency_us.max(0.0) + c).max(1e-3);

@@ -26,6 +26,7 @@ fn base() -> Inputs {
         stock_rps_untraced: None,
         cpu_untraced_us: None,
         outside_wait_us: None,
+        reroute_cpu_us: None,
     }
 }
 
@@ -181,6 +182,12 @@ fn event_loop_gets_one_and_a_recipe() {
     i.client_connections = None;
     let (t, _) = recipes::predicted_speedup(&i, 1.0);
     assert!(close(t, 1e6 / 212.0), "{t}");
+    // Where the window shows the loop's own CPU per request apart from its per-second
+    // work (inputs.rs), the reroute pays that: 7 us less the sleep plus the hand-off.
+    i.client_connections = Some(50.0);
+    i.reroute_cpu_us = Some(7.0);
+    let (t, _) = recipes::predicted_speedup(&i, 1.0);
+    assert!(close(t, 1e6 / 7.0), "{t}");
 }
 
 #[test]
@@ -310,10 +317,39 @@ fn think_time_is_fitted_on_the_stock_loop() {
     // 64 connections of a 20 us offload at 20 us CPU would saturate the core alone:
     // a stock rate 20% short of that (80% busy) is waste, not time outside.
     assert_eq!(think_time_us(64.0, 20.0, 1.0, 20.0, None, 40_000.0), 0.0);
-    // A spinning server's loop is its spinners': no Z.
+    // A spinning server's loop is its spinners', which never idle: Z is not fitted,
+    // and the fibers' loop, which idles between requests, pays the cross-CPU round
+    // trip on each.
     i.spin = true;
     i.stock_rps = 270.0;
-    assert_eq!(predict(&i).think_us, 0.0);
+    assert_eq!(predict(&i).think_us, CROSS_CPU_ROUND_TRIP_US);
+}
+
+/// Eight spinners of a 500 us offload: the fibers' loop is bound by its connections,
+/// each request's cycle the latency, its CPU and the round trip between the client's
+/// CPU and the idle carrier's; without the round trip the cycle would be 50 us short.
+#[test]
+fn a_spinning_loop_bound_by_its_connections_pays_the_round_trip() {
+    let mut i = base();
+    i.spin = true;
+    i.connections = 8.0;
+    i.latency_us = 500.0;
+    i.stock_rps = 1_600.0;
+    i.blocking_switches_per_request = 1.0;
+    let p = predict(&i);
+    assert_eq!(p.binding, Ceiling::Overlap);
+    let cycle = 500.0 + p.fiber_cpu_us + CROSS_CPU_ROUND_TRIP_US;
+    assert!(
+        close(p.overlap_ceiling_rps, 8e6 / cycle),
+        "{}",
+        p.overlap_ceiling_rps
+    );
+    assert!(p.fiber_rps <= 8e6 / cycle * (1.0 + 1e-9), "{}", p.fiber_rps);
+    assert!(p.fiber_rps > 0.95 * 8e6 / cycle, "{}", p.fiber_rps);
+    assert!(p
+        .lines()
+        .iter()
+        .any(|(k, v)| k == "Z outside" && v.contains("cross-CPU round trip")));
 }
 
 /// The closed loop's rate: one connection is one request at a time; many
