@@ -88,11 +88,14 @@ impl Libs {
             .unwrap()
     }
 
-    /// `bin` with the client library as its driver, on the daemon at `addr`.
+    /// `bin` with the client library as its driver, on the daemon at `addr`. Of
+    /// several, the first listed: these tests kill daemons in list order (placement by
+    /// prediction is remote_cuda_sched's).
     fn remote_cmd(&self, bin: &Path, addr: &str) -> Command {
         let mut c = Command::new(bin);
         c.env("LD_LIBRARY_PATH", &self.client)
-            .env("TOFFLOAD_CUDA_REMOTE", addr);
+            .env("TOFFLOAD_CUDA_REMOTE", addr)
+            .env("TOFFLOAD_CUDA_REMOTE_PLACEMENT", "first");
         c
     }
 }

@@ -27,6 +27,7 @@ mod knobs;
 
 mod api;
 mod guard;
+mod notify;
 mod remote;
 mod replay;
 mod sched;

@@ -12,6 +12,7 @@
 
 use crate::frame::{self, FrameReader, Msg};
 use crate::knobs;
+use crate::notify::Notifier;
 use crate::replay::{Journal, Rec};
 use crate::sched;
 use crate::wire::{self, Call, Note};
@@ -93,7 +94,8 @@ pub struct Remote {
     pub(crate) tx: Mutex<Tx>,
     tx_cv: Condvar,
     pub(crate) st: Mutex<St>,
-    pub(crate) cv: Condvar,
+    /// Wakes waiters on `st` (fiber-aware: see notify.rs).
+    pub(crate) cv: Notifier,
     pub timeout: Duration,
     /// The daemons, in order of preference (TOFFLOAD_CUDA_REMOTE's list).
     pub(crate) addrs: Vec<String>,
@@ -286,7 +288,7 @@ impl Remote {
                 journal: Journal::new(replay_limit),
                 ..St::default()
             }),
-            cv: Condvar::new(),
+            cv: Notifier::new(),
             timeout,
             addrs,
             at: AtomicUsize::new(at),
@@ -687,11 +689,10 @@ impl Remote {
             if left.is_zero() {
                 return Err(TIMEOUT);
             }
-            st = self
-                .cv
-                .wait_timeout(st, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            let seen = self.cv.generation();
+            drop(st);
+            self.cv.wait(seen, deadline);
+            st = lock(&self.st);
         }
     }
 
