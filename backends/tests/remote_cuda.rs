@@ -770,3 +770,105 @@ fn two_identities_do_not_see_each_others_memory() {
         }
     }
 }
+
+/// TLS from the client library, with the remote backend's knobs: a daemon in PSK mode
+/// and one with certificates both run the app, byte-identical to the driver. The
+/// hazard first: a client without the key gets a CUDA error within its timeout, no
+/// hang, no answer; so does one whose key is wrong.
+#[test]
+fn the_client_speaks_tls_with_a_key_or_a_certificate() {
+    const KEY: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    const OTHER: &str = "8f3c0a1e5b7d92c46e10f2a3b4c5d6e7";
+    let libs = Libs::new("tls");
+    let direct = libs.direct(&[]);
+    assert!(direct.status.success(), "{}", text(&direct.stderr));
+    let dir = TempDir::new("cudatls");
+    let secret = |name: &str, body: String| {
+        let p = dir.path().join(name);
+        write_secret(&p, body);
+        p
+    };
+    let keys = secret("daemon.psk", format!("gpu-1 {KEY}\n"));
+    let good = secret("good.psk", format!("gpu-1 {KEY}\n"));
+    let wrong = secret("wrong.psk", format!("gpu-1 {OTHER}\n"));
+    let fake = [("LD_LIBRARY_PATH", libs.fake.to_str().unwrap())];
+    let d = Daemon::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-psk",
+            keys.to_str().unwrap(),
+        ],
+        &fake,
+    );
+    let run = |env: &[(&str, &str)]| {
+        let t0 = Instant::now();
+        let o = libs
+            .remote_cmd(&libs.app, &d.addr())
+            .env("TOFFLOAD_CUDA_REMOTE_TIMEOUT_MS", "3000")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (o, t0.elapsed())
+    };
+    for (what, env) in [
+        ("no key", vec![]),
+        (
+            "the wrong key",
+            vec![("TOFFLOAD_REMOTE_PSK", wrong.to_str().unwrap())],
+        ),
+    ] {
+        let (o, took) = run(&env);
+        println!("{what}: {:?} in {took:?}: {}", o.status, text(&o.stderr));
+        assert!(!o.status.success(), "{what}: served");
+        assert_ne!(text(&o.stdout), text(&direct.stdout), "{what}");
+        assert!(took < Duration::from_secs(15), "{what}: {took:?}");
+    }
+    let (o, _) = run(&[("TOFFLOAD_REMOTE_PSK", good.to_str().unwrap())]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), text(&direct.stdout), "over TLS with a key");
+
+    let mut pki = pki::Pki::new(dir.path(), "cuda-test");
+    let server = pki.issue("daemon", &["127.0.0.1"]);
+    let client = pki.issue("client", &[]);
+    let d = Daemon::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            server.cert.to_str().unwrap(),
+            "--tls-key",
+            server.key.to_str().unwrap(),
+            "--tls-ca",
+            pki.ca.to_str().unwrap(),
+        ],
+        &fake,
+    );
+    let o = libs
+        .remote_cmd(&libs.app, &d.addr())
+        .env("TOFFLOAD_REMOTE_TLS_CA", &pki.ca)
+        .env("TOFFLOAD_REMOTE_TLS_CERT", &client.cert)
+        .env("TOFFLOAD_REMOTE_TLS_KEY", &client.key)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(
+        text(&o.stdout),
+        text(&direct.stdout),
+        "over TLS with a certificate"
+    );
+    // Half the certificate knobs: a clear error, not plaintext.
+    let o = libs
+        .remote_cmd(&libs.app, &d.addr())
+        .env("TOFFLOAD_REMOTE_TLS_CA", &pki.ca)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("all three or none")
+            || text(&o.stdout).contains("all three or none"),
+        "{}{}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+}

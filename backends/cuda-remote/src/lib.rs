@@ -25,8 +25,13 @@ mod wire;
 #[allow(dead_code)]
 mod knobs;
 
+#[path = "../../src/remote/tls_client.rs"]
+#[allow(dead_code)]
+mod tls_client;
+
 mod api;
 mod guard;
+mod link;
 mod notify;
 mod remote;
 mod replay;

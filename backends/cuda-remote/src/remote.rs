@@ -17,7 +17,7 @@ use crate::replay::{Journal, Rec};
 use crate::sched;
 use crate::wire::{self, Call, Note};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
@@ -200,13 +200,7 @@ pub(crate) struct Dialed {
 /// Connects to `addr` and says hello as `client_id`.
 pub(crate) fn dial(addr: &str, client_id: u64, timeout: Duration) -> Result<Dialed, String> {
     let fail = |e: std::io::Error| format!("daemon {addr}: {e}");
-    let sa = addr
-        .to_socket_addrs()
-        .map_err(fail)?
-        .next()
-        .ok_or_else(|| format!("daemon {addr}: no address"))?;
-    let mut sock = TcpStream::connect_timeout(&sa, timeout).map_err(fail)?;
-    let _ = sock.set_nodelay(true);
+    let mut sock = crate::link::open(addr, Instant::now() + timeout)?;
     sock.set_write_timeout(Some(timeout)).map_err(fail)?;
     sock.set_read_timeout(Some(timeout)).map_err(fail)?;
     let mut out = Vec::new();

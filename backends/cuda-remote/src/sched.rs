@@ -20,7 +20,7 @@ use crate::remote::{log, send_all, CuResult, NO_DEVICE};
 use crate::wire::{self, Beat, Call, Note};
 use std::collections::HashSet;
 use std::io::ErrorKind;
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -199,13 +199,7 @@ fn dial(addr: &str, deadline: Instant) -> Result<Conn, Fail> {
             Ok(l)
         }
     };
-    let sa = addr
-        .to_socket_addrs()
-        .map_err(fail)?
-        .next()
-        .ok_or_else(|| (NO_DEVICE, format!("daemon {addr}: no address")))?;
-    let mut sock = TcpStream::connect_timeout(&sa, left()?).map_err(fail)?;
-    let _ = sock.set_nodelay(true);
+    let mut sock = crate::link::open(addr, deadline).map_err(|e| (NO_DEVICE, e))?;
     sock.set_write_timeout(Some(left()?)).map_err(fail)?;
     let mut id = [0u8; 8];
     openssl::rand::rand_bytes(&mut id).map_err(|e| (NO_DEVICE, e.to_string()))?;

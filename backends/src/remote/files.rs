@@ -64,19 +64,7 @@ pub fn write_atomic(path: &Path, tmp: &Path, bytes: &[u8], sync: bool) -> io::Re
     r
 }
 
-/// A secret file must be closed to group and others: Err says which file and what to do.
-pub fn check_secret(path: &Path, what: &str) -> Result<(), String> {
-    let md = std::fs::metadata(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
-    let mode = md.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(format!(
-            "{what} {} is open to group or others (mode {mode:04o}): \
-             it holds secret keys; chmod 600 it",
-            path.display()
-        ));
-    }
-    Ok(())
-}
+pub use super::tls_client::check_secret;
 
 #[cfg(test)]
 mod tests {

@@ -20,6 +20,7 @@ pub mod limits;
 pub mod startup;
 pub mod state;
 pub mod tls;
+pub mod tls_client;
 
 pub use client::{query_stats, ClientCounters, Remote};
 pub use config::{Placement, RemoteConfig};
