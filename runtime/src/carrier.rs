@@ -344,7 +344,12 @@ impl Carrier {
             real::set_errno(f.errno.get());
         }
         crate::guard::switch_in(f);
+        // SAFETY: w is this thread's worker, f's area only its carrier's thread touches.
+        unsafe { crate::tls::switch_in(&w.tls, &*f.tls.get()) };
         let r = f.resume();
+        // On this thread still: a fiber that moved (handoff) yielded back here first.
+        // SAFETY: as above.
+        unsafe { crate::tls::switch_out(&w.tls, &mut *f.tls.get()) };
         crate::guard::switch_out(f);
         if !cfg.disabled.errno {
             f.errno.set(real::errno());

@@ -49,6 +49,17 @@ pub enum IdlePoll {
     Off,
 }
 
+/// TOFFLOAD_FIBER_TLS: whether each fiber gets its own copy of the application's
+/// `__thread` variables (tls.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FiberTls {
+    /// Copy, unless the objects' TLS exceeds tls::AUTO_MAX bytes.
+    Auto,
+    Copy,
+    /// One block per carrier thread, shared by its fibers.
+    Shared,
+}
+
 /// One TOFFLOAD_GUARD_REGIONS entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RegionSpec {
@@ -115,6 +126,7 @@ pub struct Config {
     pub handoff_us: u64,
     /// TOFFLOAD_HANDOFF_MAX_SPARES: spare threads the handoff may start.
     pub handoff_max_spares: usize,
+    pub fiber_tls: FiberTls,
 }
 
 /// TOFFLOAD_HANDOFF_US's default: the monitor's cost while carriers are awake doubles
@@ -144,6 +156,7 @@ impl Default for Config {
             idle_poll: IdlePoll::Off,
             handoff_us: DEFAULT_HANDOFF_US,
             handoff_max_spares: 64,
+            fiber_tls: FiberTls::Auto,
         }
     }
 }
@@ -427,6 +440,25 @@ pub const KNOBS: &[Knob] = &[
         },
     },
     Knob {
+        var: "TOFFLOAD_FIBER_TLS",
+        default: "auto",
+        form: "`auto`, `copy` or `shared`",
+        doc: "the application's own `__thread` variables (those of every object loaded at \
+              start but libc and ld.so): `copy` gives each fiber its own, copied into its \
+              carrier thread's blocks when it runs and back when it parks; `shared` leaves \
+              one set per carrier thread to all its fibers; auto: copy up to 2 KiB of them \
+              (a park + resume stays under 200 ns), share more",
+        section: Section::Runtime,
+        set: |c, v| {
+            let m = [
+                ("auto", FiberTls::Auto),
+                ("copy", FiberTls::Copy),
+                ("shared", FiberTls::Shared),
+            ];
+            one_of(v.trim(), &m).map(|x| c.fiber_tls = x).is_some()
+        },
+    },
+    Knob {
         var: "TOFFLOAD_STATS",
         default: "(none)",
         form: "a path (`%p` = pid)",
@@ -644,6 +676,7 @@ mod tests {
             ("TOFFLOAD_GUARD_REGIONS", "not a symbol"),
             ("TOFFLOAD_IDLE_POLL", "yes"),
             ("TOFFLOAD_IDLE_POLL", "1"),
+            ("TOFFLOAD_FIBER_TLS", "on"),
         ] {
             let e = cfg(&[(var, v)]).unwrap_err();
             assert_eq!(e.var, var);
@@ -699,6 +732,18 @@ mod tests {
             (" off ", IdlePoll::Off),
         ] {
             assert_eq!(cfg(&[("TOFFLOAD_IDLE_POLL", v)]).unwrap().idle_poll, want);
+        }
+    }
+
+    #[test]
+    fn fiber_tls_knob() {
+        assert_eq!(cfg(&[]).unwrap().fiber_tls, FiberTls::Auto);
+        for (v, want) in [
+            ("auto", FiberTls::Auto),
+            (" copy", FiberTls::Copy),
+            ("shared", FiberTls::Shared),
+        ] {
+            assert_eq!(cfg(&[("TOFFLOAD_FIBER_TLS", v)]).unwrap().fiber_tls, want);
         }
     }
 

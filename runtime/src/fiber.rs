@@ -78,6 +78,8 @@ pub struct Fiber {
     pub guard: crate::guard::FiberGuard,
     /// Nesting of interposed calls (handoff::Scope): 0 in application code.
     pub runtime_depth: Cell<u32>,
+    /// The application's TLS while the fiber is switched out (tls.rs).
+    pub tls: UnsafeCell<crate::tls::Area>,
 }
 
 // SAFETY: cross-thread access is limited to `state`, `join` (locked), `exited` and
@@ -127,6 +129,7 @@ impl Fiber {
             name: UnsafeCell::new([0; 16]),
             guard: Default::default(),
             runtime_depth: Cell::new(0),
+            tls: UnsafeCell::new(crate::tls::new_area()),
         }));
         let fp = f as usize;
         let co = Co::with_stack(st, move |y: &Yielder<(), Yield>, ()| {

@@ -60,6 +60,8 @@ pub struct Worker {
     /// The signal mask the thread started with (restored after a handoff that
     /// happened inside an application's signal handler).
     mask: UnsafeCell<libc::sigset_t>,
+    /// This thread's blocks of the application's TLS (tls.rs).
+    pub tls: crate::tls::Blocks,
 }
 
 // SAFETY: `current`, `seq` and `mask` are touched only by the worker's own thread; the
@@ -109,6 +111,7 @@ impl Worker {
             assigned: AtomicPtr::new(std::ptr::null_mut()),
             wake: AtomicU32::new(0),
             mask: UnsafeCell::new(mask),
+            tls: crate::tls::blocks(),
         }));
         // SAFETY: reading our own mask into our own cell.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, std::ptr::null(), w.mask.get()) };

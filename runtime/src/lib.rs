@@ -37,6 +37,7 @@ pub mod stats;
 pub mod sync;
 pub mod thread;
 pub mod time;
+pub mod tls;
 pub mod waitq;
 
 #[cfg(feature = "preload")]
@@ -124,6 +125,8 @@ extern "C" fn on_load() {
     }
     fork::install();
     fd_facts::set_invalidate(!s.cfg.disabled.fdfacts);
+    // Now, while only the objects of the start are loaded.
+    tls::init();
     let n = got::patch_extra_rows();
     if n > 0 {
         log_at!(log::INFO, "offload rows: {} GOT slots rerouted", n);

@@ -6,10 +6,15 @@
  * Without the runtime (or pinned to one CPU) it measures the kernel's sched_yield
  * between two threads instead, which the output says.
  *
+ * Each player counts its yields in a 320-byte __thread array too (about mariadbd's
+ * own TLS), so that the runtime's per-fiber TLS copy (TOFFLOAD_FIBER_TLS) is part of
+ * the cost; a count that differs from the player's own says TLS was shared.
+ *
  * usage: bench_switch [HANDOFFS]   (default 2000000)
  * prints: handoffs=N yields=Y ns_per_switch=X fibers=F
  *   ns_per_switch: wall time / yields (one park + one resume each);
- *   fibers: 1 if both threads ran as fibers (toffload_fiber_id() > 0), else 0.
+ *   fibers: 1 if both threads ran as fibers (toffload_fiber_id() > 0), else 0;
+ *   tls_own: 1 if each player's __thread count matched its own yields.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -26,6 +31,8 @@ static int go;              /* set by main once both threads exist */
 static long yields[2];
 static int fiber[2];
 static struct timespec t_start, t_end;
+static __thread long tls_yields[40];
+static int tls_own[2];
 
 static double now_ns(void)
 {
@@ -48,10 +55,15 @@ static void *player(void *arg)
         while (__atomic_load_n(&turn, __ATOMIC_ACQUIRE) != me) {
             sched_yield();
             y++;
+            tls_yields[y & 31]++;
         }
         __atomic_store_n(&turn, 1 - me, __ATOMIC_RELEASE);
     }
     yields[me] = y;
+    long t = 0;
+    for (int i = 0; i < 40; i++)
+        t += tls_yields[i];
+    tls_own[me] = t == y;
     if (me == 1)
         clock_gettime(CLOCK_MONOTONIC, &t_end);
     return NULL;
@@ -87,7 +99,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_switch: no yields (wall %.0f ns)\n", wall);
         return 1;
     }
-    printf("handoffs=%ld yields=%ld ns_per_switch=%.1f fibers=%d\n", handoffs, y,
-           ns / (double)y, fiber[0] && fiber[1]);
+    printf("handoffs=%ld yields=%ld ns_per_switch=%.1f fibers=%d tls_own=%d\n", handoffs, y,
+           ns / (double)y, fiber[0] && fiber[1], tls_own[0] && tls_own[1]);
     return 0;
 }

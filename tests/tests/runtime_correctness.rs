@@ -242,6 +242,55 @@ fn pthread_keys_are_per_fiber_with_destructors() {
     eq(&o, "dtor_calls", 64.0);
 }
 
+/// The program's own `__thread` variables (TOFFLOAD_FIBER_TLS): per fiber by default,
+/// also across a handoff that moves a fiber to another thread.
+#[test]
+fn thread_local_storage_is_per_fiber() {
+    let _s = serial();
+    if !ready(&["rt_tls"]) {
+        return;
+    }
+    let o = stock("rt_tls").run();
+    show("stock", &o);
+    expect_ok(&o);
+    eq(&o, "initial_bad", 0.0);
+    eq(&o, "bad", 0.0);
+
+    // Hazard: one block per carrier thread, so a fiber finds the values of the fiber
+    // that ran before it (mariadbd's `current_thd`).
+    let o = fibers("rt_tls")
+        .env("TOFFLOAD_FIBER_TLS", "shared")
+        .env("TOFFLOAD_TEST_DISABLE", "handoff")
+        .run();
+    show("TOFFLOAD_FIBER_TLS=shared", &o);
+    expect_ok(&o);
+    eq(&o, "on_fiber", 16.0);
+    assert!(
+        o.num("bad") + o.num("initial_bad") > 0.0,
+        "fibers did not see each other's thread-locals: {}",
+        o.report()
+    );
+
+    // The default copies them per fiber.
+    for_carriers("rt_tls", |o| {
+        expect_ok(o);
+        eq(o, "on_fiber", 16.0);
+        eq(o, "initial_bad", 0.0);
+        eq(o, "bad", 0.0);
+    });
+    // The raw futex waits block the carrier past the handoff threshold: fibers move
+    // to other threads, their values with them.
+    let o = fibers("rt_tls")
+        .env("TOFFLOAD_FIBER_TLS", "copy")
+        .env("TOFFLOAD_HANDOFF_US", "200")
+        .run();
+    show("copy, handoff at 200 us", &o);
+    expect_ok(&o);
+    eq(&o, "initial_bad", 0.0);
+    eq(&o, "bad", 0.0);
+    at_least(&o, "moved", 1.0);
+}
+
 // ---------------------------------------------------------------- synchronisation
 
 #[test]

@@ -396,14 +396,15 @@ fn idle_cpu(a: &Args, runtime: bool) -> Result<Idle, String> {
     })
 }
 
-/// bench_switch under the runtime (TOFFLOAD_FIBERIZE=all) or stock, pinned to core 0:
-/// (ns per switch, ran as fibers).
-fn switch_cost(a: &Args, runtime: bool) -> Result<(f64, bool), String> {
+/// bench_switch under the runtime (TOFFLOAD_FIBERIZE=all, TOFFLOAD_FIBER_TLS=`tls`) or
+/// stock (None), pinned to core 0: (ns per switch, ran as fibers).
+fn switch_cost(a: &Args, tls: Option<&str>) -> Result<(f64, bool), String> {
     let mut cmd = Command::new(harness::bin("bench_switch")?);
     cmd.arg(a.switch_handoffs.to_string());
-    if runtime {
+    if let Some(tls) = tls {
         cmd.env("LD_PRELOAD", runtime_lib()?)
-            .env("TOFFLOAD_FIBERIZE", "all");
+            .env("TOFFLOAD_FIBERIZE", "all")
+            .env("TOFFLOAD_FIBER_TLS", tls);
     }
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
@@ -659,16 +660,21 @@ fn real_main(a: &Args) -> Result<(), String> {
             a.switch_handoffs
         );
         let mut fib = Vec::new();
+        let mut shared = Vec::new();
         let mut engaged = true;
         let mut kern = Vec::new();
         for _ in 0..a.runs.max(3) {
             if !a.stock_only {
-                let (ns, f) = switch_cost(a, true)?;
+                let (ns, f) = switch_cost(a, Some("copy"))?;
                 engaged &= f;
                 eprint!(" runtime {ns:.0} ns");
                 fib.push(ns);
+                let (ns, f) = switch_cost(a, Some("shared"))?;
+                engaged &= f;
+                eprint!(" shared TLS {ns:.0} ns");
+                shared.push(ns);
             }
-            let (ns, _) = switch_cost(a, false)?;
+            let (ns, _) = switch_cost(a, None)?;
             eprint!(" kernel {ns:.0} ns");
             kern.push(ns);
         }
@@ -688,8 +694,15 @@ fn real_main(a: &Args) -> Result<(), String> {
             let m = median(fib);
             let _ = writeln!(
                 t,
-                "| fibers (libtoffload.so, TOFFLOAD_FIBERIZE=all) | {m:.1} | {:.1} |",
+                "| fibers (libtoffload.so, TOFFLOAD_FIBERIZE=all; 320 B of TLS copied per \
+                 fiber) | {m:.1} | {:.1} |",
                 2.0 * m
+            );
+            let sh = median(shared);
+            let _ = writeln!(
+                t,
+                "| fibers, TOFFLOAD_FIBER_TLS=shared (no copy) | {sh:.1} | {:.1} |",
+                2.0 * sh
             );
             if engaged {
                 targets.push((
