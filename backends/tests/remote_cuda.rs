@@ -14,23 +14,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// Builds the client library (its own crate) in this test's profile; returns it.
-fn client_lib() -> PathBuf {
-    let dir = common::profile_dir();
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cmd.args(["build", "-q", "-p", "toffload-cuda-remote"]);
-    if dir.ends_with("release") {
-        cmd.arg("--release");
-    }
-    assert!(
-        cmd.status().expect("running cargo").success(),
-        "building backends/cuda-remote failed"
-    );
-    let lib = dir.join("libtoffload_cuda_remote.so");
-    assert!(lib.exists(), "{} missing", lib.display());
-    lib
-}
-
 /// The fake driver's folder, also as libcuda.so.1 (the name programs link against),
 /// and a folder where the client library is libcuda.so.1 (NVRTC stays the fake's:
 /// it compiles on the client).
@@ -46,7 +29,7 @@ impl Libs {
         std::os::unix::fs::symlink("libfakecuda.so", fake.join("libcuda.so.1")).unwrap();
         let client = fake.join("client");
         std::fs::create_dir_all(&client).unwrap();
-        let lib = client_lib();
+        let lib = cuda::client_lib();
         for name in ["libcuda.so.1", "libcuda.so"] {
             std::os::unix::fs::symlink(&lib, client.join(name)).unwrap();
         }
