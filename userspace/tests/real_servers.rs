@@ -45,7 +45,21 @@ fn tmpdir(name: &str) -> PathBuf {
 struct Proc(Child);
 
 impl Drop for Proc {
+    /// SIGTERM first, so a server with children (nginx's master) ends them: a SIGKILL
+    /// left nginx's two workers running after the suite. SIGKILL after 10 s.
     fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(Some(_))) {
+            return; // reaped: its pid may be another process's now
+        }
+        // SAFETY: signalling our own child, not yet reaped.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(10) {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -296,23 +310,8 @@ fn nginx_by_its_master_pid_watches_the_workers() {
     assert!(workers.iter().all(|p| p["comm"] == "nginx"));
 }
 
-/// An apache2 parent, stopped with SIGTERM on drop (which ends its children; a
-/// SIGKILL would leave them behind).
+/// An apache2 parent (Proc's drop sends SIGTERM, which ends its children).
 struct Apache(Proc);
-
-impl Drop for Apache {
-    fn drop(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.0 .0.id() as i32, libc::SIGTERM) };
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_secs(10) {
-            if matches!(self.0 .0.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
 
 /// apache2 with its own configuration (no Debian site), `mpm` = prefork or event.
 fn apache(mpm: &str, port: u16) -> (Apache, PathBuf) {
