@@ -8,47 +8,27 @@
 mod common;
 mod remote_util;
 
+use remote_util::cuda::text;
 use remote_util::*;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// The fake driver's folder, also as libcuda.so.1 (the name programs link against),
-/// and a folder where the client library is libcuda.so.1 (NVRTC stays the fake's:
-/// it compiles on the client).
-struct Libs {
-    fake: PathBuf,
-    client: PathBuf,
-    app: PathBuf,
+/// The shared fake driver, client folder and cuda_app (remote_util/cuda.rs), with
+/// this suite's ways of running them.
+struct Libs(cuda::Libs);
+
+impl std::ops::Deref for Libs {
+    type Target = cuda::Libs;
+    fn deref(&self) -> &cuda::Libs {
+        &self.0
+    }
 }
 
 impl Libs {
     fn new(tag: &str) -> Libs {
-        let fake = common::build_fake_cuda(&format!("rc_{tag}"));
-        std::os::unix::fs::symlink("libfakecuda.so", fake.join("libcuda.so.1")).unwrap();
-        let client = fake.join("client");
-        std::fs::create_dir_all(&client).unwrap();
-        let lib = cuda::client_lib();
-        for name in ["libcuda.so.1", "libcuda.so"] {
-            std::os::unix::fs::symlink(&lib, client.join(name)).unwrap();
-        }
-        std::os::unix::fs::symlink(fake.join("libfakecuda.so"), client.join("libnvrtc.so"))
-            .unwrap();
-        let app = fake.join("cuda_app");
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let ok = Command::new("cc")
-            .args(["-O1", "-Wall", "-Wextra", "-Werror", "-pthread"])
-            .arg(manifest.join("tests/c/cuda_app.c"))
-            .arg("-L")
-            .arg(&fake)
-            .args(["-l:libcuda.so.1", "-ldl", "-o"])
-            .arg(&app)
-            .status()
-            .expect("running cc")
-            .success();
-        assert!(ok, "compiling cuda_app.c failed");
-        Libs { fake, client, app }
+        Libs(cuda::Libs::new(&format!("rc_{tag}")))
     }
 
     fn daemon(&self) -> Daemon {
@@ -83,12 +63,6 @@ impl Libs {
     }
 }
 
-impl Drop for Libs {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.fake);
-    }
-}
-
 /// The daemon's counters once every client connection has closed (a program that
 /// exited may still have frames in the daemon's hands).
 fn settled_stats(addr: &str) -> std::collections::HashMap<String, u64> {
@@ -101,10 +75,6 @@ fn settled_stats(addr: &str) -> std::collections::HashMap<String, u64> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 /// Waits for a child with a deadline (a hang is the failure under test).
