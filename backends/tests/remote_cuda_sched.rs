@@ -125,8 +125,11 @@ fn tasks_go_to_the_near_daemon_and_spread_when_it_is_loaded() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // The heartbeat's queue is the larger of the queue now and its recent mean (200
+    // ms time constant): a load just begun shows only in moments; let it settle.
+    std::thread::sleep(Duration::from_millis(800));
     let mut c = libs.remote_cmd(&libs.app, &list);
-    c.args(ARGS);
+    c.args(ARGS).env("TOFFLOAD_CUDA_REMOTE_PLACEMENT_LOG", "1");
     let (out, t) = run_in(&net.client_ns, c);
     let _ = load.kill();
     let _ = load.wait();
@@ -136,7 +139,7 @@ fn tasks_go_to_the_near_daemon_and_spread_when_it_is_loaded() {
         "{}",
         text(&out.stderr)
     );
-    println!("with the near daemon loaded: {t:?}");
+    println!("with the near daemon loaded: {t:?}\n{}", text(&out.stderr));
     let (f, n) = count();
     assert_eq!(f, 2, "the new task spread to the far daemon");
     assert_eq!(n, 4, "the load's own session");

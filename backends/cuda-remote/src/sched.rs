@@ -88,6 +88,21 @@ fn placement() -> Placement {
     }
 }
 
+fn explain() -> bool {
+    match std::env::var(knobs::CUDA_REMOTE_PLACEMENT_LOG.var).as_deref() {
+        Ok("1") => true,
+        Ok("") | Ok("0") | Err(_) => false,
+        Ok(v) => {
+            log(&format!(
+                "{}={v}: expected {}; not logging",
+                knobs::CUDA_REMOTE_PLACEMENT_LOG.var,
+                knobs::CUDA_REMOTE_PLACEMENT_LOG.form
+            ));
+            false
+        }
+    }
+}
+
 /// The daemons of the list (`host:port[,host:port...]`).
 pub fn parse_list(list: &str) -> Result<Vec<String>, String> {
     let v: Vec<String> = list
@@ -185,6 +200,20 @@ pub fn place(list: &str, timeout: Duration, probe_ms: u64) -> Result<Conn, Fail>
             best.1
         }
     };
+    if explain() {
+        for (k, (_, c, v)) in ok.iter().enumerate() {
+            log(&format!(
+                "placement: {} rtt {} us, {:.0} MB/s, queue {}, {} us per kernel: predicted {:.0} us{}",
+                c.addr,
+                v.rtt.as_micros(),
+                v.bw / 1e6,
+                v.beat.queue,
+                v.beat.kernel_ns / 1000,
+                predict(v, prior) * 1e6,
+                if k == best { " (chosen)" } else { "" }
+            ));
+        }
+    }
     Ok(ok.swap_remove(best).1)
 }
 

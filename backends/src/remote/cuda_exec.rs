@@ -52,6 +52,9 @@ const BEAT_MAX: Duration = Duration::from_secs(60);
 pub struct GpuLoad {
     /// Kernels launched and not yet passed by a reported call of their stream.
     queue: AtomicU64,
+    /// The queue's recent time-weighted mean: a sustained load whose instantaneous
+    /// queue happens to be empty when a probe asks still shows.
+    recent: Mutex<QueueMean>,
     /// Sessions holding a context now, and ever.
     sessions: AtomicU64,
     pub opened: AtomicU64,
@@ -59,13 +62,64 @@ pub struct GpuLoad {
     kernel_ns: AtomicU64,
 }
 
+/// Time constant of the queue's mean: a few of the fake or real GPU's kernels at
+/// most, well under a probe's period.
+const QUEUE_TAU: Duration = Duration::from_millis(200);
+
+/// An exponentially time-weighted mean of a level that changes in steps.
+#[derive(Default, Debug, Clone, Copy)]
+pub struct QueueMean {
+    mean: f64,
+    level: u64,
+    since: Option<Instant>,
+}
+
+impl QueueMean {
+    /// The mean at `now`, the level having held since the last step.
+    pub fn at(&self, now: Instant) -> f64 {
+        match self.since {
+            None => self.level as f64,
+            Some(t) => {
+                let dt = now.saturating_duration_since(t).as_secs_f64();
+                let keep = (-dt / QUEUE_TAU.as_secs_f64()).exp();
+                self.mean * keep + self.level as f64 * (1.0 - keep)
+            }
+        }
+    }
+
+    /// The level steps to `level` at `now`.
+    pub fn step(&mut self, level: u64, now: Instant) {
+        self.mean = self.at(now);
+        self.level = level;
+        self.since = Some(now);
+    }
+}
+
 impl GpuLoad {
     pub fn beat(&self) -> Beat {
+        let now = self.queue.load(Relaxed);
+        let mean = self.recent.lock().map_or(0.0, |m| m.at(Instant::now()));
         Beat {
-            queue: self.queue.load(Relaxed).min(u32::MAX as u64) as u32,
+            queue: now.max(mean.round() as u64).min(u32::MAX as u64) as u32,
             sessions: self.sessions.load(Relaxed).min(u32::MAX as u64) as u32,
             kernel_ns: self.kernel_ns.load(Relaxed),
         }
+    }
+
+    /// Changes the queue by `f`, under the mean's lock so that the mean's steps
+    /// follow the queue's in order.
+    fn change(&self, f: impl Fn(u64) -> u64) {
+        let mut m = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let old = self
+            .queue
+            .fetch_update(Relaxed, Relaxed, |q| Some(f(q)))
+            .unwrap_or(0);
+        m.step(f(old), Instant::now());
+    }
+
+    /// A kernel was launched.
+    fn launched(&self) {
+        self.change(|q| q.saturating_add(1));
     }
 
     /// A stretch of a stream with `kernels` kernels, begun at `since`, was passed (or
@@ -74,9 +128,7 @@ impl GpuLoad {
         if kernels == 0 {
             return;
         }
-        let _ = self
-            .queue
-            .fetch_update(Relaxed, Relaxed, |q| Some(q.saturating_sub(kernels)));
+        self.change(|q| q.saturating_sub(kernels));
         if let Some(t) = since {
             let per = (t.elapsed().as_nanos() as u64 / kernels).max(1);
             // 1/4 new: a load that comes or goes shows within a few stretches.
@@ -676,7 +728,7 @@ impl CudaSession {
                 if r.is_ok() {
                     st.kernels += 1;
                     st.since.get_or_insert_with(Instant::now);
-                    self.load.queue.fetch_add(1, Relaxed);
+                    self.load.launched();
                 }
                 r
             }
@@ -811,5 +863,43 @@ impl Drop for CudaSession {
             // SAFETY: loaded by this session, unloaded once.
             unsafe { sys::cuModuleUnload(m) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_mean_keeps_a_sustained_load_through_an_empty_moment() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut m = QueueMean::default();
+        // Eight kernels queued for a second, then empty for 5 ms.
+        m.step(8, ms(0));
+        m.step(0, ms(1000));
+        assert!(m.at(ms(1005)) > 7.5, "{}", m.at(ms(1005)));
+        // Gone for two seconds: the mean follows.
+        assert!(m.at(ms(3000)) < 0.01, "{}", m.at(ms(3000)));
+    }
+
+    #[test]
+    fn a_beat_reports_the_larger_of_the_queue_and_its_mean() {
+        let load = GpuLoad::default();
+        for _ in 0..3 {
+            load.launched();
+        }
+        assert_eq!(load.beat().queue, 3, "a load that just came shows at once");
+        load.passed(3, None);
+        // The mean has barely moved off zero in the microseconds since.
+        assert_eq!(load.beat().queue, 0);
+        let held = GpuLoad::default();
+        held.recent
+            .lock()
+            .unwrap()
+            .step(6, Instant::now() - Duration::from_secs(2));
+        held.queue.store(6, Relaxed);
+        held.passed(6, None);
+        assert_eq!(held.beat().queue, 6, "the queue is empty, its mean is not");
     }
 }
