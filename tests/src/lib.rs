@@ -2,6 +2,7 @@
 //! harness that starts and stops the example servers for the integration suites, the
 //! benchmarks and the demo, and the tmux driver of the dashboards' terminal tests.
 
+pub mod device_core;
 pub mod harness;
 pub mod loadgen;
 pub mod openloop;

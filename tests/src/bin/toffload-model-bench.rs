@@ -11,6 +11,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
+use toffload_tests::device_core::DeviceCore;
 use toffload_tests::harness::{self, median, Server, ServerSpec};
 use toffload_tests::load::{self, Config};
 
@@ -47,6 +48,18 @@ struct Args {
     /// sizes, CPU, connections, carriers, a mutex), or both (summaries apart).
     #[arg(long, value_enum, default_value_t = Set::All)]
     set: Set,
+    /// Where the emulated device's thread runs (tests/src/device_core.rs): on the load
+    /// generator's core, as an accelerator's work is off the server's core, or on the
+    /// server's, where its wake-ups cost the server CPU no real device's do.
+    #[arg(long, value_enum, default_value_t = DeviceCore::Load)]
+    device_core: DeviceCore,
+}
+
+/// The run's --device-core, set once in run().
+static DEVICE_CORE: std::sync::OnceLock<DeviceCore> = std::sync::OnceLock::new();
+
+fn device_core() -> DeviceCore {
+    DEVICE_CORE.get().copied().unwrap_or_default()
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -207,6 +220,7 @@ fn spec(pt: Point, runtime: bool) -> Result<ServerSpec, String> {
         .env("TOFFLOAD_EMU_LANES", pt.lanes.to_string())
         .env("TOFFLOAD_WAIT", pt.wait)
         .cpu((harness::cpus() >= 2).then_some(0));
+    s = device_core().place(s);
     if runtime {
         let lib = harness::dist().join("lib/libtoffload.so");
         if !lib.exists() {
@@ -258,17 +272,25 @@ const POLLER: &str = "toffload-poll";
 
 fn measure(pt: Point, runtime: bool, secs: f64) -> Result<Measured, String> {
     let server = Server::start(&spec(pt, runtime)?)?;
-    let (cpu0, poll0, t0) = (
+    // The device's thread counts as the server's CPU only where it shares its core.
+    let device = |s: &Server| device_core().off_core_cpu_secs(s);
+    let (cpu0, poll0, dev0, t0) = (
         server.cpu_secs(),
         server.threads_cpu_secs(POLLER),
+        device(&server),
         std::time::Instant::now(),
     );
     let r = drive(server.port, pt.conns, pt.size, secs)?;
-    let (cpu1, poll1) = (server.cpu_secs(), server.threads_cpu_secs(POLLER));
+    let (cpu1, poll1, dev1) = (
+        server.cpu_secs(),
+        server.threads_cpu_secs(POLLER),
+        device(&server),
+    );
     let elapsed = t0.elapsed().as_secs_f64().max(1e-3);
     let poll = (poll1 - poll0).max(0.0) / elapsed;
+    let dev = (dev1 - dev0).max(0.0) / elapsed;
     let busy = match (cpu0, cpu1) {
-        (Some(a), Some(b)) => ((b - a) / elapsed - poll).max(0.0),
+        (Some(a), Some(b)) => ((b - a) / elapsed - poll - dev).max(0.0),
         _ => f64::NAN,
     };
     drop(server);
@@ -396,6 +418,7 @@ fn run(a: &Args) -> Result<(), String> {
     if harness::cpus() >= 2 {
         harness::pin_current_thread(1).map_err(|e| format!("pinning: {e}"))?;
     }
+    let _ = DEVICE_CORE.set(a.device_core);
     let all: Vec<Point> = match a.set {
         Set::Fitted => POINTS.to_vec(),
         Set::HeldOut => HELD_OUT.to_vec(),
@@ -600,7 +623,9 @@ fn run(a: &Args) -> Result<(), String> {
         let doc = format!(
             "# The model against measurement\n\n`cargo xtask bench model` \
              (tests/src/bin/toffload-model-bench.rs): conn_server on the emulated device, server \
-             on core 0, load generator and watcher on core 1. \"fitted\" points are those the \
+             on core 0, load generator and watcher on core 1, {dev} (`--device-core`: \
+             its wake-ups are not the server's CPU, as a real device's are not; the servers' \
+             CPU columns leave it out). \"fitted\" points are those the \
              model was built and tuned on; \"held out\" ones (other request sizes, CPU per \
              request, 8 and 512 connections, both waits, two carriers, a mutex around a shared \
              update: the variant column) were never used to build it, and their errors are \
@@ -624,7 +649,9 @@ fn run(a: &Args) -> Result<(), String> {
              the server. A run during which more than {:.0}% was stolen was measured again \
              after 3 s, up to {} times (\"runs redone\"); the last repeat is kept whatever \
              its steal.\n\n{table}{summary}",
-            a.max_steal, a.retries
+            a.max_steal,
+            a.retries,
+            dev = device_core().label()
         );
         std::fs::write(out, doc).map_err(|e| format!("{}: {e}", out.display()))?;
     }

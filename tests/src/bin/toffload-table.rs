@@ -16,6 +16,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
+use toffload_tests::device_core::DeviceCore;
 use toffload_tests::harness::{self, median, Server, ServerSpec};
 use toffload_tests::load::{self, Config};
 
@@ -79,6 +80,11 @@ struct Args {
     /// Write the report (markdown) to this file as well.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Where the emulated device's thread runs (tests/src/device_core.rs): the load
+    /// generator's core, as an accelerator's work is off the server's core, or the
+    /// server's, where its wake-ups cost the server CPU no real device's do.
+    #[arg(long, value_enum, default_value_t = DeviceCore::Load)]
+    device_core: DeviceCore,
 }
 
 fn runtime_lib() -> Result<PathBuf, String> {
@@ -168,6 +174,7 @@ fn server_spec(a: &Args, p: Point, runtime: Option<(&Path, &Path)>) -> ServerSpe
         .env("TOFFLOAD_EMU_LANES", p.lanes.to_string())
         .env("TOFFLOAD_WAIT", p.wait)
         .cpu((harness::cpus() >= 2).then_some(0));
+    spec = a.device_core.place(spec);
     if let Some((lib, stats)) = runtime {
         spec = spec
             .env("LD_PRELOAD", lib.display().to_string())
@@ -533,7 +540,8 @@ fn real_main(a: &Args) -> Result<(), String> {
     let _ = writeln!(
         t,
         "conn_server (unmodified), stock{}, {} connections, {} B requests, server on \
-         core 0, load on core 1, {:.1} s measured per run, median of {} run(s) per point.\n",
+         core 0, load on core 1, {} (`--device-core`), {:.1} s measured per run, median of \
+         {} run(s) per point.\n",
         if a.stock_only {
             " only (--stock-only)"
         } else {
@@ -541,6 +549,7 @@ fn real_main(a: &Args) -> Result<(), String> {
         },
         a.conns,
         a.size,
+        a.device_core.label(),
         a.secs,
         a.runs
     );

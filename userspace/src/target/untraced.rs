@@ -38,7 +38,7 @@ impl Reading {
             .iter()
             .filter_map(|&pid| {
                 let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
-                Some((pid, io_calls(&io)?, cpu_secs(pid)?))
+                Some((pid, io_calls(&io)?, cpu_secs(pid)? - off_core_cpu_secs(pid)))
             })
             .collect();
         (!procs.is_empty()).then(|| Reading {
@@ -67,6 +67,58 @@ impl Reading {
 pub fn cpu_secs(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     Some(cpu_ticks(&stat)? as f64 / clock_ticks_per_sec())
+}
+
+/// The CPU time so far of the process's threads that cannot run where its main thread
+/// can (an emulated device's or a driver's thread pinned to another core): what they
+/// spend is not taken from the CPUs the server's requests run on, so it is not the
+/// server's CPU per request. Threads that ended take their time out of this sum; the
+/// caller's deltas are per reading, so a thread that ended between two readings only
+/// makes one delta smaller.
+pub fn off_core_cpu_secs(pid: u32) -> f64 {
+    match affinity(pid) {
+        Some(main) => cpu_secs_apart_from(pid, &main),
+        None => 0.0,
+    }
+}
+
+/// The CPU time of `pid`'s threads (but its main thread) that cannot run on any CPU of
+/// `main`.
+fn cpu_secs_apart_from(pid: u32, main: &libc::cpu_set_t) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    let mut ticks = 0u64;
+    for t in tasks.flatten() {
+        let Some(tid) = t.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if tid == pid {
+            continue;
+        }
+        let disjoint = affinity(tid).is_some_and(|a| {
+            // SAFETY: CPU_ISSET on two initialised sets, indices below CPU_SETSIZE.
+            !(0..libc::CPU_SETSIZE as usize)
+                .any(|c| unsafe { libc::CPU_ISSET(c, &a) && libc::CPU_ISSET(c, main) })
+        });
+        if disjoint {
+            ticks += std::fs::read_to_string(t.path().join("stat"))
+                .ok()
+                .and_then(|s| cpu_ticks(&s))
+                .unwrap_or(0);
+        }
+    }
+    ticks as f64 / clock_ticks_per_sec()
+}
+
+fn affinity(tid: u32) -> Option<libc::cpu_set_t> {
+    // SAFETY: an all-zero cpu_set_t is valid; the kernel writes at most its size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer and size.
+    let rc = unsafe {
+        libc::sched_getaffinity(tid as libc::pid_t, std::mem::size_of_val(&set), &mut set)
+    };
+    (rc == 0).then_some(set)
 }
 
 /// syscr + syscw of a /proc/PID/io text.
@@ -242,6 +294,45 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thread_pinned_off_the_main_threads_cpus_is_not_the_servers_cpu() {
+        let ours = affinity(std::process::id()).expect("own affinity");
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: initialised set, index in range.
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &ours) })
+            .collect();
+        if cpus.len() < 2 {
+            println!("skipped: needs two CPUs to pin a thread apart");
+            return;
+        }
+        let pid = std::process::id();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (st, other) = (stop.clone(), cpus[1]);
+        let spinner = std::thread::spawn(move || {
+            // SAFETY: pinning the calling thread only.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(other, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
+            }
+            while !st.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        // SAFETY: an all-zero set is valid.
+        let mut first: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: index below CPU_SETSIZE.
+        unsafe { libc::CPU_SET(cpus[0], &mut first) };
+        let off = cpu_secs_apart_from(pid, &first);
+        let same = off_core_cpu_secs(pid);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        spinner.join().unwrap();
+        assert_eq!(same, 0.0, "every thread can run where the main thread can");
+        assert!(off >= 0.15, "the spinner's CPU: {off}");
+        assert!(off <= cpu_secs(pid).unwrap(), "{off}");
+    }
 
     #[test]
     fn proc_fields() {

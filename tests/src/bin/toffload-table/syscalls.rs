@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// Threads of the emulated device (toffload's backend, not the server's code).
-const DEVICE_THREAD: &str = "toffload-emu";
+use toffload_tests::device_core::DEVICE_THREAD;
 
 /// Counts `pid`'s syscalls for `window`, starting `after` from now, in a thread.
 /// None when perf is missing, not permitted, or said nothing usable.
