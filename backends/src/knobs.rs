@@ -103,6 +103,8 @@ knobs! {
         "a call that waits for the daemon (synchronize, query answers, DtoH) fails with CUDA_ERROR_TIMEOUT by then; connecting too", CudaRemote;
     CUDA_REMOTE_LINGER_US: "TOFFLOAD_CUDA_REMOTE_LINGER_US", "200", "microseconds from 0 to 100000",
         "how long calls that return nothing wait to share a frame before it is sent (a wait sends at once)", CudaRemote;
+    CUDA_REMOTE_NAIVE: "TOFFLOAD_CUDA_REMOTE_NAIVE", "0", "`0` or `1`",
+        "1: a naive forwarder, for comparison: every call waits for the daemon's answer (a round trip per call, nothing batched or left in flight)", CudaRemote;
     CUDA_REMOTE_CACHE_MIN: "TOFFLOAD_CUDA_REMOTE_CACHE_MIN", "65536", "bytes from 0 (every copy) to 16777216",
         "host-to-device copies this large go through the daemon's upload cache by content hash (module images always do)", CudaRemote;
     CUDA_REMOTE_REPLAY_MB: "TOFFLOAD_CUDA_REMOTE_REPLAY_MB", "256", "MiB from 0 (off: a lost daemon is an error) to 65536",

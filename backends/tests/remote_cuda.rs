@@ -176,6 +176,29 @@ fn a_driver_api_program_answers_through_the_daemon_as_on_the_driver() {
     );
     println!("without batching: {c} calls in {f} frames");
     assert_eq!(c, f, "one frame per call");
+
+    // The naive forwarder (the benchmark's baseline): every call that returns
+    // nothing waits for a probe's answer behind it, so the daemon sees about twice
+    // the calls, each in its own frame, and the program is still bit-identical.
+    let naive = libs
+        .remote_cmd(&libs.app, &d.addr())
+        .args(args)
+        .env("TOFFLOAD_CUDA_REMOTE_NAIVE", "1")
+        .output()
+        .unwrap();
+    assert_eq!(text(&naive.stdout), text(&direct.stdout));
+    assert!(naive.stderr.is_empty(), "{}", text(&naive.stderr));
+    let s4 = settled_stats(&d.addr());
+    let (nc, nf) = (
+        s4["cuda_calls"] - s3["cuda_calls"],
+        s4["cuda_frames"] - s3["cuda_frames"],
+    );
+    println!("naive: {nc} calls (probes included) in {nf} frames");
+    assert_eq!(nc, nf, "one frame per call");
+    assert!(
+        nc >= c + 4 * requests,
+        "a probe behind each call: {nc} vs {c}"
+    );
 }
 
 /// The cuda backend (cudarc, its own driver probing, pinned memory, host functions

@@ -107,6 +107,9 @@ pub struct Remote {
     /// How long the guardian tries to reconnect.
     pub(crate) reconnect: Duration,
     linger: Duration,
+    /// TOFFLOAD_CUDA_REMOTE_NAIVE: every call waits for its round trip (the baseline
+    /// the benchmark sets the batched, asynchronous client against).
+    naive: bool,
     pub cache_min: usize,
     next: AtomicU64,
     next_addr: AtomicU64,
@@ -245,6 +248,7 @@ impl Remote {
         let linger =
             Duration::from_micros(knob_u64(&knobs::CUDA_REMOTE_LINGER_US, 200, 0, 100_000));
         let cache_min = knob_u64(&knobs::CUDA_REMOTE_CACHE_MIN, 65536, 0, 16 << 20) as usize;
+        let naive = knob_u64(&knobs::CUDA_REMOTE_NAIVE, 0, 0, 1) == 1;
         let probe_ms = knob_u64(&knobs::CUDA_REMOTE_PROBE_MS, 1000, 1, 60_000);
         let replay_limit = (knob_u64(&knobs::CUDA_REMOTE_REPLAY_MB, 256, 0, 65536) << 20) as usize;
         let reconnect = Duration::from_millis(knob_u64(
@@ -290,6 +294,7 @@ impl Remote {
             replay_limit,
             reconnect,
             linger,
+            naive,
             cache_min,
             next: AtomicU64::new(1),
             next_addr: AtomicU64::new(wire::SIM_BASE),
@@ -368,6 +373,13 @@ impl Remote {
             lock(&self.st).journal.push(seq, rec);
         }
         tx.batch.extend_from_slice(&one);
+        if self.naive && !now {
+            // The naive forwarder: this call's round trip before the next (an empty
+            // probe behind it, answered once the daemon has run the call).
+            self.flush_locked(&mut tx)?;
+            drop(tx);
+            return self.ask(|req| Call::Probe { req, pad: &[] }).map(|_| ());
+        }
         if now || self.linger.is_zero() {
             self.flush_locked(&mut tx)
         } else {

@@ -59,7 +59,7 @@ struct Args {
 static DEVICE_CORE: std::sync::OnceLock<DeviceCore> = std::sync::OnceLock::new();
 
 fn device_core() -> DeviceCore {
-    DEVICE_CORE.get().copied().unwrap_or_default()
+    DEVICE_CORE.get().copied().unwrap_or(DeviceCore::Load)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
