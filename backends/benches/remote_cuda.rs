@@ -2,10 +2,11 @@
 //! network namespaces): remoting efficiency of an unmodified thread-per-connection
 //! GPU server. conn_server on the cuda backend (TOFFLOAD_BACKEND=cuda) runs directly
 //! on the driver, and through backends/cuda-remote's libcuda.so.1 against a
-//! toffload-remoted over loopback and over links of 100 us and 1 ms round trip
+//! toffload-remoted over loopback and over links of 100 us, 1 ms and 10 ms round trip
 //! (namespaces joined by veth pairs, delayed by netem or the delay line of
-//! remote_util/netns.rs), with batching on/off and the upload cache on/off, stock
-//! and under libtoffload.so. Every configuration once per round, rounds interleaved,
+//! remote_util/netns.rs), with batching on/off and the upload cache on/off, and as
+//! the naive forwarder (every call waits), stock and under libtoffload.so; each row's
+//! daemon's calls per frame. Every configuration once per round, rounds interleaved,
 //! medians of `--runs` (default 3); writes `--out`.
 //!
 //! The daemon's GPU is the fake driver (tests/c/fake_cuda.c) unless `--real-driver`:
@@ -33,11 +34,13 @@ const KERNEL_US: u32 = 100;
 /// Heading of the table the chart reads.
 pub const HEADING: &str = "## conn_server, direct vs remoted";
 
-/// One configuration of the client: batching and upload cache.
+/// One configuration of the client: batching and upload cache, or the naive
+/// forwarder (every call waits for its round trip: TOFFLOAD_CUDA_REMOTE_NAIVE=1).
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Mode {
     batching: bool,
     cache: bool,
+    naive: bool,
 }
 
 impl Mode {
@@ -53,26 +56,39 @@ impl Mode {
                 "TOFFLOAD_CUDA_REMOTE_CACHE_MIN".into(),
                 if self.cache { "4096" } else { "16777216" }.into(),
             ),
+            (
+                "TOFFLOAD_CUDA_REMOTE_NAIVE".into(),
+                if self.naive { "1" } else { "0" }.into(),
+            ),
         ]
     }
 }
 
-const MODES: [Mode; 4] = [
+const MODES: [Mode; 5] = [
     Mode {
         batching: true,
         cache: false,
+        naive: false,
     },
     Mode {
         batching: false,
         cache: false,
+        naive: false,
     },
     Mode {
         batching: true,
         cache: true,
+        naive: false,
     },
     Mode {
         batching: false,
         cache: true,
+        naive: false,
+    },
+    Mode {
+        batching: false,
+        cache: false,
+        naive: true,
     },
 ];
 
@@ -82,8 +98,22 @@ struct Row {
     mode: Option<Mode>,
     ns: Option<String>,
     env: Vec<(String, String)>,
+    /// The row's daemon, as (namespace, port) for its counters (None: direct).
+    daemon: Option<(Option<String>, u16)>,
     stock: Vec<Sample>,
     runtime: Vec<Sample>,
+    /// The daemon's CUDA calls and frames over the row's runs.
+    calls: u64,
+    frames: u64,
+}
+
+/// (CUDA calls, frames) the daemon has counted so far.
+fn daemon_counts(d: &(Option<String>, u16)) -> (u64, u64) {
+    let s = match &d.0 {
+        Some(ns) => netns::stats_in(ns, d.1),
+        None => remote_util::stats(&format!("127.0.0.1:{}", d.1)),
+    };
+    (s["cuda_calls"], s["cuda_frames"])
 }
 
 fn nvrtc_dir() -> Option<PathBuf> {
@@ -192,6 +222,11 @@ fn main() {
             delay_us: 500,
             jitter_us: 0,
         },
+        Shape {
+            mbit: 10_000,
+            delay_us: 5000,
+            jitter_us: 0,
+        },
     ];
     let net = Net::new("rcb", &shapes).expect("namespaces");
     let how = net.links[0].how;
@@ -218,28 +253,45 @@ fn main() {
             e.extend(driver_env.iter().cloned());
             e
         },
+        daemon: None,
         stock: Vec::new(),
         runtime: Vec::new(),
+        calls: 0,
+        frames: 0,
     }];
-    let links: Vec<(String, Option<String>, String)> =
-        std::iter::once(("loopback".to_string(), None, local.addr()))
-            .chain(far.iter().zip(&shapes).map(|((_, _, addr), s)| {
+    type LinkRow = (String, Option<String>, String, (Option<String>, u16));
+    let links: Vec<LinkRow> = std::iter::once((
+        "loopback".to_string(),
+        None,
+        local.addr(),
+        (None, local.port),
+    ))
+    .chain(
+        far.iter()
+            .zip(&shapes)
+            .zip(&net.links)
+            .map(|(((d, _, addr), s), l)| {
                 (
                     format!("{} us RTT", 2 * s.delay_us),
                     Some(net.client_ns.clone()),
                     addr.clone(),
+                    (Some(l.ns.clone()), d.port),
                 )
-            }))
-            .collect();
-    for (link, ns, addr) in &links {
+            }),
+    )
+    .collect();
+    for (link, ns, addr, daemon) in &links {
         for m in MODES {
             rows.push(Row {
                 link: link.clone(),
                 mode: Some(m),
                 ns: ns.clone(),
                 env: backend(addr, m),
+                daemon: Some(daemon.clone()),
                 stock: Vec::new(),
                 runtime: Vec::new(),
+                calls: 0,
+                frames: 0,
             });
         }
     }
@@ -247,8 +299,14 @@ fn main() {
     for round in 0..runs {
         for r in rows.iter_mut() {
             for rt in [None, Some(runtime_lib.as_path())] {
+                let before = r.daemon.as_ref().map(daemon_counts);
                 let s = cs::run(r.ns.as_deref(), &r.env, "block", rt, LOAD)
                     .unwrap_or_else(|e| panic!("{} {:?}: {e}", r.link, r.mode));
+                if let (Some(d), Some((c0, f0))) = (&r.daemon, before) {
+                    let (c1, f1) = daemon_counts(d);
+                    r.calls += c1.saturating_sub(c0);
+                    r.frames += f1.saturating_sub(f0);
+                }
                 println!(
                     "round {round}: {} {:?} {}: {:.0} req/s, p50 {:.0} us, wrong {}, errors {}",
                     r.link,
@@ -369,6 +427,10 @@ fn report(
          GPU: {driver}. Remoted: the client library (backends/cuda-remote) as the server's \
          libcuda, toffload-remoted on loopback beside it or across a veth link delayed \
          {how}. Batching off: TOFFLOAD_CUDA_REMOTE_LINGER_US=0 (every call its own frame); \
+         naive: TOFFLOAD_CUDA_REMOTE_NAIVE=1, the naive forwarder of the same client (every \
+         call that returns nothing waits for a probe's answer behind it: a round trip per \
+         call); calls per frame: the row's daemon's CUDA calls over its frames, over all \
+         the row's runs (the naive forwarder's probes counted as calls); \
          upload cache on: TOFFLOAD_CUDA_REMOTE_CACHE_MIN=4096 (each request's copy offered \
          by content hash first), off: 16 MiB (only the module image). Efficiency: remoted \
          req/s over direct req/s, stock against stock and runtime against runtime.\n",
@@ -381,8 +443,8 @@ fn report(
     let _ = writeln!(md, "{HEADING}\n");
     let _ = writeln!(
         md,
-        "| link | batching | upload cache | stock req/s | runtime req/s | runtime/stock | stock p50 us | runtime p50 us | stock efficiency | runtime efficiency | wrong | errors |\n\
-         |---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| link | batching | upload cache | stock req/s | runtime req/s | runtime/stock | stock p50 us | runtime p50 us | stock efficiency | runtime efficiency | calls per frame | wrong | errors |\n\
+         |---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     let (ds, dr) = (
         med(&rows[0].stock, |s| s.rps),
@@ -391,12 +453,18 @@ fn report(
     for r in rows {
         let (s, rt) = (med(&r.stock, |s| s.rps), med(&r.runtime, |s| s.rps));
         let (b, c) = match r.mode {
+            Some(m) if m.naive => ("naive (every call waits)", onoff(m.cache)),
             Some(m) => (onoff(m.batching), onoff(m.cache)),
             None => ("", ""),
         };
+        let per_frame = if r.frames > 0 {
+            format!("{:.1}", r.calls as f64 / r.frames as f64)
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             md,
-            "| {} | {b} | {c} | {s:.0} | {rt:.0} | {:.2}x | {:.0} | {:.0} | {:.0}% | {:.0}% | {} | {} |",
+            "| {} | {b} | {c} | {s:.0} | {rt:.0} | {:.2}x | {:.0} | {:.0} | {:.0}% | {:.0}% | {per_frame} | {} | {} |",
             r.link,
             rt / s,
             med(&r.stock, |s| s.p50_us),

@@ -203,3 +203,90 @@ fn a_dead_or_stopped_daemon_is_skipped_within_the_probe_deadline() {
     // daemon held the program alone).
     assert!(took < alone, "{took:?}");
 }
+
+/// The app in `replay` mode from the client namespace: it runs to its pause between
+/// two synchronizations, `at_pause` runs (kills a daemon), then it goes on.
+fn paused_in(ns: &str, mut c: Command, at_pause: impl FnOnce()) -> Output {
+    use std::io::{BufRead, BufReader, Write};
+    c.arg("replay")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = in_ns(ns, move || c.spawn().unwrap());
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut l = String::new();
+        assert!(out.read_line(&mut l).unwrap() > 0, "no pause: {seen}");
+        seen += &l;
+        if l == "between syncs\n" {
+            break;
+        }
+    }
+    at_pause();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    let rest = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut out, &mut s).unwrap();
+        s
+    });
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("the app hung after the pause");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut o = child.wait_with_output().unwrap();
+    o.stdout = (seen + &rest.join().unwrap()).into_bytes();
+    o
+}
+
+/// A session that loses its daemon is placed again: the guardian probes the list
+/// anew and reconnects to the least predicted latency, not to the next daemon in list
+/// order. The hazard first: with placement `first`, the near daemon's session goes
+/// to the far one listed next.
+#[test]
+fn a_lost_session_is_placed_again_by_prediction() {
+    if !ready() {
+        return;
+    }
+    let libs = Libs::new("replace");
+    let direct = libs.direct(&["replay"], 50);
+    assert!(direct.status.success(), "{}", text(&direct.stderr));
+    const MID: Shape = Shape {
+        mbit: 1000,
+        delay_us: 400,
+        jitter_us: 0,
+    };
+    let net = Net::new("cr", &[NEAR, FAR, MID]).unwrap();
+    let env = libs.gpu_env(50);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let (mut near, _ndl, near_addr) = daemon_on(&net.links[0], &[], &env);
+    let (far, _fdl, far_addr) = daemon_on(&net.links[1], &[], &env);
+    let (mid, _mdl, mid_addr) = daemon_on(&net.links[2], &[], &env);
+    let list = format!("{near_addr},{far_addr},{mid_addr}");
+    let (far_ns, mid_ns) = (net.links[1].ns.clone(), net.links[2].ns.clone());
+    let count = || (sessions(&far, &far_ns), sessions(&mid, &mid_ns));
+
+    let mut c = libs.remote_cmd(&libs.app, &list);
+    c.env("TOFFLOAD_CUDA_REMOTE_PLACEMENT", "first");
+    let first = paused_in(&net.client_ns, c, || near.kill());
+    let err = text(&first.stderr);
+    println!("placement first: {err}");
+    assert_eq!(text(&first.stdout), text(&direct.stdout), "{err}");
+    assert!(err.contains(&format!("reconnected to {far_addr}")), "{err}");
+    assert_eq!(count(), (1, 0), "list order: the far daemon next");
+
+    near.restart();
+    let c = libs.remote_cmd(&libs.app, &list);
+    let placed = paused_in(&net.client_ns, c, || near.kill());
+    let err = text(&placed.stderr);
+    println!("predicted: {err}");
+    assert_eq!(text(&placed.stdout), text(&direct.stdout), "{err}");
+    assert!(err.contains(&format!("reconnected to {mid_addr}")), "{err}");
+    assert_eq!(count(), (1, 1), "placed again: the middle daemon");
+}

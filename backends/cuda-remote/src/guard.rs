@@ -1,7 +1,8 @@
 //! The context consistency guardian's reconnection: after the connection to the
-//! daemon is lost, the receiver thread connects to a daemon of the list (the same one
-//! first, then the others, round after round with a growing pause, until
-//! TOFFLOAD_CUDA_REMOTE_RECONNECT_MS) and replays the session's journal there
+//! daemon is lost, the receiver thread connects to a daemon of the list, round after
+//! round with a growing pause, until TOFFLOAD_CUDA_REMOTE_RECONNECT_MS: each round
+//! placed again (sched.rs: every daemon probed anew, the least predicted latency
+//! first; with placement `first` or one daemon, the same one first, then list order), and replays the session's journal there
 //! (replay.rs), holding the send lock so that no call of the program slips in
 //! between; the program's waits simply see their answers come from the new daemon.
 //! A journal that cannot be replayed, or no daemon in time, fails every call from
@@ -55,8 +56,15 @@ impl Remote {
         let n = self.addrs.len();
         let mut tries = 0usize;
         let mut last = String::new();
+        let mut order: Vec<usize> = Vec::new();
         loop {
-            let i = (first + tries) % n;
+            if tries.is_multiple_of(n) {
+                // Each pass over the list, placed again: the daemons probed anew, the
+                // least predicted latency first (the lost one, if it answers at all,
+                // only where it still predicts best).
+                order = crate::sched::reconnect_order(&self.addrs, first, self.probe_ms);
+            }
+            let i = order[tries % n];
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 self.give_up(&format!(

@@ -106,6 +106,8 @@ pub struct Remote {
     pub(crate) replay_limit: usize,
     /// How long the guardian tries to reconnect.
     pub(crate) reconnect: Duration,
+    /// TOFFLOAD_CUDA_REMOTE_PROBE_MS, for placement again after a loss.
+    pub(crate) probe_ms: u64,
     linger: Duration,
     /// TOFFLOAD_CUDA_REMOTE_NAIVE: every call waits for its round trip (the baseline
     /// the benchmark sets the batched, asynchronous client against).
@@ -293,6 +295,7 @@ impl Remote {
             client_id,
             replay_limit,
             reconnect,
+            probe_ms,
             linger,
             naive,
             cache_min,

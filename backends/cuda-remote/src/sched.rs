@@ -134,7 +134,48 @@ pub fn place(list: &str, timeout: Duration, probe_ms: u64) -> Result<Conn, Fail>
     if addrs.len() == 1 {
         return dial(&addrs[0], Instant::now() + timeout);
     }
-    let how = placement();
+    let (mut ok, why) = probe_all(&addrs, probe_ms);
+    if ok.is_empty() {
+        return Err((
+            NO_DEVICE,
+            format!("no daemon of the list answered: {}", why.join("; ")),
+        ));
+    }
+    for w in &why {
+        log(&format!("placement skips {w}"));
+    }
+    let ranked = rank(&ok, placement());
+    if explain() {
+        explain_views(&ok, ranked[0]);
+    }
+    Ok(ok.swap_remove(ranked[0]).1)
+}
+
+/// The order in which a session that lost its daemon tries the list again: by
+/// placement (each daemon probed anew, within `probe_ms`), the ones that answered
+/// first in order of predicted latency, then the rest in list order. With
+/// `TOFFLOAD_CUDA_REMOTE_PLACEMENT=first`, or one daemon, plain list order from
+/// `first`.
+pub fn reconnect_order(addrs: &[String], first: usize, probe_ms: u64) -> Vec<usize> {
+    let n = addrs.len();
+    let listed: Vec<usize> = (0..n).map(|k| (first + k) % n).collect();
+    if n == 1 || placement() == Placement::First {
+        return listed;
+    }
+    let (ok, _) = probe_all(addrs, probe_ms);
+    let ranked = rank(&ok, Placement::Predicted);
+    if explain() && !ok.is_empty() {
+        explain_views(&ok, ranked[0]);
+    }
+    let mut order: Vec<usize> = ranked.iter().map(|&k| ok[k].0).collect();
+    let rest: Vec<usize> = listed.into_iter().filter(|i| !order.contains(i)).collect();
+    order.extend(rest);
+    order
+}
+
+/// Every daemon of `addrs` probed in parallel within `probe_ms`: those that answered
+/// (list index, connection, view) in list order, and why the others did not.
+fn probe_all(addrs: &[String], probe_ms: u64) -> (Vec<(usize, Conn, View)>, Vec<String>) {
     let deadline = Instant::now() + Duration::from_millis(probe_ms);
     let (tx, rx) = mpsc::channel();
     for (i, a) in addrs.iter().enumerate() {
@@ -161,7 +202,7 @@ pub fn place(list: &str, timeout: Duration, probe_ms: u64) -> Result<Conn, Fail>
         }
     }
     let mut why = Vec::new();
-    let mut ok: Vec<(usize, Conn, View)> = Vec::new();
+    let mut ok = Vec::new();
     for (i, g) in got.into_iter().enumerate() {
         match g {
             Some(Ok((c, v))) => ok.push((i, c, v)),
@@ -172,49 +213,46 @@ pub fn place(list: &str, timeout: Duration, probe_ms: u64) -> Result<Conn, Fail>
             )),
         }
     }
-    if ok.is_empty() {
-        return Err((
-            NO_DEVICE,
-            format!("no daemon of the list answered: {}", why.join("; ")),
-        ));
+    (ok, why)
+}
+
+/// Indices into `ok` (non-empty), best first: by predicted latency (a daemon with no
+/// kernel history taken at the least time per kernel another reported), or list
+/// order.
+fn rank(ok: &[(usize, Conn, View)], how: Placement) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..ok.len()).collect();
+    if how == Placement::Predicted {
+        let prior = ok
+            .iter()
+            .map(|(_, _, v)| v.beat.kernel_ns)
+            .filter(|&k| k > 0)
+            .min()
+            .unwrap_or(0);
+        idx.sort_by(|&a, &b| predict(&ok[a].2, prior).total_cmp(&predict(&ok[b].2, prior)));
     }
-    for w in &why {
-        log(&format!("placement skips {w}"));
-    }
+    idx
+}
+
+/// TOFFLOAD_CUDA_REMOTE_PLACEMENT_LOG's lines.
+fn explain_views(ok: &[(usize, Conn, View)], best: usize) {
     let prior = ok
         .iter()
         .map(|(_, _, v)| v.beat.kernel_ns)
         .filter(|&k| k > 0)
         .min()
         .unwrap_or(0);
-    let best = match how {
-        Placement::First => 0,
-        Placement::Predicted => {
-            let mut best = (f64::INFINITY, 0);
-            for (k, (_, _, v)) in ok.iter().enumerate() {
-                let t = predict(v, prior);
-                if t < best.0 {
-                    best = (t, k);
-                }
-            }
-            best.1
-        }
-    };
-    if explain() {
-        for (k, (_, c, v)) in ok.iter().enumerate() {
-            log(&format!(
-                "placement: {} rtt {} us, {:.0} MB/s, queue {}, {} us per kernel: predicted {:.0} us{}",
-                c.addr,
-                v.rtt.as_micros(),
-                v.bw / 1e6,
-                v.beat.queue,
-                v.beat.kernel_ns / 1000,
-                predict(v, prior) * 1e6,
-                if k == best { " (chosen)" } else { "" }
-            ));
-        }
+    for (k, (_, c, v)) in ok.iter().enumerate() {
+        log(&format!(
+            "placement: {} rtt {} us, {:.0} MB/s, queue {}, {} us per kernel: predicted {:.0} us{}",
+            c.addr,
+            v.rtt.as_micros(),
+            v.bw / 1e6,
+            v.beat.queue,
+            v.beat.kernel_ns / 1000,
+            predict(v, prior) * 1e6,
+            if k == best { " (chosen)" } else { "" }
+        ));
     }
-    Ok(ok.swap_remove(best).1)
 }
 
 /// Connect, hello, Welcome, by `deadline`.
