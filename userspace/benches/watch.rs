@@ -177,7 +177,10 @@ fn main() {
         .filter(|_| stock)
     {
         if let Some(why) = real::missing(kind) {
-            real_rows.push(format!("| {} | not run: {why} | | | | | |", kind.name()));
+            real_rows.push(format!(
+                "| {} | not run: {why} | | | | | | | | |",
+                kind.name()
+            ));
             continue;
         }
         // A first start of the boot, which measures the watch's cost per event beside
@@ -231,15 +234,21 @@ fn main() {
             .iter()
             .map(|x| x.worst_quarter / u)
             .fold(f64::INFINITY, f64::min);
+        let pct = |v: &[real::Run], f: fn(&real::Run) -> f64| med(v, f) * 100.0;
         real_rows.push(format!(
-            "| {} | {u:.0} | {w:.0} ({:.3}) | {:.2} / {:.2} (worst run {:.2}) | {:.2} | {uc:.2} | {wc:.2} ({:+.1}%) |",
+            "| {} | {u:.0} | {w:.0} ({:.3}) | {:.2} / {:.2} (worst run {:.2}) | {:.2} | {uc:.2} | {wc:.2} ({:+.1}%) | {:.0}% / {:.0}% | {:.0}% / {:.0}% | {:.1}% |",
             kind.name(),
             w / u,
             uq / u,
             wq / u,
             worst,
             first.worst_quarter / u,
-            (wc / uc - 1.0) * 100.0
+            (wc / uc - 1.0) * 100.0,
+            pct(&r[0], |x| x.server_busy),
+            pct(&r[1], |x| x.server_busy),
+            pct(&r[0], |x| x.load_busy),
+            pct(&r[1], |x| x.load_busy),
+            pct(&r[1], |x| x.watcher_busy),
         ));
     }
     let real_table = if real_rows.is_empty() {
@@ -258,10 +267,15 @@ fn main() {
              host's noise floor. The watched runs reuse the calibration of this boot \
              (/run/toffload); \"calibrating start\" is one run before them with \
              --recalibrate, a first start's worst quarter. TOFFLOAD_BENCH_TIMELINE=1 prints \
-             each run's quarter-second rates.\n\n\
+             each run's quarter-second rates. The last three columns are shares of a core \
+             over the attached stretch (medians): the server's, the load tool's (unwatched / \
+             watched), and the watcher's own (its start included). Where the load tool's \
+             core is full and the server's is not, the load tool sets the rate, and the \
+             watcher's CPU on that core is what the watched runs lose.\n\n\
              | server | unwatched req/s | watched req/s (ratio) | worst quarter unwatched / watched | \
-             worst quarter, calibrating start | server CPU us/req unwatched | watched |\n\
-             |---|---:|---:|---:|---:|---:|---:|\n{}\n",
+             worst quarter, calibrating start | server CPU us/req unwatched | watched | \
+             server core busy | load tool CPU | watcher CPU |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n",
             server_cpu.map_or("any".into(), |c| c.to_string()),
             real_rows.join("\n")
         )

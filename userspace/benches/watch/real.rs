@@ -215,6 +215,13 @@ pub struct Run {
     pub rps: f64,
     pub worst_quarter: f64,
     pub cpu_us_per_req: f64,
+    /// Shares of a core over the attached stretch: the server's, the load tool's, and
+    /// the watcher's (its start included; 0 unwatched). Where the server's core has
+    /// room and the load tool's does not, the watcher's CPU on the load tool's core
+    /// is what a watched run loses, not the server's.
+    pub server_busy: f64,
+    pub load_busy: f64,
+    pub watcher_busy: f64,
 }
 
 /// One run; `watch` is the watcher's command (None: unwatched, same timeline).
@@ -239,9 +246,12 @@ pub fn run(
     let watched = watch.is_some();
     let w = watch.map(|f| f(pid));
     let attached = t0.elapsed().as_secs_f64();
-    let c0 = toffload_watch::untraced::cpu_secs(pid).unwrap_or(0.0);
+    let cpu = toffload_watch::untraced::cpu_secs;
+    let load_pid = load.0.id();
+    let (c0, l0) = (cpu(pid).unwrap_or(0.0), cpu(load_pid).unwrap_or(0.0));
     std::thread::sleep(Duration::from_secs_f64(secs));
-    let c1 = toffload_watch::untraced::cpu_secs(pid).unwrap_or(0.0);
+    let (c1, l1) = (cpu(pid).unwrap_or(0.0), cpu(load_pid).unwrap_or(0.0));
+    let watcher_secs = w.as_ref().and_then(|w| cpu(w.id())).unwrap_or(0.0);
     let until = t0.elapsed().as_secs_f64();
     if let Some(mut w) = w {
         // SAFETY: signalling our own child.
@@ -280,5 +290,8 @@ pub fn run(
         rps,
         worst_quarter: worst_quarter(&s, from, end),
         cpu_us_per_req: (c1 - c0) * 1e6 / (rps * (until - attached)).max(1.0),
+        server_busy: (c1 - c0) / (until - attached).max(1e-3),
+        load_busy: (l1 - l0) / (until - attached).max(1e-3),
+        watcher_busy: watcher_secs / (until - attached).max(1e-3),
     }
 }
