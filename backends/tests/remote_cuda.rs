@@ -8,7 +8,7 @@
 mod common;
 mod remote_util;
 
-use remote_util::cuda::text;
+use remote_util::cuda::{paused, text, wait_with_deadline};
 use remote_util::*;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -72,26 +72,6 @@ fn settled_stats(addr: &str) -> std::collections::HashMap<String, u64> {
         // The stats query's own connection is one.
         if s["connections_open"] <= 1 || t0.elapsed() > Duration::from_secs(10) {
             return s;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Waits for a child with a deadline (a hang is the failure under test).
-fn wait_with_deadline(mut c: std::process::Child, limit: Duration) -> Output {
-    let t0 = Instant::now();
-    loop {
-        if c.try_wait().unwrap().is_some() {
-            return c.wait_with_output().unwrap();
-        }
-        if t0.elapsed() > limit {
-            let _ = c.kill();
-            let out = c.wait_with_output().unwrap();
-            panic!(
-                "still running after {limit:?}: {}{}",
-                text(&out.stdout),
-                text(&out.stderr)
-            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -375,8 +355,7 @@ fn paused_run(
     env: &[(&str, &str)],
     at_pause: impl FnOnce(),
 ) -> Output {
-    use std::io::Write;
-    let mut c = libs
+    let c = libs
         .remote_cmd(&libs.app, addrs)
         .arg(mode)
         .envs(env.iter().copied())
@@ -385,29 +364,7 @@ fn paused_run(
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(c.stdout.take().unwrap());
-    let mut seen = String::new();
-    loop {
-        let mut l = String::new();
-        assert!(out.read_line(&mut l).unwrap() > 0, "no pause: {seen}");
-        seen += &l;
-        if l == "between syncs\n" {
-            break;
-        }
-    }
-    at_pause();
-    let mut stdin = c.stdin.take().unwrap();
-    stdin.write_all(b"go\n").unwrap();
-    drop(stdin);
-    // The rest of stdout, read while the app runs (it must not block on a pipe).
-    let rest = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut out, &mut s).unwrap();
-        s
-    });
-    let mut o = wait_with_deadline(c, Duration::from_secs(30));
-    o.stdout = (seen + &rest.join().unwrap()).into_bytes();
-    o
+    paused(c, at_pause)
 }
 
 /// The guardian. The app uploads, launches, reads back, then uploads and launches

@@ -8,7 +8,7 @@
 
 mod remote_util;
 
-use remote_util::cuda::{text, Libs};
+use remote_util::cuda::{paused, text, Libs};
 use remote_util::netns::{self, daemon_on, in_ns, stats_in, Net, Shape};
 use remote_util::Daemon;
 use std::process::{Command, Output, Stdio};
@@ -207,42 +207,11 @@ fn a_dead_or_stopped_daemon_is_skipped_within_the_probe_deadline() {
 /// The app in `replay` mode from the client namespace: it runs to its pause between
 /// two synchronizations, `at_pause` runs (kills a daemon), then it goes on.
 fn paused_in(ns: &str, mut c: Command, at_pause: impl FnOnce()) -> Output {
-    use std::io::{BufRead, BufReader, Write};
     c.arg("replay")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = in_ns(ns, move || c.spawn().unwrap());
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut seen = String::new();
-    loop {
-        let mut l = String::new();
-        assert!(out.read_line(&mut l).unwrap() > 0, "no pause: {seen}");
-        seen += &l;
-        if l == "between syncs\n" {
-            break;
-        }
-    }
-    at_pause();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(b"go\n").unwrap();
-    drop(stdin);
-    let rest = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut out, &mut s).unwrap();
-        s
-    });
-    let t0 = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if t0.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            panic!("the app hung after the pause");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut o = child.wait_with_output().unwrap();
-    o.stdout = (seen + &rest.join().unwrap()).into_bytes();
-    o
+    paused(in_ns(ns, move || c.spawn().unwrap()), at_pause)
 }
 
 /// A session that loses its daemon is placed again: the guardian probes the list

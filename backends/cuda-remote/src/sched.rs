@@ -222,25 +222,25 @@ fn probe_all(addrs: &[String], probe_ms: u64) -> (Vec<(usize, Conn, View)>, Vec<
 fn rank(ok: &[(usize, Conn, View)], how: Placement) -> Vec<usize> {
     let mut idx: Vec<usize> = (0..ok.len()).collect();
     if how == Placement::Predicted {
-        let prior = ok
-            .iter()
-            .map(|(_, _, v)| v.beat.kernel_ns)
-            .filter(|&k| k > 0)
-            .min()
-            .unwrap_or(0);
+        let prior = prior_ns(ok);
         idx.sort_by(|&a, &b| predict(&ok[a].2, prior).total_cmp(&predict(&ok[b].2, prior)));
     }
     idx
 }
 
-/// TOFFLOAD_CUDA_REMOTE_PLACEMENT_LOG's lines.
-fn explain_views(ok: &[(usize, Conn, View)], best: usize) {
-    let prior = ok
-        .iter()
+/// The time per kernel taken for a daemon with no kernel history: the least another
+/// reported (0: none did).
+fn prior_ns(ok: &[(usize, Conn, View)]) -> u64 {
+    ok.iter()
         .map(|(_, _, v)| v.beat.kernel_ns)
         .filter(|&k| k > 0)
         .min()
-        .unwrap_or(0);
+        .unwrap_or(0)
+}
+
+/// TOFFLOAD_CUDA_REMOTE_PLACEMENT_LOG's lines.
+fn explain_views(ok: &[(usize, Conn, View)], best: usize) {
+    let prior = prior_ns(ok);
     for (k, (_, c, v)) in ok.iter().enumerate() {
         log(&format!(
             "placement: {} rtt {} us, {:.0} MB/s, queue {}, {} us per kernel: predicted {:.0} us{}",

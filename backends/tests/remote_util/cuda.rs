@@ -3,7 +3,8 @@
 //! library is libcuda.so.1, and tests/c/cuda_app.c built against it.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
+use std::time::{Duration, Instant};
 
 /// The profile folder of the running test or bench (target/release, say).
 pub fn profile_dir() -> PathBuf {
@@ -118,4 +119,54 @@ impl Drop for Libs {
 
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
+}
+
+/// Waits for a child with a deadline (a hang is the failure under test).
+pub fn wait_with_deadline(mut c: Child, limit: Duration) -> Output {
+    let t0 = Instant::now();
+    loop {
+        if c.try_wait().unwrap().is_some() {
+            return c.wait_with_output().unwrap();
+        }
+        if t0.elapsed() > limit {
+            let _ = c.kill();
+            let out = c.wait_with_output().unwrap();
+            panic!(
+                "still running after {limit:?}: {}{}",
+                text(&out.stdout),
+                text(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// cuda_app in a `replay`/`unreplayable` mode (`child`, its stdin, stdout and
+/// stderr piped): it runs to its pause between two synchronizations, `at_pause` runs
+/// (kills a daemon, say), then it goes on; its whole output, within 30 s.
+pub fn paused(mut child: Child, at_pause: impl FnOnce()) -> Output {
+    use std::io::{BufRead, BufReader, Write};
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut l = String::new();
+        assert!(out.read_line(&mut l).unwrap() > 0, "no pause: {seen}");
+        seen += &l;
+        if l == "between syncs\n" {
+            break;
+        }
+    }
+    at_pause();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    // The rest of stdout, read while the app runs (it must not block on a pipe).
+    let rest = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut out, &mut s).unwrap();
+        s
+    });
+    let mut o = wait_with_deadline(child, Duration::from_secs(30));
+    o.stdout = (seen + &rest.join().unwrap()).into_bytes();
+    o
 }

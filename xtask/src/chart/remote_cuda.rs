@@ -1,6 +1,6 @@
 //! Remote CUDA's remoting efficiency (remote-cuda-bench.md): conn_server's req/s on
-//! the cuda backend, direct and remoted per link, batching and upload cache, stock
-//! and under the runtime.
+//! the cuda backend, direct and remoted per link, batching and upload cache or the
+//! naive forwarder, stock and under the runtime.
 
 use super::plot::{Chart, Panel, Scale, Series, Style, XAxis, YAxis};
 use super::table;
@@ -24,6 +24,9 @@ pub fn chart(md: &str) -> Result<Chart, String> {
             let l = r[link].split(" (").next().unwrap_or("");
             if r[batch].is_empty() {
                 return l.to_string();
+            }
+            if r[batch].starts_with("naive") {
+                return format!("{l}: naive");
             }
             let b = if r[batch] == "on" {
                 "batch"
