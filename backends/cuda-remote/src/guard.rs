@@ -62,7 +62,13 @@ impl Remote {
                 // Each pass over the list, placed again: the daemons probed anew, the
                 // least predicted latency first (the lost one, if it answers at all,
                 // only where it still predicts best).
-                order = crate::sched::reconnect_order(&self.addrs, first, self.probe_ms);
+                // The probes end within the reconnect bound too.
+                let left_ms = deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_millis()
+                    .max(1) as u64;
+                order =
+                    crate::sched::reconnect_order(&self.addrs, first, self.probe_ms.min(left_ms));
             }
             let i = order[tries % n];
             let left = deadline.saturating_duration_since(Instant::now());

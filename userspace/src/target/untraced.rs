@@ -96,11 +96,7 @@ fn cpu_secs_apart_from(pid: u32, main: &libc::cpu_set_t) -> f64 {
         if tid == pid {
             continue;
         }
-        let disjoint = affinity(tid).is_some_and(|a| {
-            // SAFETY: CPU_ISSET on two initialised sets, indices below CPU_SETSIZE.
-            !(0..libc::CPU_SETSIZE as usize)
-                .any(|c| unsafe { libc::CPU_ISSET(c, &a) && libc::CPU_ISSET(c, main) })
-        });
+        let disjoint = affinity(tid).is_some_and(|a| !intersect(&a, main));
         if disjoint {
             ticks += std::fs::read_to_string(t.path().join("stat"))
                 .ok()
@@ -109,6 +105,19 @@ fn cpu_secs_apart_from(pid: u32, main: &libc::cpu_set_t) -> f64 {
         }
     }
     ticks as f64 / clock_ticks_per_sec()
+}
+
+/// Whether two CPU sets share a CPU (word by word: a set is 1024 bits).
+fn intersect(a: &libc::cpu_set_t, b: &libc::cpu_set_t) -> bool {
+    const WORDS: usize = std::mem::size_of::<libc::cpu_set_t>() / 8;
+    // SAFETY: cpu_set_t is a plain bit array of WORDS u64s, any bit pattern valid.
+    let (a, b) = unsafe {
+        (
+            &*(a as *const libc::cpu_set_t as *const [u64; WORDS]),
+            &*(b as *const libc::cpu_set_t as *const [u64; WORDS]),
+        )
+    };
+    a.iter().zip(b).any(|(x, y)| x & y != 0)
 }
 
 fn affinity(tid: u32) -> Option<libc::cpu_set_t> {
