@@ -101,6 +101,9 @@ pub struct Disabled {
     /// No blocked-carrier handoff: a carrier stuck in a call the runtime does not see
     /// keeps its other fibers (handoff.rs).
     pub handoff: bool,
+    /// C++ thread_local destructors registered on a fiber go to glibc's list of its
+    /// carrier thread (thread_dtors.rs).
+    pub tlsdtors: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -280,6 +283,7 @@ fn parse_disabled(s: &str) -> Option<Disabled> {
             "fdfacts" => d.fdfacts = true,
             "guardcycle" => d.guardcycle = true,
             "handoff" => d.handoff = true,
+            "tlsdtors" => d.tlsdtors = true,
             _ => return None,
         }
     }
@@ -474,7 +478,7 @@ pub const KNOBS: &[Knob] = &[
         var: "TOFFLOAD_TEST_DISABLE",
         default: "(none)",
         form: "a comma-separated list of errno, keys, sync, io, fork, offload, join, fdfacts, \
-               guardcycle, handoff (tests only)",
+               guardcycle, handoff, tlsdtors (tests only)",
         doc: "tests only: turn a mitigation off to show the hazard it prevents",
         section: Section::Runtime,
         set: |c, v| parse_disabled(v.trim()).map(|d| c.disabled = d).is_some(),

@@ -1219,6 +1219,25 @@ pub unsafe extern "C" fn pthread_cond_clockwait(
 
 // ---- keys ----------------------------------------------------------------------
 
+/// libstdc++'s `__cxa_thread_atexit` calls this for each C++ thread_local object with a
+/// destructor, the first time a thread uses it (thread_dtors.rs).
+#[no_mangle]
+pub unsafe extern "C" fn __cxa_thread_atexit_impl(
+    func: crate::thread_dtors::DtorFn,
+    obj: *mut c_void,
+    dso_symbol: *mut c_void,
+) -> c_int {
+    let _phase = crate::handoff::scope();
+    if let Some(f) = fiber::current().filter(|_| !crate::settings().disabled.tlsdtors) {
+        // SAFETY: the caller's arguments, __cxa_thread_atexit_impl's contract.
+        if let Some(r) = unsafe { crate::thread_dtors::register(f, func, obj, dso_symbol) } {
+            return r;
+        }
+    }
+    // SAFETY: the caller's arguments, unchanged.
+    unsafe { (real::cxa_thread_atexit_impl())(func as *mut c_void, obj, dso_symbol) }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn pthread_key_create(
     k: *mut pthread_key_t,

@@ -80,6 +80,8 @@ pub struct Fiber {
     pub runtime_depth: Cell<u32>,
     /// The application's TLS while the fiber is switched out (tls.rs).
     pub tls: UnsafeCell<crate::tls::Area>,
+    /// Its C++ thread_local destructors (thread_dtors.rs).
+    pub tls_dtors: UnsafeCell<Vec<crate::thread_dtors::Entry>>,
 }
 
 // SAFETY: cross-thread access is limited to `state`, `join` (locked), `exited` and
@@ -130,6 +132,7 @@ impl Fiber {
             guard: Default::default(),
             runtime_depth: Cell::new(0),
             tls: UnsafeCell::new(crate::tls::new_area()),
+            tls_dtors: UnsafeCell::new(Vec::new()),
         }));
         let fp = f as usize;
         let co = Co::with_stack(st, move |y: &Yielder<(), Yield>, ()| {

@@ -36,6 +36,7 @@ pub mod stack;
 pub mod stats;
 pub mod sync;
 pub mod thread;
+pub mod thread_dtors;
 pub mod time;
 pub mod tls;
 pub mod waitq;

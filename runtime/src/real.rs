@@ -105,6 +105,7 @@ real! {
     pthread_setname_np = "pthread_setname_np": fn(libc::pthread_t, *const c_char) -> c_int;
     pthread_getname_np = "pthread_getname_np": fn(libc::pthread_t, *mut c_char, usize) -> c_int;
     pthread_cancel = "pthread_cancel": fn(libc::pthread_t) -> c_int;
+    cxa_thread_atexit_impl = "__cxa_thread_atexit_impl": fn(Ptr, Ptr, Ptr) -> c_int;
 
     pthread_mutex_lock = "pthread_mutex_lock": fn(*mut libc::pthread_mutex_t) -> c_int;
     pthread_mutex_trylock = "pthread_mutex_trylock": fn(*mut libc::pthread_mutex_t) -> c_int;

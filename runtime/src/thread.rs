@@ -155,6 +155,8 @@ pub unsafe fn create(
 pub fn on_fiber_return(f: &Fiber, ret: *mut c_void) {
     crate::guard::handler_end(f);
     f.retval.set(ret);
+    // glibc's order: C++ thread_local destructors, then the pthread keys'.
+    crate::thread_dtors::run(f);
     keys::run_destructors(f);
 }
 

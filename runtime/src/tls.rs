@@ -197,6 +197,22 @@ pub fn blocks() -> Blocks {
     f.at.into_boxed_slice()
 }
 
+/// Where `addr` lies in the copied blocks of the thread with `blocks`: (module index,
+/// offset), or None outside them (TLS shared, another object, not TLS at all).
+pub fn locate(blocks: &Blocks, addr: usize) -> Option<(usize, usize)> {
+    let l = layout();
+    l.mods
+        .iter()
+        .zip(blocks.iter())
+        .position(|(m, &b)| b != 0 && addr >= b && addr - b < m.memsz)
+        .map(|i| (i, addr - blocks[i]))
+}
+
+/// The address of (module index, offset) from locate() on the thread with `blocks`.
+pub fn address(blocks: &Blocks, module: usize, off: usize) -> Option<usize> {
+    blocks.get(module).filter(|&&b| b != 0).map(|&b| b + off)
+}
+
 /// A new fiber's area: each object's initial image, then zeros (a new thread's blocks).
 pub fn new_area() -> Area {
     let l = layout();

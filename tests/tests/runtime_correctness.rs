@@ -291,6 +291,51 @@ fn thread_local_storage_is_per_fiber() {
     at_least(&o, "moved", 1.0);
 }
 
+/// C++ thread_local destructors (`__cxa_thread_atexit_impl`): run when each fiber ends,
+/// on its own object, also after a handoff moved it to another thread.
+#[test]
+fn cpp_thread_local_destructors_run_when_the_fiber_ends() {
+    let _s = serial();
+    if !ready(&["rt_tls_dtor"]) {
+        return;
+    }
+    let o = stock("rt_tls_dtor").run();
+    show("stock", &o);
+    expect_ok(&o);
+    eq(&o, "constructed", 16.0);
+    eq(&o, "destroyed", 16.0);
+    eq(&o, "wrong", 0.0);
+
+    // Hazard: the registrations go to the carrier thread's list in glibc, so no
+    // destructor has run when the workers are joined (each connection's buffer kept
+    // until the process exits).
+    let o = hazard("rt_tls_dtor", "tlsdtors").run();
+    show("TOFFLOAD_TEST_DISABLE=tlsdtors", &o);
+    expect_ok(&o);
+    eq(&o, "on_fiber", 16.0);
+    eq(&o, "constructed", 16.0);
+    eq(&o, "destroyed", 0.0);
+
+    for_carriers("rt_tls_dtor", |o| {
+        expect_ok(o);
+        eq(o, "on_fiber", 16.0);
+        eq(o, "constructed", 16.0);
+        eq(o, "destroyed", 16.0);
+        eq(o, "wrong", 0.0);
+    });
+    // Moved by the handoff while their objects live: each destructor still finds its
+    // own object, at its place on the thread that ends the fiber.
+    let o = fibers("rt_tls_dtor")
+        .env("TOFFLOAD_FIBER_TLS", "copy")
+        .env("TOFFLOAD_HANDOFF_US", "200")
+        .run();
+    show("copy, handoff at 200 us", &o);
+    expect_ok(&o);
+    eq(&o, "destroyed", 16.0);
+    eq(&o, "wrong", 0.0);
+    at_least(&o, "moved", 1.0);
+}
+
 // ---------------------------------------------------------------- synchronisation
 
 #[test]

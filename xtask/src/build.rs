@@ -14,14 +14,22 @@ pub const SERVERS: &[&str] = &[
     "hostile_server",
     "safe_server",
 ];
-/// Test programs (tests/programs/NAME.c, one file each, plus common.c of the servers):
-/// the runtime's correctness suite and benchmarks run them under LD_PRELOAD.
+/// Test programs (tests/programs/NAME.c, one file each, plus common.c of the servers,
+/// or NAME.cpp alone): the runtime's correctness suite and benchmarks run them under
+/// LD_PRELOAD.
 fn programs() -> Result<Vec<String>> {
-    c_sources("tests/programs")
+    let mut v = c_sources("tests/programs")?;
+    v.extend(sources("tests/programs", "cpp")?);
+    Ok(v)
 }
 
 /// The C programs (one file each) in a folder under the root, by name.
 fn c_sources(rel: &str) -> Result<Vec<String>> {
+    sources(rel, "c")
+}
+
+/// The source files with extension `ext` in a folder under the root, by name.
+fn sources(rel: &str, ext: &str) -> Result<Vec<String>> {
     let dir = paths::root().join(rel);
     let mut v = Vec::new();
     if !dir.exists() {
@@ -30,7 +38,7 @@ fn c_sources(rel: &str) -> Result<Vec<String>> {
     let rd = fs::read_dir(&dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
     for e in rd {
         let p = e.map_err(|e| e.to_string())?.path();
-        if p.extension().is_some_and(|x| x == "c") {
+        if p.extension().is_some_and(|x| x == ext) {
             v.push(p.file_stem().expect("stem").to_string_lossy().into_owned());
         }
     }
@@ -190,6 +198,10 @@ fn compile_server(name: &str, bin: &Path, lib: &Path, include: &Path) -> Result 
 }
 
 fn compile_program(name: &str, bin: &Path, lib: &Path, include: &Path) -> Result {
+    let cpp = paths::root().join(format!("tests/programs/{name}.cpp"));
+    if cpp.exists() {
+        return compile_cpp(&cpp, name, bin);
+    }
     compile_c(
         &paths::root().join("tests/programs"),
         name,
@@ -197,6 +209,21 @@ fn compile_program(name: &str, bin: &Path, lib: &Path, include: &Path) -> Result
         lib,
         include,
     )
+}
+
+/// A C++ test program (the runtime's handling of C++ thread_local objects): the
+/// servers' common.c is C, and the C++ driver would compile it as C++, so it is left
+/// out; these programs do not use it.
+fn compile_cpp(src: &Path, name: &str, bin: &Path) -> Result {
+    let tmp = bin.join(format!(".{name}.tmp"));
+    proc::run(
+        Command::new("c++")
+            .args(["-O2", "-g", "-Wall", "-Wextra", "-Werror", "-pthread"])
+            .arg(src)
+            .arg("-o")
+            .arg(&tmp),
+    )?;
+    fs::rename(&tmp, bin.join(name)).map_err(|e| format!("installing {name}: {e}"))
 }
 
 /// tests/watch_programs/lib/NAME.c -> lib/libNAME.so, on the emulated device.

@@ -14,6 +14,11 @@ fn checks() -> Vec<(&'static str, bool, &'static str)> {
             "gcc",
         ),
         (
+            "a C++ compiler (c++)",
+            proc::succeeds("c++", &["--version"]),
+            "g++",
+        ),
+        (
             "pkg-config",
             proc::succeeds("pkg-config", &["--version"]),
             "pkg-config",
