@@ -109,6 +109,8 @@ knobs! {
         "host-to-device copies this large go through the daemon's upload cache by content hash (module images always do)", CudaRemote;
     CUDA_REMOTE_REPLAY_MB: "TOFFLOAD_CUDA_REMOTE_REPLAY_MB", "256", "MiB from 0 (off: a lost daemon is an error) to 65536",
         "the guardian: bytes kept to replay the session on another connection (uploads since the last synchronize, buffers' known contents); past it, what needs them cannot be replayed", CudaRemote;
+    CUDA_REMOTE_MOVE_MS: "TOFFLOAD_CUDA_REMOTE_MOVE_MS", "2000", "milliseconds from 0 (never) to 3600000",
+        "of several daemons, with the guardian on: how often a running task's placement is checked again; it moves, right after its next synchronize, to a daemon predicted at most 2/3 of its own's latency (its own kernels counted on every candidate)", CudaRemote;
     CUDA_REMOTE_RECONNECT_MS: "TOFFLOAD_CUDA_REMOTE_RECONNECT_MS", "10000", "milliseconds from 1 to 3600000",
         "how long the guardian tries the listed daemons (with a growing pause) after the connection is lost", CudaRemote;
     REMOTED_CUDA_CONTEXT: "TOFFLOAD_REMOTED_CUDA_CONTEXT", "identity", "`identity` or `primary`",

@@ -259,3 +259,156 @@ fn a_lost_session_is_placed_again_by_prediction() {
     assert!(err.contains(&format!("reconnected to {mid_addr}")), "{err}");
     assert_eq!(count(), (1, 1), "placed again: the middle daemon");
 }
+
+/// cuda_app `run` with progress lines, from the client namespace: `at_start` runs
+/// once its first request is done; then its whole output (progress lines dropped),
+/// within 60 s, and how long it ran.
+fn started_in(ns: &str, mut c: Command, at_start: impl FnOnce()) -> (Output, Duration) {
+    use std::io::{BufRead, BufReader};
+    c.env("CUDA_APP_PROGRESS", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let t0 = Instant::now();
+    let mut child = in_ns(ns, move || c.spawn().unwrap());
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut l = String::new();
+        assert!(
+            out.read_line(&mut l).unwrap() > 0,
+            "no request done: {seen}"
+        );
+        let first = l.starts_with("progress");
+        seen += &l;
+        if first {
+            break;
+        }
+    }
+    at_start();
+    let rest = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut out, &mut s).unwrap();
+        s
+    });
+    let mut o = remote_util::cuda::wait_with_deadline(child, Duration::from_secs(60));
+    let took = t0.elapsed();
+    let all = seen + &rest.join().unwrap();
+    o.stdout = all
+        .lines()
+        .filter(|l| !l.starts_with("progress"))
+        .map(|l| format!("{l}\n"))
+        .collect::<String>()
+        .into_bytes();
+    (o, took)
+}
+
+/// A running task whose daemon becomes the worse choice moves, right after a
+/// synchronize, to the better one, with its session replayed there: the program's
+/// results byte-identical to the driver's. The hazard first: with moves off
+/// (TOFFLOAD_CUDA_REMOTE_MOVE_MS=0), a task placed on the near daemon stays there
+/// through another program's load, queued behind it to the end.
+#[test]
+fn a_running_task_moves_when_its_daemon_becomes_the_worse_choice() {
+    if !ready() {
+        return;
+    }
+    const MID: Shape = Shape {
+        mbit: 1000,
+        delay_us: 400,
+        jitter_us: 0,
+    };
+    const RUN: [&str; 3] = ["run", "2", "250"];
+    let libs = Libs::new("move");
+    let direct = libs.direct(&RUN, KERNEL_US);
+    assert!(direct.status.success(), "{}", text(&direct.stderr));
+    let net = Net::new("cm", &[NEAR, MID]).unwrap();
+    // A GPU that one kernel fills: the load's kernels and the task's take turns.
+    let mut env = libs.gpu_env(KERNEL_US);
+    env.push(("FAKE_CUDA_SMS".into(), "1".into()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let (near, _ndl, near_addr) = daemon_on(&net.links[0], &[], &env);
+    let (mid, _mdl, mid_addr) = daemon_on(&net.links[1], &[], &env);
+    let list = format!("{near_addr},{mid_addr}");
+    let (near_ns, mid_ns) = (net.links[0].ns.clone(), net.links[1].ns.clone());
+    let count = || (sessions(&near, &near_ns), sessions(&mid, &mid_ns));
+
+    // Loads the near daemon once the task runs there (8 threads of back-to-back
+    // requests, there alone), until dropped.
+    struct Load(Option<std::process::Child>);
+    impl Drop for Load {
+        fn drop(&mut self) {
+            if let Some(mut c) = self.0.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+    let load_near = |load: &mut Load| {
+        let mut c = libs.remote_cmd(&libs.app, &near_addr);
+        c.args(["run", "8", "100000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        load.0 = Some(in_ns(&net.client_ns, move || c.spawn().unwrap()));
+        let t0 = Instant::now();
+        while stats_in(&near_ns, near.port)["cuda_queue"] < 4 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the load never showed"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let same = |o: &Output| {
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        assert_eq!(text(&o.stdout), text(&direct.stdout), "{}", text(&o.stderr));
+    };
+
+    let mut load = Load(None);
+    let mut c = libs.remote_cmd(&libs.app, &list);
+    c.args(RUN).env("TOFFLOAD_CUDA_REMOTE_MOVE_MS", "0");
+    let (stayed, stayed_t) = started_in(&net.client_ns, c, || load_near(&mut load));
+    drop(load);
+    same(&stayed);
+    println!("moves off: {stayed_t:?}; {}", text(&stayed.stderr));
+    assert_eq!(
+        count(),
+        (2, 0),
+        "placed near, and stayed there under the load"
+    );
+    // The load's queue (and its recent mean) gone, so that the next task is placed
+    // near again.
+    let t0 = Instant::now();
+    while stats_in(&near_ns, near.port)["cuda_queue"] > 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the queue never drained"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let mut load = Load(None);
+    let mut c = libs.remote_cmd(&libs.app, &list);
+    c.args(RUN)
+        .env("TOFFLOAD_CUDA_REMOTE_MOVE_MS", "300")
+        .env("TOFFLOAD_CUDA_REMOTE_PLACEMENT_LOG", "1");
+    let (moved, moved_t) = started_in(&net.client_ns, c, || load_near(&mut load));
+    drop(load);
+    let err = text(&moved.stderr);
+    println!("moves every 300 ms: {moved_t:?}; {err}");
+    same(&moved);
+    assert!(
+        moved_t < stayed_t,
+        "moving gained nothing: {moved_t:?} against {stayed_t:?}"
+    );
+    assert!(
+        err.contains(&format!(
+            "moved from {near_addr} to {mid_addr} at a synchronize"
+        )),
+        "{err}"
+    );
+    assert_eq!(
+        count(),
+        (4, 1),
+        "placed near, then moved to the middle daemon"
+    );
+}

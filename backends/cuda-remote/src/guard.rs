@@ -9,18 +9,26 @@
 //! then on with CUDA_ERROR_DEVICE_UNAVAILABLE and one line on stderr saying why.
 
 use crate::frame::{self, FrameReader, Msg};
-use crate::remote::{dial, lock, log, send_all, Dialed, PendKind, Remote, DEVICE_UNAVAILABLE};
+use crate::remote::{dial, lock, log, send_all, Dialed, PendKind, Remote, Tx, DEVICE_UNAVAILABLE};
 use crate::wire::{self, Call};
 use std::net::TcpStream;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 /// Why one replay did not take.
-enum Failed {
+pub(crate) enum Failed {
     /// The new connection failed too: try the next daemon.
     Conn(String),
     /// The journal cannot rebuild the session: give up.
     Cannot(String),
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failed::Conn(e) | Failed::Cannot(e) => f.write_str(e),
+        }
+    }
 }
 
 /// Sends encoded calls as `Cuda` frames of up to 1 MiB of calls each.
@@ -134,12 +142,22 @@ impl Remote {
         d: Dialed,
         said: impl FnOnce(usize) -> String,
     ) -> Result<(TcpStream, FrameReader), Failed> {
+        let mut tx = lock(&self.tx);
+        self.replay_with(&mut tx, d, said)
+    }
+
+    /// replay() with the send lock already held (a planned move: mover.rs).
+    pub(crate) fn replay_with(
+        &self,
+        tx: &mut Tx,
+        d: Dialed,
+        said: impl FnOnce(usize) -> String,
+    ) -> Result<(TcpStream, FrameReader), Failed> {
         let Dialed {
             mut sock,
             mut rd,
             held,
         } = d;
-        let mut tx = lock(&self.tx);
         // What the batch held is in the journal.
         tx.batch.clear();
         let (plan, asks) = {

@@ -7,7 +7,8 @@
 //!
 //! api.rs: the exported driver functions; remote.rs: the connection and the
 //! simulated state; replay.rs and guard.rs: the context consistency guardian (the
-//! session's journal, and its replay on another connection after a loss). The frame layout and the calls' encoding are the daemon's own
+//! session's journal, and its replay on another connection after a loss); sched.rs:
+//! placement; mover.rs: moving a running task to a daemon that became the better one. The frame layout and the calls' encoding are the daemon's own
 //! files, included by path (std only), so the two sides cannot drift apart.
 
 // The driver API's names and its C types.
@@ -32,6 +33,7 @@ mod tls_client;
 mod api;
 mod guard;
 mod link;
+mod mover;
 mod notify;
 mod remote;
 mod replay;

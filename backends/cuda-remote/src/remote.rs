@@ -12,6 +12,7 @@
 
 use crate::frame::{self, FrameReader, Msg};
 use crate::knobs;
+use crate::mover::{Cut, Parked};
 use crate::notify::Notifier;
 use crate::replay::{Journal, Rec};
 use crate::sched;
@@ -121,6 +122,17 @@ pub struct Remote {
     pub funcs: Mutex<HashMap<u64, Vec<(u32, u32)>>>,
     /// Answers that never change (device queries), by query.
     pub cached: Mutex<HashMap<String, Vec<u8>>>,
+    /// TOFFLOAD_CUDA_REMOTE_MOVE_MS (mover.rs; 0: never).
+    pub(crate) move_ms: u64,
+    /// Our kernels in the daemon's queue, as its last heartbeat said.
+    pub(crate) own: AtomicU64,
+    /// Synchronizes the program made (the mover moves right after one).
+    pub(crate) synced: AtomicU64,
+    /// Moves made.
+    pub(crate) moves: AtomicU64,
+    /// A move under way, between the mover and the receiver.
+    pub(crate) cut: Mutex<Cut>,
+    pub(crate) cut_cv: Condvar,
 }
 
 /// write_all without SIGPIPE: a daemon gone must be an error return, never a signal
@@ -252,6 +264,7 @@ impl Remote {
         let cache_min = knob_u64(&knobs::CUDA_REMOTE_CACHE_MIN, 65536, 0, 16 << 20) as usize;
         let naive = knob_u64(&knobs::CUDA_REMOTE_NAIVE, 0, 0, 1) == 1;
         let probe_ms = knob_u64(&knobs::CUDA_REMOTE_PROBE_MS, 1000, 1, 60_000);
+        let move_ms = knob_u64(&knobs::CUDA_REMOTE_MOVE_MS, 2000, 0, 3_600_000);
         let replay_limit = (knob_u64(&knobs::CUDA_REMOTE_REPLAY_MB, 256, 0, 65536) << 20) as usize;
         let reconnect = Duration::from_millis(knob_u64(
             &knobs::CUDA_REMOTE_RECONNECT_MS,
@@ -304,6 +317,12 @@ impl Remote {
             held: Mutex::new(held),
             funcs: Mutex::new(HashMap::new()),
             cached: Mutex::new(HashMap::new()),
+            move_ms,
+            own: AtomicU64::new(0),
+            synced: AtomicU64::new(0),
+            moves: AtomicU64::new(0),
+            cut: Mutex::new(Cut::Idle),
+            cut_cv: Condvar::new(),
         });
         let me = Arc::clone(&r);
         std::thread::Builder::new()
@@ -315,6 +334,13 @@ impl Remote {
             .name("cuda-remote-tx".into())
             .spawn(move || me.flusher())
             .map_err(fail)?;
+        if r.movable() {
+            let me = Arc::clone(&r);
+            std::thread::Builder::new()
+                .name("cuda-remote-move".into())
+                .spawn(move || me.mover())
+                .map_err(fail)?;
+        }
         Ok(r)
     }
 
@@ -550,6 +576,23 @@ impl Remote {
                     Ok(0) => "the daemon closed the connection".to_string(),
                     Ok(_) => continue,
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    // The read timeout is set only while the mover asks us to park.
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) =>
+                    {
+                        match self.park() {
+                            Parked::NotAsked | Parked::Resume => continue,
+                            Parked::Moved(s, r) => {
+                                (sock, rd) = (s, r);
+                                self.watch();
+                                continue;
+                            }
+                            Parked::Failed(why) => why,
+                        }
+                    }
                     Err(e) => e.to_string(),
                 },
             };
@@ -559,9 +602,25 @@ impl Remote {
             // The guardian: another connection with the session replayed, or the
             // error for every call from now on.
             match self.recover(&why) {
-                Some((s, r)) => (sock, rd) = (s, r),
+                Some((s, r)) => {
+                    (sock, rd) = (s, r);
+                    self.watch();
+                }
                 None => return,
             }
+        }
+    }
+
+    /// Subscribes the (new) connection to its daemon's heartbeats: the mover counts
+    /// our own kernels from them.
+    fn watch(&self) {
+        if self.movable() {
+            let _ = self.send(
+                &Call::Watch {
+                    period_ms: sched::BEAT_PERIOD_MS,
+                },
+                false,
+            );
         }
     }
 
@@ -585,8 +644,8 @@ impl Remote {
                     }
                 }
                 Note::Reached { seq, status, data } => self.reached(seq, status, data),
-                // The chosen daemon's load: nothing re-places a running context.
-                Note::Heartbeat(_) => {}
+                // The chosen daemon's load: how much of its queue is ours (mover.rs).
+                Note::Heartbeat(b) => self.own.store(b.own as u64, Relaxed),
             }
             self.cv.notify_all();
         }
@@ -714,6 +773,7 @@ impl Remote {
         if self.guarded() {
             lock(&self.st).journal.synced(stream, seq);
         }
+        self.synced.fetch_add(1, Relaxed);
         self.owed(Some(stream))
     }
 

@@ -29,7 +29,7 @@ pub const MAX_DAEMONS: usize = 16;
 /// The bytes of the predictor's reference request (and of the bandwidth probe).
 pub const REF_BYTES: usize = 64 << 10;
 /// The heartbeat period asked of the chosen daemon.
-const BEAT_PERIOD_MS: u32 = 1000;
+pub(crate) const BEAT_PERIOD_MS: u32 = 1000;
 
 /// How the daemon is chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,7 +73,7 @@ pub fn predict(v: &View, prior_ns: u64) -> f64 {
     net + kernel * (1.0 + v.beat.queue as f64)
 }
 
-fn placement() -> Placement {
+pub(crate) fn placement() -> Placement {
     match std::env::var(knobs::CUDA_REMOTE_PLACEMENT.var).as_deref() {
         Ok("") | Ok("predicted") | Err(_) => Placement::Predicted,
         Ok("first") => Placement::First,
@@ -88,7 +88,7 @@ fn placement() -> Placement {
     }
 }
 
-fn explain() -> bool {
+pub(crate) fn explain() -> bool {
     match std::env::var(knobs::CUDA_REMOTE_PLACEMENT_LOG.var).as_deref() {
         Ok("1") => true,
         Ok("") | Ok("0") | Err(_) => false,
@@ -175,7 +175,10 @@ pub fn reconnect_order(addrs: &[String], first: usize, probe_ms: u64) -> Vec<usi
 
 /// Every daemon of `addrs` probed in parallel within `probe_ms`: those that answered
 /// (list index, connection, view) in list order, and why the others did not.
-fn probe_all(addrs: &[String], probe_ms: u64) -> (Vec<(usize, Conn, View)>, Vec<String>) {
+pub(crate) fn probe_all(
+    addrs: &[String],
+    probe_ms: u64,
+) -> (Vec<(usize, Conn, View)>, Vec<String>) {
     let deadline = Instant::now() + Duration::from_millis(probe_ms);
     let (tx, rx) = mpsc::channel();
     for (i, a) in addrs.iter().enumerate() {
@@ -226,6 +229,41 @@ fn rank(ok: &[(usize, Conn, View)], how: Placement) -> Vec<usize> {
         idx.sort_by(|&a, &b| predict(&ok[a].2, prior).total_cmp(&predict(&ok[b].2, prior)));
     }
     idx
+}
+
+/// A better daemon for a running task (mover.rs).
+#[derive(Clone, Copy, Debug)]
+pub struct Better {
+    /// List index of the daemon to move to.
+    pub to: usize,
+    /// Predicted latency here and there, seconds.
+    pub here: f64,
+    pub there: f64,
+}
+
+/// Where a task running on list index `here`, with `own` of its kernels in that
+/// daemon's queue, would do better: the other daemon of least predicted latency with
+/// those kernels added to its queue (they would come along), if it predicts at most
+/// `gain` of here. None when here did not answer the probe (a loss is the guardian's
+/// business).
+pub fn better(ok: &[(usize, Conn, View)], here: usize, own: u32, gain: f64) -> Option<Better> {
+    let prior = prior_ns(ok);
+    let (_, _, v_here) = ok.iter().find(|(i, _, _)| *i == here)?;
+    let p_here = predict(v_here, prior);
+    let (to, there) = ok
+        .iter()
+        .filter(|(i, _, _)| *i != here)
+        .map(|(i, _, v)| {
+            let mut v = *v;
+            v.beat.queue = v.beat.queue.saturating_add(own);
+            (*i, predict(&v, prior))
+        })
+        .min_by(|a, b| a.1.total_cmp(&b.1))?;
+    (there <= gain * p_here).then_some(Better {
+        to,
+        here: p_here,
+        there,
+    })
 }
 
 /// The time per kernel taken for a daemon with no kernel history: the least another

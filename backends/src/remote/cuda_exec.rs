@@ -95,6 +95,35 @@ impl QueueMean {
     }
 }
 
+/// One session's share of the GPU's load: what it adds to the queue is also counted
+/// as its own, which its heartbeats report beside the whole (a client comparing
+/// daemons counts its own kernels on every candidate alike: sched.rs).
+struct SessionLoad {
+    gpu: Arc<GpuLoad>,
+    own: AtomicU64,
+}
+
+impl SessionLoad {
+    fn launched(&self) {
+        self.own.fetch_add(1, Relaxed);
+        self.gpu.launched();
+    }
+
+    fn passed(&self, kernels: u64, since: Option<Instant>) {
+        let _ = self
+            .own
+            .fetch_update(Relaxed, Relaxed, |q| Some(q.saturating_sub(kernels)));
+        self.gpu.passed(kernels, since);
+    }
+
+    fn beat(&self) -> Beat {
+        Beat {
+            own: self.own.load(Relaxed).min(u32::MAX as u64) as u32,
+            ..self.gpu.beat()
+        }
+    }
+}
+
 impl GpuLoad {
     pub fn beat(&self) -> Beat {
         let now = self.queue.load(Relaxed);
@@ -103,6 +132,7 @@ impl GpuLoad {
             queue: now.max(mean.round() as u64).min(u32::MAX as u64) as u32,
             sessions: self.sessions.load(Relaxed).min(u32::MAX as u64) as u32,
             kernel_ns: self.kernel_ns.load(Relaxed),
+            own: 0,
         }
     }
 
@@ -183,7 +213,7 @@ struct Pending {
     seq: u64,
     data: Vec<u8>,
     _keep: Vec<Arc<[u8]>>,
-    load: Arc<GpuLoad>,
+    load: Arc<SessionLoad>,
     kernels: u64,
     since: Option<Instant>,
 }
@@ -227,7 +257,7 @@ pub struct CudaSession {
     /// Uploads the client was told we hold, kept until it has referred to them as
     /// often as it asked (the cache may evict them meanwhile).
     pinned: HashMap<[u8; 32], (Arc<[u8]>, u32)>,
-    load: Arc<GpuLoad>,
+    load: Arc<SessionLoad>,
     /// Heartbeats asked for: the period and when the next is due.
     beats: Option<(Duration, Instant)>,
 }
@@ -245,7 +275,10 @@ impl CudaSession {
             modules: HashMap::new(),
             funcs: HashMap::new(),
             pinned: HashMap::new(),
-            load,
+            load: Arc::new(SessionLoad {
+                gpu: load,
+                own: AtomicU64::new(0),
+            }),
             beats: None,
         }
     }
@@ -270,8 +303,8 @@ impl CudaSession {
         let c = SessionCtx::open(&self.part)?;
         c.make_current()?;
         self.ctx = Some(c);
-        self.load.sessions.fetch_add(1, Relaxed);
-        self.load.opened.fetch_add(1, Relaxed);
+        self.load.gpu.sessions.fetch_add(1, Relaxed);
+        self.load.gpu.opened.fetch_add(1, Relaxed);
         Ok(())
     }
 
@@ -830,7 +863,7 @@ fn param_layout(f: sys::CUfunction) -> Result<Vec<(u32, u32)>, i32> {
     Ok(out)
 }
 
-fn destroy(st: Strm, load: &GpuLoad) {
+fn destroy(st: Strm, load: &SessionLoad) {
     // SAFETY: a live stream, synchronized (its copies' host bytes are in `keep`)
     // then destroyed once.
     unsafe {
@@ -844,7 +877,7 @@ fn destroy(st: Strm, load: &GpuLoad) {
 impl Drop for CudaSession {
     fn drop(&mut self) {
         let Some(c) = &self.ctx else { return };
-        self.load.sessions.fetch_sub(1, Relaxed);
+        self.load.gpu.sessions.fetch_sub(1, Relaxed);
         if c.make_current().is_err() {
             return;
         }

@@ -244,6 +244,8 @@ pub struct Beat {
     /// stretch's first kernel to the reported call after it, over its kernels; a
     /// loaded GPU stretches it), 0 before any.
     pub kernel_ns: u64,
+    /// Of `queue`, the kernels of the session the beat goes to (0 for a probe's).
+    pub own: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -421,7 +423,11 @@ pub fn put_note(n: &Note<'_>, out: &mut Vec<u8>) {
             w.u8(3).i32(*status).bytes(call.as_bytes());
         }
         Note::Heartbeat(b) => {
-            w.u8(10).u32(b.queue).u32(b.sessions).u64(b.kernel_ns);
+            w.u8(10)
+                .u32(b.queue)
+                .u32(b.sessions)
+                .u64(b.kernel_ns)
+                .u32(b.own);
         }
     }
 }
@@ -634,6 +640,7 @@ impl<'a> Reader<'a> {
                 queue: self.u32()?,
                 sessions: self.u32()?,
                 kernel_ns: self.u64()?,
+                own: self.u32()?,
             }),
             t => return Err(WireError::UnknownTag(t)),
         };
@@ -750,6 +757,7 @@ mod tests {
                 queue: 3,
                 sessions: 2,
                 kernel_ns: 300_000,
+                own: 1,
             }),
         ];
         let mut b = Vec::new();

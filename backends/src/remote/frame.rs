@@ -24,7 +24,7 @@ pub const MAX_INVENTORY: usize = (MAX_FRAME - 64) / 32;
 /// Most chunks one operation is cut into.
 pub const MAX_CHUNKS_PER_OP: usize = 8192;
 /// Protocol version spoken here.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 pub const MAGIC: [u8; 4] = *b"TOFL";
 
 /// What an operation does.

@@ -13,7 +13,9 @@
  * real parallel threads, __syncthreads, 16-byte loads): cargo xtask gpu-check.
  *
  * Knobs (environment): FAKE_CUDA_DEVICES=0 (no device), FAKE_CUDA_KERNEL_US (delay per
- * kernel, default 300), FAKE_CUDA_OOM_ABOVE=N (cuMemAlloc over N bytes fails),
+ * kernel, default 300), FAKE_CUDA_SMS=N (at most N kernels run at once, across every
+ * stream and context of the process, as on a GPU that N kernels fill; default: no
+ * limit), FAKE_CUDA_OOM_ABOVE=N (cuMemAlloc over N bytes fails),
  * FAKE_CUDA_NO_CUBIN=1 (the module loader rejects CUBIN images), FAKE_CUDA_WRONG=1 (the
  * kernel flips a bit), FAKE_NVRTC_FAIL=1 (compilation fails with a log),
  * FAKE_CUDA_STRICT_CTX=1 (a copy or launch on memory another context allocated fails,
@@ -123,9 +125,31 @@ struct stream {
     pthread_t thread;
 };
 
+/* FAKE_CUDA_SMS: the kernels running now, under `gpu_m`. */
+static pthread_mutex_t gpu_m = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gpu_c = PTHREAD_COND_INITIALIZER;
+static long gpu_running;
+
+static void gpu_enter(long sms) {
+    if (sms <= 0) return;
+    pthread_mutex_lock(&gpu_m);
+    while (gpu_running >= sms) pthread_cond_wait(&gpu_c, &gpu_m);
+    gpu_running++;
+    pthread_mutex_unlock(&gpu_m);
+}
+
+static void gpu_leave(long sms) {
+    if (sms <= 0) return;
+    pthread_mutex_lock(&gpu_m);
+    gpu_running--;
+    pthread_cond_signal(&gpu_c);
+    pthread_mutex_unlock(&gpu_m);
+}
+
 static void *stream_worker(void *arg) {
     struct stream *s = arg;
     long kernel_us = env_long("FAKE_CUDA_KERNEL_US", 300);
+    long sms = env_long("FAKE_CUDA_SMS", 0);
     pthread_mutex_lock(&s->m);
     for (;;) {
         while (!s->head && !s->stop) pthread_cond_wait(&s->c, &s->m);
@@ -140,8 +164,10 @@ static void *stream_worker(void *arg) {
             memcpy(c->dst, c->src, c->n);
             break;
         case KERNEL:
+            gpu_enter(sms);
             if (kernel_us) usleep((useconds_t)kernel_us);
             fake_kernel(c->dst, c->n, &c->params, c->threads);
+            gpu_leave(sms);
             break;
         case RECORD:
             pthread_mutex_lock(&c->ev->m);
