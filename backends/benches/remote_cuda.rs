@@ -9,6 +9,12 @@
 //! daemon's calls per frame. Every configuration once per round, rounds interleaved,
 //! medians of `--runs` (default 3); writes `--out`.
 //!
+//! A second table follows one program (cuda_app, one thread) over the same links,
+//! batched and naive: the bytes it sends on its first run against a fresh daemon and
+//! on a second run (its weights cached there by content hash), frames and calls per
+//! frame, and the time per synchronize (cuda_app's CUDA_APP_TIMING: a request of
+//! five calls and one wait, from its first call to the wait's return).
+//!
 //! The daemon's GPU is the fake driver (tests/c/fake_cuda.c) unless `--real-driver`:
 //! then the daemon and the direct rows use the machine's libcuda, and the client
 //! compiles with the machine's NVRTC (found under /usr/local/cuda*, /usr/lib*).
@@ -33,6 +39,26 @@ const LOAD: Load = Load {
 const KERNEL_US: u32 = 100;
 /// Heading of the table the chart reads.
 pub const HEADING: &str = "## conn_server, direct vs remoted";
+/// cuda_app's arguments in the one-program table: one thread, 40 requests.
+const APP_RUN: [&str; 3] = ["run", "1", "40"];
+
+/// One run of cuda_app: what the daemon received, and its time per synchronize.
+#[derive(Clone, Copy, Debug, Default)]
+struct AppRun {
+    bytes: u64,
+    frames: u64,
+    calls: u64,
+    sync_us: f64,
+    ms: f64,
+}
+
+/// The one-program table's row: a link and a client mode, first and cached runs.
+struct SyncRow {
+    link: String,
+    naive: bool,
+    first: Vec<AppRun>,
+    cached: Vec<AppRun>,
+}
 
 /// One configuration of the client: batching and upload cache, or the naive
 /// forwarder (every call waits for its round trip: TOFFLOAD_CUDA_REMOTE_NAIVE=1).
@@ -325,6 +351,40 @@ fn main() {
             }
         }
     }
+    // One program, first and cached runs, against a fresh daemon each round.
+    let mut sync_rows: Vec<SyncRow> = Vec::new();
+    for (link, _, _, _) in &links {
+        for naive in [false, true] {
+            sync_rows.push(SyncRow {
+                link: link.clone(),
+                naive,
+                first: Vec::new(),
+                cached: Vec::new(),
+            });
+        }
+    }
+    for round in 0..runs {
+        for r in sync_rows.iter_mut() {
+            let k = links.iter().position(|l| l.0 == r.link).expect("a link");
+            let (first, cached) = if k == 0 {
+                let d = Daemon::start_in(&pin, &["--listen", "127.0.0.1:0"], &denv);
+                let at = (None, d.port);
+                app_pair(&libs, None, &d.addr(), &at, r.naive)
+            } else {
+                let l = &net.links[k - 1];
+                let (d, _dl, addr) = daemon_across(l, &pin, &denv);
+                let at = (Some(l.ns.clone()), d.port);
+                app_pair(&libs, Some(&net.client_ns), &addr, &at, r.naive)
+            };
+            println!(
+                "round {round}: one program, {} {}: first {first:?}, cached {cached:?}",
+                r.link,
+                if r.naive { "naive" } else { "batched" }
+            );
+            r.first.push(first);
+            r.cached.push(cached);
+        }
+    }
     let counters = format!(
         "{}. Host: {} CPUs, load average {} at the start and {} at the end (the \
          machine is shared: ratios side by side count, not absolute rates)",
@@ -333,7 +393,8 @@ fn main() {
         load0,
         loadavg()
     );
-    let md = report(&rows, runs, &driver, how, &counters, real);
+    let mut md = report(&rows, runs, &driver, how, &counters, real);
+    md += &report_sync(&sync_rows, runs);
     print!("{md}");
     if let Some(o) = out {
         std::fs::write(&o, md).expect("writing results");
@@ -369,6 +430,110 @@ fn daemon_across(
         let addr = format!("{}:{}", link.daemon_ip, dl.port);
         (d, Some(dl), addr)
     }
+}
+
+/// Every counter of the daemon at `d` (namespace, port).
+fn daemon_stats(d: &(Option<String>, u16)) -> std::collections::HashMap<String, u64> {
+    match &d.0 {
+        Some(ns) => netns::stats_in(ns, d.1),
+        None => remote_util::stats(&format!("127.0.0.1:{}", d.1)),
+    }
+}
+
+/// cuda_app twice against the fresh daemon `at` (reached as `addr`, from namespace
+/// `ns`): its first run and a second one, whose uploads the daemon holds.
+fn app_pair(
+    libs: &Libs,
+    ns: Option<&str>,
+    addr: &str,
+    at: &(Option<String>, u16),
+    naive: bool,
+) -> (AppRun, AppRun) {
+    let one = || {
+        let before = daemon_stats(at);
+        let mut c = libs.remote_cmd(&libs.app, addr);
+        c.args(APP_RUN)
+            .env("CUDA_APP_TIMING", "1")
+            .env("TOFFLOAD_CUDA_REMOTE_NAIVE", if naive { "1" } else { "0" });
+        let mut run = move || {
+            let t0 = std::time::Instant::now();
+            let o = c.output().expect("cuda_app");
+            (o, t0.elapsed())
+        };
+        let (o, took) = match ns {
+            Some(ns) => netns::in_ns(ns, run),
+            None => run(),
+        };
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "cuda_app: {err}");
+        let sync_us = err
+            .lines()
+            .find_map(|l| l.strip_prefix("sync_us "))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no sync_us line: {err}"));
+        // The frees after the last synchronize are not waited for.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let after = daemon_stats(at);
+        let d = |k: &str| after[k].saturating_sub(before[k]);
+        AppRun {
+            bytes: d("cuda_bytes"),
+            frames: d("cuda_frames"),
+            calls: d("cuda_calls"),
+            sync_us,
+            ms: took.as_secs_f64() * 1e3,
+        }
+    };
+    let first = one();
+    let cached = one();
+    (first, cached)
+}
+
+fn report_sync(rows: &[SyncRow], runs: usize) -> String {
+    let m = |v: &[AppRun], f: fn(&AppRun) -> f64| {
+        toffload_tests::harness::median(v.iter().map(f).collect())
+    };
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "\n## One program: bytes per run and time per synchronize\n\n\
+         cuda_app (backends/tests/c/cuda_app.c) `{}`: module, 1 MiB of weights uploaded \
+         once, then 40 requests of 4 KiB on one thread; against a fresh daemon each round, \
+         run twice: first (nothing held there) and cached (the weights and the module \
+         referred to by content hash, TOFFLOAD_CUDA_REMOTE_CACHE_MIN's default 64 KiB). \
+         Bytes: the calls' bytes the daemon received (its cuda_bytes counter); time per \
+         synchronize: the median, over the run's 20 requests that end in one \
+         synchronize, of the time from the request's first call to the wait's return \
+         (five calls, then the wait: batched, one round trip; naive, one per call); \
+         medians of {runs} rounds.\n",
+        APP_RUN.join(" ")
+    );
+    let _ = writeln!(
+        md,
+        "| link | client | first run bytes | cached run bytes | frames per run | calls per frame | time per synchronize us | first run ms | cached run ms |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for r in rows {
+        let all: Vec<AppRun> = r.first.iter().chain(&r.cached).copied().collect();
+        let (calls, frames) = (m(&all, |a| a.calls as f64), m(&all, |a| a.frames as f64));
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.0} | {:.0} | {frames:.0} | {:.1} | {:.0} | {:.0} | {:.0} |",
+            r.link,
+            if r.naive {
+                "naive (every call waits)"
+            } else {
+                "batched"
+            },
+            m(&r.first, |a| a.bytes as f64),
+            m(&r.cached, |a| a.bytes as f64),
+            calls / frames.max(1.0),
+            m(&all, |a| a.sync_us),
+            m(&r.first, |a| a.ms),
+            m(&r.cached, |a| a.ms),
+        );
+    }
+    md
 }
 
 /// The 1-minute load average.

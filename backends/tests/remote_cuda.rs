@@ -140,6 +140,15 @@ fn a_driver_api_program_answers_through_the_daemon_as_on_the_driver() {
     assert_eq!(s2["cuda_upload_hits"], 17);
     assert_eq!(s2["cuda_upload_misses"], first_misses, "nothing sent again");
     assert!(s2["cuda_upload_bytes_saved"] >= 1 << 20);
+    // Bytes sent per run: the first carries the 1 MiB of weights and the module, the
+    // second refers to them by hash (the requests' 4 KiB copies are sent both times).
+    let (first_b, again_b) = (s["cuda_bytes"], s2["cuda_bytes"] - s["cuda_bytes"]);
+    println!("bytes sent: first run {first_b}, second run {again_b}");
+    assert!(first_b > (1 << 20) + requests * 4096, "{first_b}");
+    assert!(
+        again_b + (1 << 20) - (64 << 10) < first_b,
+        "the weights were not resent: {again_b} against {first_b}"
+    );
 
     // The hazard batching removes: with no linger every call is a frame of its own.
     let unbatched = libs

@@ -739,6 +739,7 @@ impl Daemon {
         let mut core = self.lock();
         let n = &mut core.n;
         n.cuda_frames += 1;
+        n.cuda_bytes += calls.len() as u64;
         n.cuda_calls += t.calls;
         n.cuda_syncs += t.syncs;
         n.cuda_upload_hits += t.upload_hits;
@@ -1071,6 +1072,7 @@ impl Daemon {
             ("dedup", self.cfg.dedup as u64),
             ("cuda_frames", n.cuda_frames),
             ("cuda_calls", n.cuda_calls),
+            ("cuda_bytes", n.cuda_bytes),
             ("cuda_syncs", n.cuda_syncs),
             ("cuda_upload_hits", n.cuda_upload_hits),
             ("cuda_upload_bytes_saved", n.cuda_upload_bytes_saved),

@@ -169,10 +169,11 @@ pub struct Counters {
     /// Damaged journal stretches found at start (records after them recovered).
     pub journal_damaged: u64,
     pub journal_write_errors: u64,
-    /// CUDA remoting: frames and calls received, synchronize points (round trips the
-    /// client waited on), uploads served from the cache (and the bytes not resent),
-    /// uploads sent in full, calls that failed.
+    /// CUDA remoting: frames, calls and the calls' bytes received, synchronize points
+    /// (round trips the client waited on), uploads served from the cache (and the
+    /// bytes not resent), uploads sent in full, calls that failed.
     pub cuda_frames: u64,
+    pub cuda_bytes: u64,
     pub cuda_calls: u64,
     pub cuda_syncs: u64,
     pub cuda_upload_hits: u64,

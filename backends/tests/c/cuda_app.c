@@ -13,7 +13,11 @@
  *        | events [nowait]         (cuStreamWaitEvent and cuEventElapsedTime)
  *        | victim | poke ADDR      (two identities: see victim_mode) 
  * CUDA_APP_PROGRESS=1: `run` prints a line per request as `loop` does.
- * CUDA_APP_SHARED_STREAM=1: `run`'s threads share one stream. */
+ * CUDA_APP_SHARED_STREAM=1: `run`'s threads share one stream.
+ * CUDA_APP_TIMING=1: `run` prints on stderr the median time of its requests that end
+ * in one synchronize (every other one: copy in, launch, copy out, event, host
+ * function, then the wait), from the first call to the wait's return:
+ * "sync_us P50 of N". */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -79,7 +83,18 @@ struct params {
 static CUfunction fn;
 static CUdeviceptr weights;
 static const size_t WEIGHTS = 1 << 20, REQ = 4096;
-static int requests_per_thread, progress;
+static int requests_per_thread, progress, timing;
+
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
 
 static uint64_t fnv(const unsigned char *b, size_t n) {
     uint64_t h = 1469598103934665603ull;
@@ -101,6 +116,9 @@ struct worker {
     int index;
     uint64_t hash;
     int host_fns;
+    /* CUDA_APP_TIMING: the one-synchronize requests' times, us. */
+    double *sync_us;
+    int timed;
 };
 
 /* CUDA_APP_SHARED_STREAM=1: every thread queues on this one stream (tasks
@@ -121,14 +139,16 @@ static void *serve(void *arg) {
     for (int r = 0; r < requests_per_thread; r++) {
         unsigned seed = (unsigned)(w->index * 100003 + r);
         for (size_t i = 0; i < REQ; i++) in[i] = (unsigned char)(i * 7 + seed);
+        double t0 = now_us();
         CK(cuMemcpyHtoDAsync_v2(d, in, REQ, s));
         launch(d, REQ, seed, s);
         CK(cuMemcpyDtoHAsync_v2(out, d, REQ, s));
         CK(cuEventRecord(e, s));
         CK(cuLaunchHostFunc(s, count_host_fn, &w->host_fns));
-        if (r % 2)
+        if (r % 2) {
             CK(cuStreamSynchronize(s));
-        else {
+            if (w->sync_us) w->sync_us[w->timed++] = now_us() - t0;
+        } else {
             CK(cuEventSynchronize(e));
             CK(cuEventQuery(e));
             CK(cuStreamSynchronize(s));
@@ -355,6 +375,7 @@ int main(int argc, char **argv) {
         threads = argc > 2 ? atoi(argv[2]) : 2;
         requests_per_thread = argc > 3 ? atoi(argv[3]) : 20;
         progress = getenv("CUDA_APP_PROGRESS") != NULL;
+        timing = getenv("CUDA_APP_TIMING") != NULL;
         if (getenv("CUDA_APP_SHARED_STREAM")) CK(cuStreamCreate(&shared_stream, 1));
     } else {
         requests_per_thread = 1 << 30; /* loop: until killed or failed */
@@ -365,6 +386,8 @@ int main(int argc, char **argv) {
     if (threads < 1 || threads > 64) return 2;
     for (int i = 0; i < threads; i++) {
         w[i] = (struct worker){.index = i};
+        if (timing && !(w[i].sync_us = calloc((size_t)requests_per_thread, sizeof(double))))
+            return 2;
         pthread_create(&t[i], NULL, serve, &w[i]);
     }
     uint64_t all = 0;
@@ -377,6 +400,17 @@ int main(int argc, char **argv) {
     /* A context-wide synchronize where the driver has one (the fake does not). */
     CUresult (*ctx_sync)(void) = (CUresult(*)(void))dlsym(RTLD_DEFAULT, "cuCtxSynchronize");
     if (ctx_sync) CK(ctx_sync());
+    if (timing) {
+        int n = 0;
+        for (int i = 0; i < threads; i++) n += w[i].timed;
+        double *all_us = calloc((size_t)n + 1, sizeof(double));
+        int k = 0;
+        for (int i = 0; i < threads; i++)
+            for (int j = 0; j < w[i].timed; j++) all_us[k++] = w[i].sync_us[j];
+        qsort(all_us, (size_t)n, sizeof(double), cmp_double);
+        fprintf(stderr, "sync_us %.0f of %d\n", n ? all_us[n / 2] : 0.0, n);
+        free(all_us);
+    }
     printf("requests %d, host functions run %d, results %016llx\n", threads * requests_per_thread,
            host_fns, (unsigned long long)all);
     CK(cuMemFree_v2(weights));
