@@ -358,6 +358,18 @@ fn a_running_task_moves_when_its_daemon_becomes_the_worse_choice() {
             std::thread::sleep(Duration::from_millis(20));
         }
     };
+    // The load's queue (and its recent mean) gone, so that the next task is placed
+    // near again.
+    let drain = || {
+        let t0 = Instant::now();
+        while stats_in(&near_ns, near.port)["cuda_queue"] > 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the queue never drained"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
     let same = |o: &Output| {
         assert!(o.status.success(), "{}", text(&o.stderr));
         assert_eq!(text(&o.stdout), text(&direct.stdout), "{}", text(&o.stderr));
@@ -375,16 +387,40 @@ fn a_running_task_moves_when_its_daemon_becomes_the_worse_choice() {
         (2, 0),
         "placed near, and stayed there under the load"
     );
-    // The load's queue (and its recent mean) gone, so that the next task is placed
-    // near again.
-    let t0 = Instant::now();
-    while stats_in(&near_ns, near.port)["cuda_queue"] > 0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "the queue never drained"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    drain();
+
+    // Device memory only the daemon holds (a kernel's output nothing read back until
+    // the end): a move would lose it (a loss makes it an error on use), so the task
+    // stays, and still prints what the driver prints.
+    let direct_scratch = Command::new(&libs.app)
+        .args(RUN)
+        .env("LD_LIBRARY_PATH", &libs.fake)
+        .env("FAKE_CUDA_KERNEL_US", KERNEL_US.to_string())
+        .env("CUDA_APP_SCRATCH", "1")
+        .output()
+        .unwrap();
+    assert!(direct_scratch.status.success());
+    let mut load = Load(None);
+    let mut c = libs.remote_cmd(&libs.app, &list);
+    c.args(RUN)
+        .env("CUDA_APP_SCRATCH", "1")
+        .env("TOFFLOAD_CUDA_REMOTE_MOVE_MS", "300")
+        .env("TOFFLOAD_CUDA_REMOTE_PLACEMENT_LOG", "1");
+    let (kept, kept_t) = started_in(&net.client_ns, c, || load_near(&mut load));
+    drop(load);
+    let err = text(&kept.stderr);
+    println!("with device-only state: {kept_t:?}; {err}");
+    assert!(kept.status.success(), "{err}");
+    assert_eq!(text(&kept.stdout), text(&direct_scratch.stdout), "{err}");
+    assert!(
+        err.contains(&format!("staying on {near_addr}")) && err.contains("a move would lose"),
+        "{err}"
+    );
+    assert!(!err.contains("moved from"), "{err}");
+    assert_eq!(count(), (4, 0), "stayed near");
+
+    // The load gone again: the next task is placed near once more.
+    drain();
 
     let mut load = Load(None);
     let mut c = libs.remote_cmd(&libs.app, &list);
@@ -408,7 +444,7 @@ fn a_running_task_moves_when_its_daemon_becomes_the_worse_choice() {
     );
     assert_eq!(
         count(),
-        (4, 1),
+        (6, 1),
         "placed near, then moved to the middle daemon"
     );
 }

@@ -13,8 +13,9 @@
 //! parked first (a short read timeout wakes it) so that the state is frozen, no call
 //! of the program goes out meanwhile (the send lock is held), and a journal that
 //! cannot be replayed (a kernel's output nobody read back) leaves the task where it
-//! is, on its intact connection. Only once the replay can take is the old
-//! connection closed. Work of other threads since their own last synchronize is
+//! is, on its intact connection, and so does device memory that only the daemon holds
+//! (a kernel's output not read back: a loss makes it an error later, a move would
+//! lose it). Only once the replay can take is the old connection closed. Work of other threads since their own last synchronize is
 //! replayed there, as after a loss; nothing is delivered twice.
 
 use crate::remote::{dial, lock, log, Dialed, Remote};
@@ -26,6 +27,10 @@ use std::time::{Duration, Instant};
 /// A daemon predicted at most this share of here's latency is worth a move (the
 /// probe's noise and the replay's cost are not).
 pub const MOVE_GAIN: f64 = 2.0 / 3.0;
+
+/// Why a task holding device-only state stays.
+const LOSE: &str = "device memory holds what a kernel wrote and nothing read back: a move \
+                    would lose it";
 
 /// How long the receiver gets to notice that it must park (its read timeout while
 /// a move is under way, plus slack for the frames it is handling).
@@ -61,15 +66,24 @@ impl Remote {
     /// several daemons, the guardian on, placement by prediction).
     pub(crate) fn mover(self: std::sync::Arc<Self>) {
         let period = Duration::from_millis(self.move_ms);
+        // Moves given up in a row: each doubles the pause before the next try (the
+        // program may hold device-only state for a long while).
+        let mut streak = 0u32;
         loop {
-            std::thread::sleep(period);
+            std::thread::sleep(period * (1u32 << streak.min(6)));
             if self.dead().is_some() {
                 return;
+            }
+            if lock(&self.st).journal.holds_lost() {
+                streak += 1;
+                self.refuse(&self.addrs[self.at.load(Relaxed)], LOSE);
+                continue;
             }
             let here = self.at.load(Relaxed);
             let (ok, _) = sched::probe_all(&self.addrs, self.probe_ms);
             let own = self.own.load(Relaxed).min(u32::MAX as u64) as u32;
             let Some(m) = sched::better(&ok, here, own, MOVE_GAIN) else {
+                streak = 0;
                 continue;
             };
             drop(ok);
@@ -90,7 +104,11 @@ impl Remote {
             if !self.next_sync(period) || self.at.load(Relaxed) != here || self.dead().is_some() {
                 continue;
             }
-            self.move_to(here, m, d);
+            if self.move_to(here, m, d) {
+                streak = 0;
+            } else {
+                streak += 1;
+            }
         }
     }
 
@@ -112,8 +130,15 @@ impl Remote {
         self.cut_cv.notify_all();
     }
 
-    /// The move itself (module doc).
-    fn move_to(&self, here: usize, m: sched::Better, d: Dialed) {
+    /// A move given up: said once per session (with TOFFLOAD_CUDA_REMOTE_PLACEMENT_LOG).
+    fn refuse(&self, from: &str, why: &str) {
+        if self.refusals.fetch_add(1, Relaxed) == 0 && sched::explain() {
+            log(&format!("placement: staying on {from}: {why}"));
+        }
+    }
+
+    /// The move itself (module doc); whether it was not given up.
+    fn move_to(&self, here: usize, m: sched::Better, d: Dialed) -> bool {
         let (from, to) = (self.addrs[here].clone(), self.addrs[m.to].clone());
         self.set_cut(Cut::Cutting);
         let mut tx = lock(&self.tx);
@@ -136,13 +161,19 @@ impl Remote {
         };
         let _ = tx.sock.set_read_timeout(None);
         if !parked {
-            return;
+            return true;
         }
-        if let Err(e) = lock(&self.st).journal.plan(self.cache_min) {
-            if sched::explain() {
-                log(&format!("placement: staying on {from}: {e}"));
-            }
-            return self.set_cut(Cut::Resume);
+        // A loss replays what it can and makes the rest an error later; a move is
+        // chosen, so it must lose nothing.
+        let stay = match lock(&self.st).journal.plan(self.cache_min) {
+            Err(e) => Some(e),
+            Ok(p) if !p.lost.is_empty() => Some(LOSE.to_string()),
+            Ok(_) => None,
+        };
+        if let Some(why) = stay {
+            self.refuse(&from, &why);
+            self.set_cut(Cut::Resume);
+            return false;
         }
         let _ = tx.sock.shutdown(Shutdown::Both);
         let said = |calls| {
@@ -161,6 +192,7 @@ impl Remote {
             }
             Err(e) => self.set_cut(Cut::Failed(format!("moving to {to}: {e}"))),
         }
+        true
     }
 
     /// The receiver's side, when its read timed out.

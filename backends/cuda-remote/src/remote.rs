@@ -128,8 +128,9 @@ pub struct Remote {
     pub(crate) own: AtomicU64,
     /// Synchronizes the program made (the mover moves right after one).
     pub(crate) synced: AtomicU64,
-    /// Moves made.
+    /// Moves made, and moves given up because the session could not move whole.
     pub(crate) moves: AtomicU64,
+    pub(crate) refusals: AtomicU64,
     /// A move under way, between the mover and the receiver.
     pub(crate) cut: Mutex<Cut>,
     pub(crate) cut_cv: Condvar,
@@ -321,6 +322,7 @@ impl Remote {
             own: AtomicU64::new(0),
             synced: AtomicU64::new(0),
             moves: AtomicU64::new(0),
+            refusals: AtomicU64::new(0),
             cut: Mutex::new(Cut::Idle),
             cut_cv: Condvar::new(),
         });

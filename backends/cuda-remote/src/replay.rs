@@ -392,6 +392,14 @@ impl Journal {
 
     /// The calls that rebuild this state on a fresh session; Err: why it cannot be.
     /// `cache_min`: uploads this large go by content hash (the daemon keeps them).
+    /// Whether some allocation holds what a kernel wrote before the base and nothing
+    /// read back (the daemon alone has it).
+    pub fn holds_lost(&self) -> bool {
+        self.allocs
+            .values()
+            .any(|a| matches!(a.contents, Contents::Lost))
+    }
+
     pub fn plan(&self, cache_min: usize) -> Result<Plan, String> {
         if self.overflowed {
             return Err(

@@ -14,6 +14,9 @@
  *        | victim | poke ADDR      (two identities: see victim_mode) 
  * CUDA_APP_PROGRESS=1: `run` prints a line per request as `loop` does.
  * CUDA_APP_SHARED_STREAM=1: `run`'s threads share one stream.
+ * CUDA_APP_SCRATCH=1: `run` first has a kernel write a scratch buffer that nothing
+ * reads back until the end (its hash printed last): device state that exists only on
+ * the daemon for the whole run.
  * CUDA_APP_TIMING=1: `run` prints on stderr the median time of its requests that end
  * in one synchronize (every other one: copy in, launch, copy out, event, host
  * function, then the wait), from the first call to the wait's return:
@@ -381,6 +384,15 @@ int main(int argc, char **argv) {
         requests_per_thread = 1 << 30; /* loop: until killed or failed */
         progress = 1;
     }
+    CUdeviceptr scratch = 0;
+    if (requests_per_thread != 1 << 30 && getenv("CUDA_APP_SCRATCH")) {
+        unsigned char *z = calloc(REQ, 1);
+        CK(cuMemAlloc_v2(&scratch, REQ));
+        CK(cuMemcpyHtoDAsync_v2(scratch, z, REQ, s0));
+        launch(scratch, REQ, 99, s0);
+        CK(cuStreamSynchronize(s0));
+        free(z);
+    }
     struct worker w[64];
     pthread_t t[64];
     if (threads < 1 || threads > 64) return 2;
@@ -413,6 +425,10 @@ int main(int argc, char **argv) {
     }
     printf("requests %d, host functions run %d, results %016llx\n", threads * requests_per_thread,
            host_fns, (unsigned long long)all);
+    if (scratch) {
+        printf("scratch %016llx\n", (unsigned long long)read_back(scratch, REQ, s0));
+        CK(cuMemFree_v2(scratch));
+    }
     CK(cuMemFree_v2(weights));
     CK(cuMemFreeHost(host));
     CK(cuStreamDestroy_v2(s0));
