@@ -149,6 +149,27 @@ fn a_driver_api_program_answers_through_the_daemon_as_on_the_driver() {
         again_b + (1 << 20) - (64 << 10) < first_b,
         "the weights were not resent: {again_b} against {first_b}"
     );
+    // Every copy offered by content hash (the requests' 4 KiB inputs too, the same
+    // on every run), against a fresh daemon: the second run sends a few percent of the
+    // first's bytes (calls and hashes).
+    let d2 = libs.daemon();
+    let hashed = || {
+        let o = libs
+            .remote_cmd(&libs.app, &d2.addr())
+            .args(args)
+            .env("TOFFLOAD_CUDA_REMOTE_CACHE_MIN", "4096")
+            .output()
+            .unwrap();
+        assert_eq!(text(&o.stdout), text(&direct.stdout), "{}", text(&o.stderr));
+        settled_stats(&d2.addr())["cuda_bytes"]
+    };
+    let b1 = hashed();
+    let b2 = hashed() - b1;
+    println!(
+        "every copy by hash: first run {b1} bytes, second {b2} ({:.1}%)",
+        b2 as f64 * 100.0 / b1 as f64
+    );
+    assert!(b2 * 100 <= b1 * 5, "{b2} of {b1}");
 
     // The hazard batching removes: with no linger every call is a frame of its own.
     let unbatched = libs
