@@ -60,6 +60,11 @@ pub struct GpuLoad {
     pub opened: AtomicU64,
     /// EWMA of the time per kernel, ns.
     kernel_ns: AtomicU64,
+    /// The same over stretches begun on an idle GPU (no kernel queued): what a kernel
+    /// takes on this GPU when it is free, reported while it is idle (the loaded
+    /// average would otherwise stay until the next kernel ran, and a daemon whose
+    /// load has gone would keep looking slow to placement, so get none).
+    alone_ns: AtomicU64,
 }
 
 /// Time constant of the queue's mean: a few of the fake or real GPU's kernels at
@@ -109,11 +114,16 @@ impl SessionLoad {
         self.gpu.launched();
     }
 
-    fn passed(&self, kernels: u64, since: Option<Instant>) {
+    fn passed(&self, kernels: u64, since: Option<Instant>, alone: bool) {
         let _ = self
             .own
             .fetch_update(Relaxed, Relaxed, |q| Some(q.saturating_sub(kernels)));
-        self.gpu.passed(kernels, since);
+        self.gpu.passed(kernels, since, alone);
+    }
+
+    /// No kernel is queued now: one launched now starts on an idle GPU.
+    fn alone(&self) -> bool {
+        self.gpu.queue.load(Relaxed) == 0
     }
 
     fn beat(&self) -> Beat {
@@ -128,10 +138,16 @@ impl GpuLoad {
     pub fn beat(&self) -> Beat {
         let now = self.queue.load(Relaxed);
         let mean = self.recent.lock().map_or(0.0, |m| m.at(Instant::now()));
+        let alone = self.alone_ns.load(Relaxed);
+        let idle = now == 0 && mean < 0.5;
         Beat {
             queue: now.max(mean.round() as u64).min(u32::MAX as u64) as u32,
             sessions: self.sessions.load(Relaxed).min(u32::MAX as u64) as u32,
-            kernel_ns: self.kernel_ns.load(Relaxed),
+            kernel_ns: if idle && alone > 0 {
+                alone
+            } else {
+                self.kernel_ns.load(Relaxed)
+            },
             own: 0,
         }
     }
@@ -152,9 +168,9 @@ impl GpuLoad {
         self.change(|q| q.saturating_add(1));
     }
 
-    /// A stretch of a stream with `kernels` kernels, begun at `since`, was passed (or
-    /// dropped: `since` None).
-    fn passed(&self, kernels: u64, since: Option<Instant>) {
+    /// A stretch of a stream with `kernels` kernels, begun at `since` (`alone`: on an
+    /// idle GPU), was passed (or dropped: `since` None).
+    fn passed(&self, kernels: u64, since: Option<Instant>, alone: bool) {
         if kernels == 0 {
             return;
         }
@@ -162,9 +178,11 @@ impl GpuLoad {
         if let Some(t) = since {
             let per = (t.elapsed().as_nanos() as u64 / kernels).max(1);
             // 1/4 new: a load that comes or goes shows within a few stretches.
-            let _ = self.kernel_ns.fetch_update(Relaxed, Relaxed, |old| {
-                Some(if old == 0 { per } else { (old * 3 + per) / 4 })
-            });
+            let ewma = |old: u64| Some(if old == 0 { per } else { (old * 3 + per) / 4 });
+            let _ = self.kernel_ns.fetch_update(Relaxed, Relaxed, ewma);
+            if alone {
+                let _ = self.alone_ns.fetch_update(Relaxed, Relaxed, ewma);
+            }
         }
     }
 }
@@ -185,9 +203,11 @@ struct Strm {
     /// Host bytes of copies queued on the stream, kept until a host function behind
     /// them runs.
     keep: Vec<Arc<[u8]>>,
-    /// Kernels queued since the last marker, and when the first call after it was.
+    /// Kernels queued since the last marker, and when the first call after it was
+    /// (`alone`: no kernel was queued then).
     kernels: u64,
     since: Option<Instant>,
+    alone: bool,
 }
 
 impl Strm {
@@ -197,6 +217,7 @@ impl Strm {
             keep: Vec::new(),
             kernels: 0,
             since: None,
+            alone: false,
         }
     }
 }
@@ -216,12 +237,13 @@ struct Pending {
     load: Arc<SessionLoad>,
     kernels: u64,
     since: Option<Instant>,
+    alone: bool,
 }
 
 unsafe extern "C" fn reached(user: *mut c_void) {
     // SAFETY: `user` is the Box<Pending> leaked by `mark`, handed to us exactly once.
     let p = unsafe { Box::from_raw(user as *mut Pending) };
-    p.load.passed(p.kernels, p.since);
+    p.load.passed(p.kernels, p.since, p.alone);
     let mut note = Vec::with_capacity(p.data.len() + 20);
     w::put_note(
         &Note::Reached {
@@ -345,6 +367,7 @@ impl CudaSession {
             load,
             kernels: std::mem::take(&mut st.kernels),
             since: st.since.take(),
+            alone: std::mem::take(&mut st.alone),
         });
         let user = Box::into_raw(p) as *mut c_void;
         // SAFETY: a live stream; `reached` takes back the box when it runs.
@@ -352,7 +375,7 @@ impl CudaSession {
         if r != sys::CUresult::CUDA_SUCCESS {
             // SAFETY: not queued: the box is still ours.
             let p = unsafe { Box::from_raw(user as *mut Pending) };
-            p.load.passed(p.kernels, None);
+            p.load.passed(p.kernels, None, false);
             return Err(code(r));
         }
         Ok(())
@@ -739,6 +762,7 @@ impl CudaSession {
                     .iter_mut()
                     .map(|b| b.as_mut_ptr() as *mut c_void)
                     .collect();
+                let alone = self.load.alone();
                 let st = self.stream(stream)?;
                 let s = st.s;
                 // SAFETY: a live function and stream; the parameter buffers outlive
@@ -760,7 +784,10 @@ impl CudaSession {
                 });
                 if r.is_ok() {
                     st.kernels += 1;
-                    st.since.get_or_insert_with(Instant::now);
+                    if st.since.is_none() {
+                        st.since = Some(Instant::now());
+                        st.alone = alone;
+                    }
                     self.load.launched();
                 }
                 r
@@ -871,7 +898,7 @@ fn destroy(st: Strm, load: &SessionLoad) {
         sys::cuStreamDestroy_v2(st.s);
     }
     drop(st.keep);
-    load.passed(st.kernels, None);
+    load.passed(st.kernels, None, false);
 }
 
 impl Drop for CudaSession {
@@ -923,7 +950,7 @@ mod tests {
             load.launched();
         }
         assert_eq!(load.beat().queue, 3, "a load that just came shows at once");
-        load.passed(3, None);
+        load.passed(3, None, false);
         // The mean has barely moved off zero in the microseconds since.
         assert_eq!(load.beat().queue, 0);
         let held = GpuLoad::default();
@@ -932,7 +959,29 @@ mod tests {
             .unwrap()
             .step(6, Instant::now() - Duration::from_secs(2));
         held.queue.store(6, Relaxed);
-        held.passed(6, None);
+        held.passed(6, None, false);
         assert_eq!(held.beat().queue, 6, "the queue is empty, its mean is not");
+    }
+
+    #[test]
+    fn an_idle_gpu_reports_its_time_per_kernel_alone() {
+        let load = GpuLoad::default();
+        let ago = |ms| Some(Instant::now() - Duration::from_millis(ms));
+        // A kernel alone: 2 ms; then 10 stretches behind another session's: 20 ms each.
+        load.launched();
+        load.passed(1, ago(2), true);
+        for _ in 0..10 {
+            load.launched();
+            load.passed(1, ago(20), false);
+        }
+        let ms = |b: Beat| b.kernel_ns as f64 / 1e6;
+        // The mean of the queue still shows the load: the loaded time.
+        load.queue.store(1, Relaxed);
+        assert!(ms(load.beat()) > 15.0, "{}", ms(load.beat()));
+        // Idle (no queue, its mean gone): what a kernel takes alone.
+        load.queue.store(0, Relaxed);
+        *load.recent.lock().unwrap() = QueueMean::default();
+        let idle = ms(load.beat());
+        assert!((1.9..2.5).contains(&idle), "{idle}");
     }
 }
