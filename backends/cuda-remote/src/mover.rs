@@ -28,10 +28,6 @@ use std::time::{Duration, Instant};
 /// probe's noise and the replay's cost are not).
 pub const MOVE_GAIN: f64 = 2.0 / 3.0;
 
-/// Why a task holding device-only state stays.
-const LOSE: &str = "device memory holds what a kernel wrote and nothing read back: a move \
-                    would lose it";
-
 /// How long the receiver gets to notice that it must park (its read timeout while
 /// a move is under way, plus slack for the frames it is handling).
 const PARK_READ: Duration = Duration::from_millis(20);
@@ -74,9 +70,10 @@ impl Remote {
             if self.dead().is_some() {
                 return;
             }
-            if lock(&self.st).journal.holds_lost() {
+            let unmovable = lock(&self.st).journal.unmovable();
+            if let Some(why) = unmovable {
                 streak += 1;
-                self.refuse(&self.addrs[self.at.load(Relaxed)], LOSE);
+                self.refuse(&self.addrs[self.at.load(Relaxed)], why);
                 continue;
             }
             let here = self.at.load(Relaxed);
@@ -165,10 +162,12 @@ impl Remote {
         }
         // A loss replays what it can and makes the rest an error later; a move is
         // chosen, so it must lose nothing.
-        let stay = match lock(&self.st).journal.plan(self.cache_min) {
-            Err(e) => Some(e),
-            Ok(p) if !p.lost.is_empty() => Some(LOSE.to_string()),
-            Ok(_) => None,
+        let stay = {
+            let st = lock(&self.st);
+            match st.journal.unmovable() {
+                Some(why) => Some(why.to_string()),
+                None => st.journal.plan(self.cache_min).err(),
+            }
         };
         if let Some(why) = stay {
             self.refuse(&from, &why);

@@ -392,12 +392,52 @@ impl Journal {
 
     /// The calls that rebuild this state on a fresh session; Err: why it cannot be.
     /// `cache_min`: uploads this large go by content hash (the daemon keeps them).
-    /// Whether some allocation holds what a kernel wrote before the base and nothing
-    /// read back (the daemon alone has it).
-    pub fn holds_lost(&self) -> bool {
-        self.allocs
+    /// Why this session cannot be moved whole to another daemon now (a loss replays
+    /// it anyway, as well as it can): device memory only the daemon holds, or device
+    /// memory that holds addresses of allocations, through which a kernel may write
+    /// where the journal does not look (it knows a kernel's writes only from its
+    /// pointer parameters), so that a replay would undo those writes.
+    pub fn unmovable(&self) -> Option<&'static str> {
+        if self
+            .allocs
             .values()
             .any(|a| matches!(a.contents, Contents::Lost))
+        {
+            return Some(
+                "device memory holds what a kernel wrote and nothing read back: a move \
+                 would lose it",
+            );
+        }
+        // An 8-byte word at an 8-byte device address (pointer tables are aligned)
+        // that falls inside an allocation: random data does so with odds of about
+        // the allocations' span over 2^64.
+        let inside = |v: u64| {
+            wire::is_sim(v)
+                && self
+                    .allocs
+                    .range(..=v)
+                    .next_back()
+                    .is_some_and(|(&a, al)| v - a < al.size.max(1))
+        };
+        let points = |at: u64, b: &[u8]| {
+            let skip = ((8 - at % 8) % 8) as usize;
+            b.get(skip..).is_some_and(|b| {
+                b.chunks_exact(8)
+                    .any(|w| inside(u64::from_le_bytes(w.try_into().expect("8 bytes"))))
+            })
+        };
+        let known = self
+            .allocs
+            .iter()
+            .any(|(&at, a)| matches!(&a.contents, Contents::Known(v) if points(at, v)));
+        let logged = self
+            .log
+            .iter()
+            .any(|e| matches!(&e.rec, Rec::HtoD { dst, bytes, .. } if points(*dst, bytes)));
+        (known || logged).then_some(
+            "device memory holds addresses of allocations, through which a kernel may \
+             write what a replay cannot redo: a move could undo it",
+        )
     }
 
     pub fn plan(&self, cache_min: usize) -> Result<Plan, String> {
@@ -636,5 +676,64 @@ fn data_of(bytes: &[u8], cache_min: usize) -> Data<'_> {
         }
     } else {
         Data::Literal(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: u64 = wire::SIM_BASE + 4096;
+    const B: u64 = wire::SIM_BASE + 8192;
+
+    fn two_buffers() -> Journal {
+        let mut j = Journal::new(64 << 20);
+        j.push(1, Rec::Alloc { addr: A, size: 256 });
+        j.push(2, Rec::Alloc { addr: B, size: 256 });
+        j
+    }
+
+    #[test]
+    fn a_table_of_device_addresses_makes_a_session_unmovable() {
+        // Data that is not an address: movable, logged or folded into the base.
+        let mut j = two_buffers();
+        let noise: Vec<u8> = (0..256u32).map(|i| (i * 37 + 11) as u8).collect();
+        j.push(
+            3,
+            Rec::HtoD {
+                stream: 0,
+                dst: B,
+                bytes: noise.clone(),
+            },
+        );
+        assert_eq!(j.unmovable(), None);
+        // A's address, uploaded into B: a kernel may write A through it.
+        let mut table = noise;
+        table[16..24].copy_from_slice(&(A + 64).to_le_bytes());
+        j.push(
+            4,
+            Rec::HtoD {
+                stream: 0,
+                dst: B,
+                bytes: table,
+            },
+        );
+        assert!(j.unmovable().unwrap().contains("addresses"));
+        // Once folded into the base (a synchronize), still seen.
+        j.synced(0, u64::MAX);
+        assert!(j.unmovable().unwrap().contains("addresses"));
+        // An address of the simulated range outside every allocation is data.
+        let mut j = two_buffers();
+        let mut far = vec![0u8; 256];
+        far[0..8].copy_from_slice(&(wire::SIM_BASE + (1 << 40)).to_le_bytes());
+        j.push(
+            3,
+            Rec::HtoD {
+                stream: 0,
+                dst: B,
+                bytes: far,
+            },
+        );
+        assert_eq!(j.unmovable(), None);
     }
 }
