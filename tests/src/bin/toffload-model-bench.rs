@@ -83,6 +83,45 @@ struct Point {
     /// conn_server --shared-mutex 1: a lock on the request path.
     mutex: bool,
     held_out: bool,
+    /// The server: conn_server, or one shaped like a vendor's (held out only).
+    server: Shape,
+}
+
+/// Which server a point runs: toffload's conn_server, or a server of conn_server's
+/// shape whose offload is a vendor's call the runtime knows only from a row
+/// (tests/watch_programs): an HSM library's blocking sign (hsm_server, libxhsm), or a
+/// GPU's stream synchronize (gpu_server, libfakecuda's CUDA names).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Conn,
+    Hsm,
+    Gpu,
+}
+
+impl Shape {
+    fn binary(self) -> &'static str {
+        match self {
+            Shape::Conn => "conn_server",
+            Shape::Hsm => "hsm_server",
+            Shape::Gpu => "gpu_server",
+        }
+    }
+
+    /// What toffload-watch is told of the offload (the row it hands the runtime).
+    fn watch_args(self) -> &'static [&'static str] {
+        match self {
+            Shape::Hsm => &["--offload", "hsm_sign@libxhsm.so=hsm_submit:hsm_poll:hsm_free"],
+            Shape::Conn | Shape::Gpu => &[],
+        }
+    }
+
+    /// The runtime's row for the offload (the built-in CUDA rows need none).
+    fn runtime_env(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Shape::Hsm => Some(("TOFFLOAD_OFFLOAD", "hsm_sign:hsm_submit:hsm_poll:hsm_free")),
+            Shape::Conn | Shape::Gpu => None,
+        }
+    }
 }
 
 /// A point the model was tuned on (1 KiB, one carrier, no lock).
@@ -97,6 +136,7 @@ const fn p(lat: u32, conns: usize, cpu_us: u32, wait: &'static str, lanes: u32) 
         carriers: 1,
         mutex: false,
         held_out: false,
+        server: Shape::Conn,
     }
 }
 
@@ -117,6 +157,10 @@ const fn mutex(pt: Point) -> Point {
     Point { mutex: true, ..pt }
 }
 
+const fn on(pt: Point, server: Shape) -> Point {
+    Point { server, ..pt }
+}
+
 impl Point {
     /// The point as --only names it.
     fn key(&self) -> String {
@@ -135,6 +179,9 @@ impl Point {
         }
         if self.mutex {
             v.push("mutex".into());
+        }
+        if self.server != Shape::Conn {
+            v.push(self.server.binary().into());
         }
         v.join("+")
     }
@@ -160,7 +207,8 @@ const POINTS: &[Point] = &[
 ];
 
 /// The validation set: latencies, sizes, CPU and connection counts the model was not
-/// tuned on, 512 connections, two carriers, and a mutex on the request path.
+/// tuned on, 512 connections, two carriers, a mutex on the request path, and two
+/// servers whose offload is a vendor's call (an HSM's sign, a GPU's synchronize).
 const HELD_OUT: &[Point] = &[
     h(300, 64, 0, "block", 16384),
     h(700, 64, 0, "block", 4096),
@@ -174,6 +222,8 @@ const HELD_OUT: &[Point] = &[
     carriers(h(1000, 64, 20, "block", 1024), 2),
     mutex(h(300, 64, 5, "block", 1024)),
     mutex(h(1000, 8, 0, "block", 1024)),
+    on(h(300, 64, 0, "block", 1024), Shape::Hsm),
+    on(h(300, 64, 0, "block", 1024), Shape::Gpu),
 ];
 
 /// conn_server's busy-loop rate (iterations per us), the best of three start-up
@@ -205,7 +255,7 @@ fn cpu_rate() -> Result<f64, String> {
 }
 
 fn spec(pt: Point, runtime: bool) -> Result<ServerSpec, String> {
-    let mut s = ServerSpec::new("conn_server")
+    let mut s = ServerSpec::new(pt.server.binary())
         .arg("--cpu-us")
         .arg(pt.cpu_us.to_string())
         .arg("--size")
@@ -232,6 +282,9 @@ fn spec(pt: Point, runtime: bool) -> Result<ServerSpec, String> {
         s = s
             .env("LD_PRELOAD", lib.display().to_string())
             .env("TOFFLOAD_CARRIERS", pt.carriers.to_string());
+        if let Some((k, v)) = pt.server.runtime_env() {
+            s = s.env(k, v);
+        }
     }
     Ok(s)
 }
@@ -337,6 +390,7 @@ fn watched(pt: Point, secs: f64) -> Result<Watched, String> {
         .arg(format!("{:.2}s", 2.0 * secs + 0.2))
         .arg("--pid")
         .arg(server.pid().to_string())
+        .args(pt.server.watch_args())
         .stderr(Stdio::null())
         .output()
         .map_err(|e| format!("toffload-watch: {e}"))?;
@@ -628,7 +682,11 @@ fn run(a: &Args) -> Result<(), String> {
              CPU columns leave it out). \"fitted\" points are those the \
              model was built and tuned on; \"held out\" ones (other request sizes, CPU per \
              request, 8 and 512 connections, both waits, two carriers, a mutex around a shared \
-             update: the variant column) were never used to build it, and their errors are \
+             update, and two servers of conn_server's shape whose offload is a vendor's call: \
+             hsm_server, an HSM library's blocking sign (libxhsm, watched with --offload and \
+             rerouted by a TOFFLOAD_OFFLOAD row), and gpu_server, a GPU's \
+             cudaStreamSynchronize (libfakecuda, the runtime's built-in CUDA rows): the \
+             variant column) were never used to build it, and their errors are \
              summarized apart. \"traced stock\" is the rate while \
              toffload-watch traced it (its probes cost the server CPU); \"model's stock\" is the \
              one the model took: measured between the watch's bursts from the server's own \
