@@ -42,14 +42,30 @@ pub const HEADING: &str = "## conn_server, direct vs remoted";
 /// cuda_app's arguments in the one-program table: one thread, 40 requests.
 const APP_RUN: [&str; 3] = ["run", "1", "40"];
 
-/// One run of cuda_app: what the daemon received, and its time per synchronize.
+/// One run of cuda_app: what the daemon received, the round trips the client waited
+/// (its own count, TOFFLOAD_CUDA_REMOTE_STATS), and its time per synchronize.
 #[derive(Clone, Copy, Debug, Default)]
 struct AppRun {
     bytes: u64,
     frames: u64,
     calls: u64,
+    round_trips: u64,
+    /// The client's own count of the bytes it sent (the daemon's must agree).
+    client_bytes: u64,
     sync_us: f64,
     ms: f64,
+}
+
+/// The numbers of the client's TOFFLOAD_CUDA_REMOTE_STATS line: "N calls in F frames
+/// (B bytes), R round trips waited, M moves".
+fn client_counts(stderr: &str) -> Option<(u64, u64)> {
+    let l = stderr.lines().find(|l| l.contains("round trips waited"))?;
+    let nums: Vec<u64> = l
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // calls, frames, bytes, round trips, moves
+    (nums.len() >= 5).then(|| (nums[2], nums[3]))
 }
 
 /// The one-program table's row: a link and a client mode, first and cached runs.
@@ -454,6 +470,7 @@ fn app_pair(
         let mut c = libs.remote_cmd(&libs.app, addr);
         c.args(APP_RUN)
             .env("CUDA_APP_TIMING", "1")
+            .env("TOFFLOAD_CUDA_REMOTE_STATS", "1")
             .env("TOFFLOAD_CUDA_REMOTE_NAIVE", if naive { "1" } else { "0" });
         let mut run = move || {
             let t0 = std::time::Instant::now();
@@ -472,6 +489,8 @@ fn app_pair(
             .and_then(|l| l.split_whitespace().next())
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no sync_us line: {err}"));
+        let (client_bytes, round_trips) =
+            client_counts(&err).unwrap_or_else(|| panic!("no client counts: {err}"));
         // The frees after the last synchronize are not waited for.
         std::thread::sleep(std::time::Duration::from_millis(100));
         let after = daemon_stats(at);
@@ -480,6 +499,8 @@ fn app_pair(
             bytes: d("cuda_bytes"),
             frames: d("cuda_frames"),
             calls: d("cuda_calls"),
+            round_trips,
+            client_bytes,
             sync_us,
             ms: took.as_secs_f64() * 1e3,
         }
@@ -493,6 +514,12 @@ fn report_sync(rows: &[SyncRow], runs: usize) -> String {
     let m = |v: &[AppRun], f: fn(&AppRun) -> f64| {
         toffload_tests::harness::median(v.iter().map(f).collect())
     };
+    let disagree = rows
+        .iter()
+        .flat_map(|r| r.first.iter().chain(&r.cached))
+        .filter(|a| a.bytes != a.client_bytes)
+        .count();
+    let agree = disagree == 0;
     let mut md = String::new();
     let _ = writeln!(
         md,
@@ -501,24 +528,33 @@ fn report_sync(rows: &[SyncRow], runs: usize) -> String {
          once, then 40 requests of 4 KiB on one thread; against a fresh daemon each round, \
          run twice: first (nothing held there) and cached (the weights and the module \
          referred to by content hash, TOFFLOAD_CUDA_REMOTE_CACHE_MIN's default 64 KiB). \
-         Bytes: the calls' bytes the daemon received (its cuda_bytes counter); time per \
+         Bytes: the calls' bytes the daemon received (its cuda_bytes counter; the \
+         client's own count, TOFFLOAD_CUDA_REMOTE_STATS, {}); round trips: the waits \
+         the client made that found the daemon's answer not there yet (its own count); \
+         calls per round trip: the daemon's calls over those; time per \
          synchronize: the median, over the run's 20 requests that end in one \
          synchronize, of the time from the request's first call to the wait's return \
          (five calls, then the wait: batched, one round trip; naive, one per call); \
          medians of {runs} rounds.\n",
-        APP_RUN.join(" ")
+        APP_RUN.join(" "),
+        if agree {
+            "agreed on every run".to_string()
+        } else {
+            format!("differed on {disagree} run(s)")
+        }
     );
     let _ = writeln!(
         md,
-        "| link | client | first run bytes | cached run bytes | frames per run | calls per frame | time per synchronize us | first run ms | cached run ms |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|"
+        "| link | client | first run bytes | cached run bytes | frames per run | calls per frame | round trips per run | calls per round trip | time per synchronize us | first run ms | cached run ms |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in rows {
         let all: Vec<AppRun> = r.first.iter().chain(&r.cached).copied().collect();
         let (calls, frames) = (m(&all, |a| a.calls as f64), m(&all, |a| a.frames as f64));
+        let trips = m(&all, |a| a.round_trips as f64);
         let _ = writeln!(
             md,
-            "| {} | {} | {:.0} | {:.0} | {frames:.0} | {:.1} | {:.0} | {:.0} | {:.0} |",
+            "| {} | {} | {:.0} | {:.0} | {frames:.0} | {:.1} | {trips:.0} | {:.1} | {:.0} | {:.0} | {:.0} |",
             r.link,
             if r.naive {
                 "naive (every call waits)"
@@ -528,6 +564,7 @@ fn report_sync(rows: &[SyncRow], runs: usize) -> String {
             m(&r.first, |a| a.bytes as f64),
             m(&r.cached, |a| a.bytes as f64),
             calls / frames.max(1.0),
+            calls / trips.max(1.0),
             m(&all, |a| a.sync_us),
             m(&r.first, |a| a.ms),
             m(&r.cached, |a| a.ms),

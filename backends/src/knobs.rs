@@ -97,6 +97,8 @@ knobs! {
         "of several daemons: the least predicted latency (round trip and bandwidth measured, the GPU's kernel queue and time per kernel from its heartbeat), or the first in list order that answers", CudaRemote;
     CUDA_REMOTE_PLACEMENT_LOG: "TOFFLOAD_CUDA_REMOTE_PLACEMENT_LOG", "0", "`0` or `1`",
         "of several daemons: one stderr line per daemon with what its probe measured (round trip, bandwidth, kernel queue, time per kernel) and its predicted latency, then the choice", CudaRemote;
+    CUDA_REMOTE_STATS: "TOFFLOAD_CUDA_REMOTE_STATS", "0", "`0` or `1`",
+        "1: at exit, one stderr line with the client's own counts: calls, frames and the calls' bytes sent, round trips waited, moves", CudaRemote;
     CUDA_REMOTE_PROBE_MS: "TOFFLOAD_CUDA_REMOTE_PROBE_MS", "1000", "milliseconds from 1 to 60000",
         "of several daemons: how long placement waits for each to answer its probe; one that has not is skipped", CudaRemote;
     CUDA_REMOTE_TIMEOUT_MS: "TOFFLOAD_CUDA_REMOTE_TIMEOUT_MS", "30000", "milliseconds from 1 to 3600000",

@@ -152,19 +152,38 @@ fn a_driver_api_program_answers_through_the_daemon_as_on_the_driver() {
     // Every copy offered by content hash (the requests' 4 KiB inputs too, the same
     // on every run), against a fresh daemon: the second run sends a few percent of the
     // first's bytes (calls and hashes).
+    // The client counts what it sent on its side (TOFFLOAD_CUDA_REMOTE_STATS): the
+    // daemon's counts agree.
     let d2 = libs.daemon();
-    let hashed = || {
+    let mut seen = (0u64, 0u64);
+    let mut hashed = || {
         let o = libs
             .remote_cmd(&libs.app, &d2.addr())
             .args(args)
             .env("TOFFLOAD_CUDA_REMOTE_CACHE_MIN", "4096")
+            .env("TOFFLOAD_CUDA_REMOTE_STATS", "1")
             .output()
             .unwrap();
-        assert_eq!(text(&o.stdout), text(&direct.stdout), "{}", text(&o.stderr));
-        settled_stats(&d2.addr())["cuda_bytes"]
+        let err = text(&o.stderr);
+        assert_eq!(text(&o.stdout), text(&direct.stdout), "{err}");
+        let line = err
+            .lines()
+            .find(|l| l.contains("round trips waited"))
+            .unwrap_or_else(|| panic!("no counts line: {err}"));
+        let n: Vec<u64> = line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        let s = settled_stats(&d2.addr());
+        let (frames, bytes) = (s["cuda_frames"] - seen.0, s["cuda_bytes"] - seen.1);
+        seen = (s["cuda_frames"], s["cuda_bytes"]);
+        println!("{line}; the daemon: {frames} frames, {bytes} bytes");
+        assert_eq!((n[1], n[2]), (frames, bytes), "{line}");
+        assert!(n[3] >= requests && n[3] < n[0] / 2, "round trips: {line}");
+        bytes
     };
     let b1 = hashed();
-    let b2 = hashed() - b1;
+    let b2 = hashed();
     println!(
         "every copy by hash: first run {b1} bytes, second {b2} ({:.1}%)",
         b2 as f64 * 100.0 / b1 as f64

@@ -134,6 +134,34 @@ pub struct Remote {
     /// A move under way, between the mover and the receiver.
     pub(crate) cut: Mutex<Cut>,
     pub(crate) cut_cv: Condvar,
+    /// The client's own counts (TOFFLOAD_CUDA_REMOTE_STATS).
+    pub(crate) counts: Counts,
+}
+
+/// What the client sent and waited for, counted on its side (the daemon counts
+/// what it received: the two agree on calls, frames and bytes).
+#[derive(Default)]
+pub(crate) struct Counts {
+    calls: AtomicU64,
+    frames: AtomicU64,
+    bytes: AtomicU64,
+    /// Waits that found the daemon's answer not there yet.
+    round_trips: AtomicU64,
+}
+
+/// TOFFLOAD_CUDA_REMOTE_STATS's line, at exit.
+extern "C" fn say_counts() {
+    if let Some(Ok(r)) = REMOTE.get() {
+        let c = &r.counts;
+        log(&format!(
+            "{} calls in {} frames ({} bytes), {} round trips waited, {} moves",
+            c.calls.load(Relaxed),
+            c.frames.load(Relaxed),
+            c.bytes.load(Relaxed),
+            c.round_trips.load(Relaxed),
+            r.moves.load(Relaxed)
+        ));
+    }
 }
 
 /// write_all without SIGPIPE: a daemon gone must be an error return, never a signal
@@ -195,16 +223,24 @@ fn knob_u64(k: &knobs::Knob, dflt: u64, lo: u64, hi: u64) -> u64 {
 }
 
 /// The process's connection, made by the first call (cuInit, normally).
+static REMOTE: OnceLock<Result<Arc<Remote>, CuResult>> = OnceLock::new();
+
 pub fn get() -> Result<&'static Arc<Remote>, CuResult> {
-    static R: OnceLock<Result<Arc<Remote>, CuResult>> = OnceLock::new();
-    R.get_or_init(|| {
-        Remote::connect().map_err(|(code, why)| {
-            log(&why);
-            code
+    REMOTE
+        .get_or_init(|| {
+            let r = Remote::connect().map_err(|(code, why)| {
+                log(&why);
+                code
+            });
+            if r.is_ok() && knob_u64(&knobs::CUDA_REMOTE_STATS, 0, 0, 1) == 1 {
+                // SAFETY: a plain function of this library; glibc's atexit from a
+                // shared object runs it at exit or when the object is unloaded.
+                unsafe { libc::atexit(say_counts) };
+            }
+            r
         })
-    })
-    .as_ref()
-    .map_err(|e| *e)
+        .as_ref()
+        .map_err(|e| *e)
 }
 
 /// A connection to one daemon: the socket (read timeout cleared), the reader with
@@ -325,6 +361,7 @@ impl Remote {
             refusals: AtomicU64::new(0),
             cut: Mutex::new(Cut::Idle),
             cut_cv: Condvar::new(),
+            counts: Counts::default(),
         });
         let me = Arc::clone(&r);
         std::thread::Builder::new()
@@ -388,6 +425,7 @@ impl Remote {
         if tx.batch.len() + one.len() > (1 << 20) {
             self.flush_locked(&mut tx)?;
         }
+        self.counts.calls.fetch_add(1, Relaxed);
         if let Some(rec) = rec.filter(|_| self.guarded()) {
             // After the send lock, so that a replay in progress has said what it
             // could not restore.
@@ -431,6 +469,8 @@ impl Remote {
         }
         let mut out = Vec::with_capacity(tx.batch.len() + 5);
         frame::encode(&Msg::Cuda { calls: &tx.batch }, &mut out);
+        self.counts.frames.fetch_add(1, Relaxed);
+        self.counts.bytes.fetch_add(tx.batch.len() as u64, Relaxed);
         tx.batch.clear();
         tx.last_send = Instant::now();
         if let Err(e) = send_all(&tx.sock, &out) {
@@ -748,9 +788,14 @@ impl Remote {
     fn wait_for(&self, mut ready: impl FnMut(&mut St) -> bool) -> Result<(), CuResult> {
         let deadline = Instant::now() + self.timeout;
         let mut st = lock(&self.st);
+        let mut first = true;
         loop {
             if ready(&mut st) {
                 return Ok(());
+            }
+            if first {
+                first = false;
+                self.counts.round_trips.fetch_add(1, Relaxed);
             }
             if let Some(e) = st.dead {
                 return Err(e);

@@ -110,7 +110,10 @@ impl Shape {
     /// What toffload-watch is told of the offload (the row it hands the runtime).
     fn watch_args(self) -> &'static [&'static str] {
         match self {
-            Shape::Hsm => &["--offload", "hsm_sign@libxhsm.so=hsm_submit:hsm_poll:hsm_free"],
+            Shape::Hsm => &[
+                "--offload",
+                "hsm_sign@libxhsm.so=hsm_submit:hsm_poll:hsm_free",
+            ],
             Shape::Conn | Shape::Gpu => &[],
         }
     }
