@@ -531,7 +531,8 @@ fn report_sync(rows: &[SyncRow], runs: usize) -> String {
          Bytes: the calls' bytes the daemon received (its cuda_bytes counter; the \
          client's own count, TOFFLOAD_CUDA_REMOTE_STATS, {}); round trips: the waits \
          the client made that found the daemon's answer not there yet (its own count); \
-         calls per round trip: the daemon's calls over those; time per \
+         calls per round trip: the daemon's calls over those (the naive forwarder's \
+         probes counted as calls, one behind each call of the program); time per \
          synchronize: the median, over the run's 20 requests that end in one \
          synchronize, of the time from the request's first call to the wait's return \
          (five calls, then the wait: batched, one round trip; naive, one per call); \

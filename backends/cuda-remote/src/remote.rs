@@ -152,6 +152,9 @@ pub(crate) struct Counts {
 /// TOFFLOAD_CUDA_REMOTE_STATS's line, at exit.
 extern "C" fn say_counts() {
     if let Some(Ok(r)) = REMOTE.get() {
+        // What the program queued last (its frees at exit) goes out first: counted
+        // here and there alike, not raced by the flusher's linger.
+        let _ = r.flush();
         let c = &r.counts;
         log(&format!(
             "{} calls in {} frames ({} bytes), {} round trips waited, {} moves",
