@@ -9,16 +9,17 @@
 //!
 //! The move happens right after the program's next synchronize, with the guardian's
 //! machinery (replay.rs, guard.rs): the session's journal replayed on a connection to
-//! the new daemon made beforehand, as after a loss, but planned: the receiver is
-//! parked first (a short read timeout wakes it) so that the state is frozen, no call
-//! of the program goes out meanwhile (the send lock is held), and a journal that
-//! cannot be replayed (a kernel's output nobody read back) leaves the task where it
-//! is, on its intact connection, and so does device memory that only the daemon holds
-//! (a kernel's output not read back: a loss makes it an error later, a move would
-//! lose it). Only once the replay can take is the old connection closed. Work of other threads since their own last synchronize is
-//! replayed there, as after a loss; nothing is delivered twice.
+//! the new daemon made beforehand, as after a loss, but planned. The receiver is
+//! parked first (the send lock held, so no call of the program goes out and answers
+//! stop; a short read timeout, and a ping whose answer wakes a read already blocked),
+//! so the state is frozen. A journal that cannot be replayed, device memory only the
+//! daemon holds (a kernel's output nothing read back: a loss makes it an error later,
+//! a move would lose it) or a table of device addresses (Journal::unmovable) leaves
+//! the task where it is, on its intact connection. Only once the replay can take is
+//! the old connection closed. Work of other threads since their own last synchronize
+//! is replayed there, as after a loss; nothing is delivered twice.
 
-use crate::remote::{dial, lock, log, Dialed, Remote};
+use crate::remote::{dial, lock, log, send_all, Dialed, Remote};
 use crate::sched::{self, Placement};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::Ordering::Relaxed;
@@ -138,8 +139,14 @@ impl Remote {
     fn move_to(&self, here: usize, m: sched::Better, d: Dialed) -> bool {
         let (from, to) = (self.addrs[here].clone(), self.addrs[m.to].clone());
         self.set_cut(Cut::Cutting);
+        // The send lock from here on: no call of the program goes out, so answers
+        // stop coming and the receiver's read times out. A read already blocked keeps
+        // the timeout it started with: a ping's answer wakes it within a round trip.
         let mut tx = lock(&self.tx);
         let _ = tx.sock.set_read_timeout(Some(PARK_READ));
+        let mut ping = Vec::new();
+        crate::frame::encode(&crate::frame::Msg::Ping { token: 0 }, &mut ping);
+        let _ = send_all(&tx.sock, &ping);
         let parked = {
             let deadline = Instant::now() + self.timeout;
             let mut c = lock(&self.cut);
