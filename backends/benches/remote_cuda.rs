@@ -56,18 +56,6 @@ struct AppRun {
     ms: f64,
 }
 
-/// The numbers of the client's TOFFLOAD_CUDA_REMOTE_STATS line: "N calls in F frames
-/// (B bytes), R round trips waited, M moves".
-fn client_counts(stderr: &str) -> Option<(u64, u64)> {
-    let l = stderr.lines().find(|l| l.contains("round trips waited"))?;
-    let nums: Vec<u64> = l
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    // calls, frames, bytes, round trips, moves
-    (nums.len() >= 5).then(|| (nums[2], nums[3]))
-}
-
 /// The one-program table's row: a link and a client mode, first and cached runs.
 struct SyncRow {
     link: String,
@@ -151,10 +139,7 @@ struct Row {
 
 /// (CUDA calls, frames) the daemon has counted so far.
 fn daemon_counts(d: &(Option<String>, u16)) -> (u64, u64) {
-    let s = match &d.0 {
-        Some(ns) => netns::stats_in(ns, d.1),
-        None => remote_util::stats(&format!("127.0.0.1:{}", d.1)),
-    };
+    let s = daemon_stats(d);
     (s["cuda_calls"], s["cuda_frames"])
 }
 
@@ -489,8 +474,8 @@ fn app_pair(
             .and_then(|l| l.split_whitespace().next())
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no sync_us line: {err}"));
-        let (client_bytes, round_trips) =
-            client_counts(&err).unwrap_or_else(|| panic!("no client counts: {err}"));
+        let counts = remote_util::cuda::client_counts(&err)
+            .unwrap_or_else(|| panic!("no client counts: {err}"));
         // The frees after the last synchronize are not waited for.
         std::thread::sleep(std::time::Duration::from_millis(100));
         let after = daemon_stats(at);
@@ -499,8 +484,8 @@ fn app_pair(
             bytes: d("cuda_bytes"),
             frames: d("cuda_frames"),
             calls: d("cuda_calls"),
-            round_trips,
-            client_bytes,
+            round_trips: counts.round_trips,
+            client_bytes: counts.bytes,
             sync_us,
             ms: took.as_secs_f64() * 1e3,
         }

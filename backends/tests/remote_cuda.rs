@@ -8,7 +8,7 @@
 mod common;
 mod remote_util;
 
-use remote_util::cuda::{paused, text, wait_with_deadline};
+use remote_util::cuda::{client_counts, paused, text, wait_with_deadline};
 use remote_util::*;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -166,20 +166,16 @@ fn a_driver_api_program_answers_through_the_daemon_as_on_the_driver() {
             .unwrap();
         let err = text(&o.stderr);
         assert_eq!(text(&o.stdout), text(&direct.stdout), "{err}");
-        let line = err
-            .lines()
-            .find(|l| l.contains("round trips waited"))
-            .unwrap_or_else(|| panic!("no counts line: {err}"));
-        let n: Vec<u64> = line
-            .split(|c: char| !c.is_ascii_digit())
-            .filter_map(|w| w.parse().ok())
-            .collect();
+        let c = client_counts(&err).unwrap_or_else(|| panic!("no counts line: {err}"));
         let s = settled_stats(&d2.addr());
         let (frames, bytes) = (s["cuda_frames"] - seen.0, s["cuda_bytes"] - seen.1);
         seen = (s["cuda_frames"], s["cuda_bytes"]);
-        println!("{line}; the daemon: {frames} frames, {bytes} bytes");
-        assert_eq!((n[1], n[2]), (frames, bytes), "{line}");
-        assert!(n[3] >= requests && n[3] < n[0] / 2, "round trips: {line}");
+        println!("the client: {c:?}; the daemon: {frames} frames, {bytes} bytes");
+        assert_eq!((c.frames, c.bytes), (frames, bytes), "{c:?}");
+        assert!(
+            c.round_trips >= requests && c.round_trips < c.calls / 2,
+            "round trips: {c:?}"
+        );
         bytes
     };
     let b1 = hashed();

@@ -170,3 +170,30 @@ pub fn paused(mut child: Child, at_pause: impl FnOnce()) -> Output {
     o.stdout = (seen + &rest.join().unwrap()).into_bytes();
     o
 }
+
+/// The client library's own counts (TOFFLOAD_CUDA_REMOTE_STATS=1), from its stderr
+/// line "N calls in F frames (B bytes), R round trips waited, M moves".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientCounts {
+    pub calls: u64,
+    pub frames: u64,
+    pub bytes: u64,
+    pub round_trips: u64,
+    pub moves: u64,
+}
+
+#[allow(dead_code)] // not every suite that includes remote_util reads it
+pub fn client_counts(stderr: &str) -> Option<ClientCounts> {
+    let l = stderr.lines().find(|l| l.contains("round trips waited"))?;
+    let n: Vec<u64> = l
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (n.len() == 5).then(|| ClientCounts {
+        calls: n[0],
+        frames: n[1],
+        bytes: n[2],
+        round_trips: n[3],
+        moves: n[4],
+    })
+}
