@@ -52,6 +52,7 @@ const fn new_thread(tgid: u32, now: u64, on_cpu: bool, epoch: u64) -> ThreadInfo
         reads: 0,
         mux_waits: 0,
         stall_ns: 0,
+        syscalls: 0,
     }
 }
 
@@ -114,6 +115,9 @@ static FUTEX_STACKS: PerCpuHashMap<u32, u64> = PerCpuHashMap::with_max_entries(2
 /// Futex calls per site.
 #[map]
 static FUTEX_SITES: PerCpuHashMap<Site, u64> = PerCpuHashMap::with_max_entries(4096, 0);
+/// [cpu] = 1 while that CPU runs its idle task, as the last switch there traced said.
+#[map]
+static CPU_IDLE: Array<u32> = Array::with_max_entries(MAX_CPUS, 0);
 #[inline(always)]
 fn add(idx: u32, v: u64) {
     if let Some(p) = COUNTERS.get_ptr_mut(idx) {
@@ -259,6 +263,7 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     t.sys_on0 = on_cpu_clock(t, now);
     t.sys_vol0 = t.vol;
     t.sys_blocked = 0;
+    t.syscalls += 1;
     match nr {
         // read, readv, recvfrom, recvmsg, recvmmsg
         0 | 19 | 45 | 47 | 299 => t.reads += 1,
@@ -410,6 +415,13 @@ fn on_switch(prev_pid: u32, involuntary: bool, next_pid: u32) -> u32 {
     // and the hot programs must not keep recording (and costing) meanwhile.
     if !tracing_on() {
         return 0;
+    }
+    // Every CPU's switches come here, watched or not: whether it goes idle now.
+    // SAFETY: a helper without arguments.
+    let cpu = unsafe { gen::bpf_get_smp_processor_id() };
+    if let Some(p) = CPU_IDLE.get_ptr_mut(cpu) {
+        // SAFETY: this CPU's own slot, written only by its own switches.
+        unsafe { *p = (next_pid == 0) as u32 };
     }
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
@@ -567,6 +579,32 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn sched_wakeup(ctx: TracePointContext) -> u32 {
     on_wakeup(field::<i32>(&ctx, 24) as u32)
+}
+
+/// sched_waking runs in the waker's context (sched_wakeup may run on the wakee's CPU,
+/// after the IPI): a watched thread waking a task outside the watch on another CPU.
+#[tracepoint]
+pub fn sched_waking(ctx: TracePointContext) -> u32 {
+    if !tracing_on() {
+        return 0;
+    }
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !watched(tgid) {
+        return 0;
+    }
+    // pid 24, target_cpu 32 (the CPU the wakee last ran on).
+    let pid = field::<i32>(&ctx, 24) as u32;
+    let target = field::<i32>(&ctx, 32) as u32;
+    // SAFETY: a helper without arguments.
+    let cpu = unsafe { gen::bpf_get_smp_processor_id() };
+    if pid == 0 || target == cpu || THREADS.get_ptr(pid).is_some() {
+        return 0;
+    }
+    add(C_PEER_WAKES, 1);
+    if CPU_IDLE.get(target).is_some_and(|&idle| idle != 0) {
+        add(C_PEER_IDLE_WAKES, 1);
+    }
+    0
 }
 
 #[tracepoint]

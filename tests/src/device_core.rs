@@ -13,8 +13,8 @@
 
 use crate::harness::{self, Server, ServerSpec};
 
-/// The emulated device's thread name (backends/src/emulated/engine.rs).
-pub const DEVICE_THREAD: &str = "toffload-emu";
+/// The emulated device's thread name.
+pub const DEVICE_THREAD: &str = toffload_abi::threads::EMULATED_ENGINE;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 pub enum DeviceCore {

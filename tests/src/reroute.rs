@@ -234,10 +234,27 @@ pub fn wrk_ms(s: &str) -> f64 {
 /// One 2 s wrk run (pinned to `cpu`) of `target` with `conns` connections; any
 /// error response fails it.
 pub fn wrk(exe: &Path, port: u16, target: &str, conns: usize, cpu: Option<usize>) -> Run {
+    wrk_for(exe, port, target, conns, cpu, 2)
+}
+
+/// [`wrk`] for `secs` seconds.
+pub fn wrk_for(
+    exe: &Path,
+    port: u16,
+    target: &str,
+    conns: usize,
+    cpu: Option<usize>,
+    secs: u32,
+) -> Run {
     let mut c = Command::new("timeout");
     c.arg("60")
         .arg(exe)
-        .args(["-t1", &format!("-c{conns}"), "-d2s", "--latency"])
+        .args([
+            "-t1",
+            &format!("-c{conns}"),
+            &format!("-d{secs}s"),
+            "--latency",
+        ])
         .arg(format!("http://127.0.0.1:{port}{target}"))
         .stdin(Stdio::null());
     pin(&mut c, cpu);
@@ -322,11 +339,21 @@ pub fn write_result(name: &str, md: &str) {
     }
 }
 
-/// The model's prediction for the reroute (the window's `model.recipe_speedup`, the
-/// median over the windows that saw requests) from a toffload-watch of `pid` while
-/// `load` runs against the synchronous form. None, with the reason printed, where the
-/// watcher cannot run (not root, not built); under CI (TOFFLOAD_NO_SKIP) that fails.
-pub fn predicted_reroute(pid: u32, secs: u32, load: impl FnOnce()) -> Option<f64> {
+/// How long [`predicted_reroute`] watches, seconds.
+pub const WATCH_SECS: u32 = 3;
+
+/// How long the load given to [`predicted_reroute`] must run, seconds: past the
+/// watch's end, so that no window sees the load stop. A window that did counted its
+/// untraced seconds after the load had ended, and its stock rate (the prediction's
+/// denominator) read 6,300 req/s for a server serving 15,600.
+pub const WATCHED_LOAD_SECS: u32 = WATCH_SECS + 2;
+
+/// The model's prediction for the reroute from a [`WATCH_SECS`] toffload-watch of
+/// `pid` while `load` runs against the synchronous form for [`WATCHED_LOAD_SECS`].
+/// None, with the reason printed, where the watcher cannot run (not root, not built);
+/// under CI (TOFFLOAD_NO_SKIP) that fails.
+pub fn predicted_reroute(pid: u32, load: impl FnOnce()) -> Option<f64> {
+    let secs = WATCH_SECS;
     use std::sync::mpsc;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -381,11 +408,14 @@ pub fn predicted_reroute(pid: u32, secs: u32, load: impl FnOnce()) -> Option<f64
     assert!(out.status.success(), "toffload-watch failed: {said:?}");
     let text = String::from_utf8_lossy(&out.stdout);
     harness::dump_watch(&format!("pid{pid}"), &text);
-    let v: Vec<f64> = text
+    let windows: Vec<serde_json::Value> = text
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter_map(|j| j.get("window").cloned())
         .filter(|w| w["requests"].as_f64().is_some_and(|r| r > 0.0))
+        .collect();
+    let v: Vec<f64> = windows
+        .iter()
         .filter_map(|w| w["model"]["recipe_speedup"].as_f64())
         .collect();
     if v.is_empty() {

@@ -22,7 +22,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use toffload_tests::harness;
 use toffload_tests::reroute::{
-    check_answers, count_lines, cpus_apart, find, medians, model_error_line, predicted_reroute,
+    self, check_answers, count_lines, cpus_apart, find, medians, model_error_line,
     prediction_cells, rounds, write_result, wrk, wrong_under_clients, Client, Server,
 };
 use toffload_tests::reroute_guard;
@@ -185,8 +185,9 @@ fn reroute_go_benchmark() {
             ("TOFFLOAD_WAIT", "block".to_string()),
         ];
         let s = start(&exe, &env, scpu);
-        let predicted = predicted_reroute(s.child.id(), 3, || {
-            wrk(&wrk_exe, s.port, "/serial?n=1024", conns, lcpu);
+        let predicted = reroute::predicted_reroute(s.child.id(), || {
+            let secs = reroute::WATCHED_LOAD_SECS;
+            reroute::wrk_for(&wrk_exe, s.port, "/serial?n=1024", conns, lcpu, secs);
         });
         let mut runs: [Vec<_>; 3] = Default::default();
         for _ in 0..rounds {

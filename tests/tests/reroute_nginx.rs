@@ -22,8 +22,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use toffload_tests::harness;
 use toffload_tests::reroute::{
-    check_answers, count_lines, cpus_apart, find, medians, model_error_line, pin,
-    predicted_reroute, prediction_cells, rounds, write_result, wrk, wrong_under_clients, Client,
+    self, check_answers, count_lines, cpus_apart, find, medians, model_error_line, pin,
+    prediction_cells, rounds, write_result, wrk, wrong_under_clients, Client,
 };
 use toffload_tests::reroute_guard;
 
@@ -300,8 +300,9 @@ fn reroute_nginx_benchmark() {
             ("TOFFLOAD_EMU_LANES", "64".to_string()),
         ];
         let s = Nginx::start(&nginx, &module, &env, scpu);
-        let predicted = predicted_reroute(s.child.id(), 3, || {
-            wrk(&wrk_exe, s.port, "/sync?n=1024", conns, lcpu);
+        let predicted = reroute::predicted_reroute(s.child.id(), || {
+            let secs = reroute::WATCHED_LOAD_SECS;
+            reroute::wrk_for(&wrk_exe, s.port, "/sync?n=1024", conns, lcpu, secs);
         });
         let (mut sync, mut rerouted) = (Vec::new(), Vec::new());
         for _ in 0..rounds {

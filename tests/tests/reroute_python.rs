@@ -19,7 +19,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use toffload_tests::harness;
 use toffload_tests::reroute::{
-    check_answers, count_lines, cpus_apart, find, medians, model_error_line, predicted_reroute,
+    self, check_answers, count_lines, cpus_apart, find, medians, model_error_line,
     prediction_cells, rounds, write_result, wrk, wrong_under_clients, Client, Server,
 };
 use toffload_tests::reroute_guard;
@@ -183,8 +183,9 @@ fn reroute_python_benchmark() {
             ("TOFFLOAD_EMU_LANES", "64".to_string()),
         ];
         let s = start(&py, &env, scpu);
-        let predicted = predicted_reroute(s.child.id(), 3, || {
-            wrk(&wrk_exe, s.port, "/sync?n=1024", conns, lcpu);
+        let predicted = reroute::predicted_reroute(s.child.id(), || {
+            let secs = reroute::WATCHED_LOAD_SECS;
+            reroute::wrk_for(&wrk_exe, s.port, "/sync?n=1024", conns, lcpu, secs);
         });
         let (mut sync, mut rerouted) = (Vec::new(), Vec::new());
         for _ in 0..rounds {

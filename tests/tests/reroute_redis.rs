@@ -26,9 +26,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 use toffload_tests::harness;
 use toffload_tests::loadgen::{payload, rng::Rng};
-use toffload_tests::reroute::{
-    self, count_lines, median, model_error_line, predicted_reroute, prediction_cells,
-};
+use toffload_tests::reroute::{self, count_lines, median, model_error_line, prediction_cells};
 
 /// A 2-core machine: one redis-server test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -807,8 +805,12 @@ fn reroute_benchmark() {
         // Each run about 2 s: the sync form serves about one request per offload.
         let n_sync = ((2_000_000 / (lat_us + 30)) as usize).max(1000);
         let n_async = 40_000;
-        let predicted = predicted_reroute(r.child.id(), 3, || {
-            bench(&benchmark, r.port, "ACCEL.SYNC", clients, n_sync, bcpu);
+        // The watched load runs past the watch (WATCHED_LOAD_SECS): sized as n_sync
+        // is, from a little under a request's time, so that it runs long rather
+        // than short.
+        let n_watched = reroute::WATCHED_LOAD_SECS as usize * 1_000_000 / (lat_us + 15) as usize;
+        let predicted = reroute::predicted_reroute(r.child.id(), || {
+            bench(&benchmark, r.port, "ACCEL.SYNC", clients, n_watched, bcpu);
         });
         let mut s_runs = Vec::new();
         let mut a_runs = Vec::new();

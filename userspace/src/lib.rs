@@ -24,7 +24,9 @@ pub mod cuda_rows;
 
 pub use analysis::{classifier, futex, metrics, model};
 pub use inject::flow as inject_flow;
-pub use kernel::{abi, btf, calibrate, calibration_cache, collector, hist, loader, probe_cost};
+pub use kernel::{
+    abi, btf, calibrate, calibration_cache, collector, hist, idle_wake, loader, probe_cost,
+};
 pub use output::{dashboard, report, sink, syscalls, wall_clock};
 pub use target::{
     offload_spec, processes, runtime_counters, service, spawn, steal, symbols, untraced,

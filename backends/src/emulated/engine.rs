@@ -104,7 +104,7 @@ impl Engine {
         });
         let worker = Arc::clone(&engine);
         let handle = std::thread::Builder::new()
-            .name("toffload-emu".into())
+            .name(toffload_abi::threads::EMULATED_ENGINE.into())
             .stack_size(256 << 10)
             .spawn(move || worker.device_loop())?;
         *engine.thread.lock().unwrap() = Some(handle);

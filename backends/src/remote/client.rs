@@ -196,7 +196,7 @@ impl Remote {
         });
         let io_sh = Arc::clone(&sh);
         let h = std::thread::Builder::new()
-            .name("toffload-remote".into())
+            .name(toffload_abi::threads::REMOTE_IO.into())
             .spawn(move || Io::new(io_sh).run())?;
         Ok(Remote {
             sh,

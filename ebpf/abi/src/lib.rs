@@ -13,4 +13,7 @@ pub mod hist;
 // The runtime's block is atomics for a host process; the kernel side never sees it.
 #[cfg(not(target_arch = "bpf"))]
 pub mod runtime;
+// Names read from /proc by the watcher; the kernel side never needs them.
+#[cfg(not(target_arch = "bpf"))]
+pub mod threads;
 pub mod watch;

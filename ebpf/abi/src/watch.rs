@@ -53,6 +53,14 @@ pub const C_SLEPT_IN_SYSCALL_ON_NS: u32 = 24;
 /// connection thread's read, the time the next request took to come (the client's
 /// share of the loop, Z), without the wake-up delay (the server's own).
 pub const C_SLEPT_SYSCALL_BLOCKED_NS: u32 = 25;
+/// Wake-ups a watched thread made of a task outside the watch (a client, a peer
+/// process) that last ran on another CPU, and of those the ones whose CPU was idle:
+/// each of these the waker paid for by waking that CPU (an IPI, in a VM an exit),
+/// which a server answering a busy client does not pay.
+pub const C_PEER_WAKES: u32 = 26;
+pub const C_PEER_IDLE_WAKES: u32 = 27;
+/// Entries of CPU_IDLE (CPUs whose idle state is tracked).
+pub const MAX_CPUS: u32 = 1024;
 
 /// ThreadInfo flags: the thread exited (its record stays for the final numbers).
 pub const F_EXITED: u32 = 1;
@@ -105,6 +113,8 @@ pub struct ThreadInfo {
     pub mux_waits: u64,
     /// The offload calls' stalls summed (a process's mean stall).
     pub stall_ns: u64,
+    /// Syscalls entered (the watch's cost to this thread is counted per event).
+    pub syscalls: u64,
 }
 
 /// A futex call site (FUTEX_SITES' key): the user address of the syscall instruction
@@ -118,7 +128,7 @@ pub struct Site {
     pub caller: u64,
 }
 
-// SAFETY: repr(C), only integers, no padding (4 + 4 + 23 * 8 bytes, checked below).
+// SAFETY: repr(C), only integers, no padding (4 + 4 + 24 * 8 bytes, checked below).
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for ThreadInfo {}
 
@@ -132,7 +142,7 @@ mod tests {
 
     #[test]
     fn records_have_no_padding() {
-        assert_eq!(core::mem::size_of::<ThreadInfo>(), 8 + 23 * 8);
+        assert_eq!(core::mem::size_of::<ThreadInfo>(), 8 + 24 * 8);
         assert_eq!(core::mem::size_of::<Site>(), 16);
     }
 }

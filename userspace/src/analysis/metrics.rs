@@ -158,6 +158,14 @@ pub struct Window {
     /// On-CPU time of the target's threads that made no offload call in the window
     /// (a device's engine, an acceptor): a cost per second, not per request.
     pub helper_on_cpu_ms: f64,
+    /// The part of it spent by a toffload backend's own threads (the emulated
+    /// device's engine, the remote client's I/O): work per offload, not per second.
+    pub backend_on_cpu_ms: f64,
+    /// Those threads' syscalls and context switches, and the offload threads'
+    /// syscalls: the events the watch's cost to each is counted from.
+    pub backend_syscalls: u64,
+    pub backend_switches: u64,
+    pub offload_thread_syscalls: u64,
     /// Each request's on-CPU time outside the offload, from one offload's return to
     /// the thread's next call, as a distribution (None before any was closed).
     pub outside_cpu: Option<OutsideCpu>,
@@ -170,6 +178,10 @@ pub struct Window {
     /// spent outside the server (the client, the network; Z), the server's own
     /// wake-up delay left out.
     pub outside_wait_us: Option<f64>,
+    /// Per request, wake-ups the target made of tasks outside it (its clients, when
+    /// local) that last ran on another CPU, and those that found that CPU idle.
+    pub peer_wakes_per_request: Option<f64>,
+    pub peer_idle_wakes_per_request: Option<f64>,
     /// Share of the target's cores' time the hypervisor gave other guests in the
     /// window (steal.rs; set by the session).
     pub steal_share: Option<f64>,
@@ -412,6 +424,13 @@ struct ThreadSplit {
     invol: u64,
     /// On-CPU time of the others (helpers), ns.
     helper_on_ns: u64,
+    /// The helpers' that are a toffload backend's threads, ns, with their syscalls
+    /// and switches.
+    backend_on_ns: u64,
+    backend_syscalls: u64,
+    backend_switches: u64,
+    /// Syscalls of the threads that made offload calls.
+    offload_syscalls: u64,
 }
 
 fn thread_split(d: &Delta) -> ThreadSplit {
@@ -421,12 +440,21 @@ fn thread_split(d: &Delta) -> ThreadSplit {
         let calls = t
             .offload_calls
             .saturating_sub(before.map_or(0, |b| b.offload_calls));
+        let syscalls = t.syscalls.saturating_sub(before.map_or(0, |b| b.syscalls));
         if calls > 0 {
             s.offload_threads += 1;
+            s.offload_syscalls += syscalls;
             s.vol += t.vol.saturating_sub(before.map_or(0, |b| b.vol));
             s.invol += t.invol.saturating_sub(before.map_or(0, |b| b.invol));
         } else {
-            s.helper_on_ns += t.on_ns.saturating_sub(before.map_or(0, |b| b.on_ns));
+            let on = t.on_ns.saturating_sub(before.map_or(0, |b| b.on_ns));
+            s.helper_on_ns += on;
+            if d.cur.backend_threads.contains(tid) {
+                s.backend_on_ns += on;
+                s.backend_syscalls += syscalls;
+                s.backend_switches +=
+                    (t.vol + t.invol).saturating_sub(before.map_or(0, |b| b.vol + b.invol));
+            }
         }
     }
     s
@@ -600,11 +628,17 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         on_cpu_per_request_us: per_req(on_ns as f64 / 1e3),
         on_cpu_ms: on_ns as f64 / 1e6,
         helper_on_cpu_ms: threads.helper_on_ns as f64 / 1e6,
+        backend_on_cpu_ms: threads.backend_on_ns as f64 / 1e6,
+        backend_syscalls: threads.backend_syscalls,
+        backend_switches: threads.backend_switches,
+        offload_thread_syscalls: threads.offload_syscalls,
         outside_cpu: OutsideCpu::from(&cur.outside.minus(&prev.outside)),
         slept_syscall_us: (slept > 0)
             .then(|| d.d(abi::C_SLEPT_SYSCALL_ON_NS) as f64 / slept as f64 / 1e3),
         slept_syscalls_per_request: per_req(slept as f64),
         outside_wait_us: per_req(d.d(abi::C_SLEPT_SYSCALL_BLOCKED_NS) as f64 / 1e3),
+        peer_wakes_per_request: per_req(d.d(abi::C_PEER_WAKES) as f64),
+        peer_idle_wakes_per_request: per_req(d.d(abi::C_PEER_IDLE_WAKES) as f64),
         steal_share: None,
         futex,
         futex_per_request,
@@ -644,11 +678,11 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::target::RuntimeKind;
 
-    fn ctx() -> Context {
+    pub(crate) fn ctx() -> Context {
         Context {
             runtime: Runtime {
                 kind: RuntimeKind::GlibcDynamic,
@@ -715,6 +749,10 @@ mod tests {
         cur.threads.insert(1, t(9_000_000, 15));
         cur.threads.insert(2, t(4_000_000, 0));
         cur.threads.insert(3, t(2_000_000, 0));
+        // Thread 3 is the backend's engine: 4 syscalls and 2 switches so far.
+        cur.threads.get_mut(&3).unwrap().syscalls = 4;
+        cur.threads.get_mut(&3).unwrap().vol = 2;
+        cur.backend_threads.insert(3);
         let w = window(&prev, &cur, &ctx());
         assert_eq!(w.offload_threads, 1);
         assert!(
@@ -722,5 +760,11 @@ mod tests {
             "{}",
             w.helper_on_cpu_ms
         );
+        assert!(
+            (w.backend_on_cpu_ms - 2.0).abs() < 1e-9,
+            "{}",
+            w.backend_on_cpu_ms
+        );
+        assert_eq!((w.backend_syscalls, w.backend_switches), (4, 2));
     }
 }

@@ -140,6 +140,7 @@ mod tests {
                 switch_ns: 600.0,
                 offload_ns: 1500.0,
                 handoff_ns: 2500.0,
+                idle_wake_ns: 0.0,
             },
             switch_us: Some(2.5),
         }

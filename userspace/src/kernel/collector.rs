@@ -8,7 +8,7 @@ use crate::futex::{self, Layout, Origins};
 use crate::hist::Hist;
 use aya::maps::{HashMap, MapData, PerCpuHashMap, StackTraceMap};
 use aya::Ebpf;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Everything measured since the watch began (the maps only grow).
 #[derive(Clone, Debug, Default)]
@@ -34,6 +34,8 @@ pub struct Snapshot {
     pub futex: Origins,
     /// Every thread seen (exited ones keep their last numbers).
     pub threads: BTreeMap<u32, ThreadInfo>,
+    /// Those of them that are a toffload backend's own (toffload_abi::threads).
+    pub backend_threads: BTreeSet<u32>,
     /// Threads alive now (/proc/PID/task).
     pub live_threads: usize,
     /// The busiest futex call stacks: (calls, user frames).
@@ -93,6 +95,7 @@ pub struct Collector {
     /// Each futex stack id's frames, fetched once.
     stack_frames: BTreeMap<u32, Vec<u64>>,
     seen_threads: BTreeMap<u32, ThreadInfo>,
+    backend_threads: BTreeSet<u32>,
     sys_hists: BTreeMap<usize, Hist>,
     last_calls: Vec<u64>,
 }
@@ -135,6 +138,7 @@ impl Collector {
             futex_sites: take(bpf, "FUTEX_SITES")?,
             stack_frames: BTreeMap::new(),
             seen_threads: BTreeMap::new(),
+            backend_threads: BTreeSet::new(),
             sys_hists: BTreeMap::new(),
             last_calls: vec![0; abi::NR_MAX as usize],
         })
@@ -171,6 +175,14 @@ impl Collector {
         // numbers stay here).
         let mut exited = Vec::new();
         for (tid, info) in self.threads.iter().flatten() {
+            // A thread's name is read once, when first seen (a backend names its
+            // threads before they run); one that exited first is not a backend's.
+            if !self.seen_threads.contains_key(&tid)
+                && std::fs::read_to_string(format!("/proc/{tid}/comm"))
+                    .is_ok_and(|c| toffload_abi::threads::is_backend(&c))
+            {
+                self.backend_threads.insert(tid);
+            }
             self.seen_threads.insert(tid, info);
             if info.flags & abi::F_EXITED != 0 {
                 exited.push(tid);
@@ -228,6 +240,7 @@ impl Collector {
             wake,
             futex,
             threads: self.seen_threads.clone(),
+            backend_threads: self.backend_threads.clone(),
             live_threads,
             futex_stacks,
             // The kernel's side only; the session adds the runtime's counters.

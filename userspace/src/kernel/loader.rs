@@ -61,6 +61,12 @@ const TRACEPOINTS: &[(&str, &str, &str, &str)] = &[
     ),
     ("sched_wakeup", "sched", "sched_wakeup", "wake-up latency"),
     (
+        "sched_waking",
+        "sched",
+        "sched_waking",
+        "wake-ups of idle peer CPUs",
+    ),
+    (
         "sched_wakeup_new",
         "sched",
         "sched_wakeup_new",
@@ -79,6 +85,12 @@ const TRACEPOINTS: &[(&str, &str, &str, &str)] = &[
         "thread exits",
     ),
 ];
+
+/// Whether a classic tracepoint program is used: all of them unless the scheduler
+/// hooks are raw, and sched_waking always (its raw form gives no target CPU).
+fn classic(raw_sched: bool, prog: &str) -> bool {
+    !raw_sched || prog == "sched_waking"
+}
 
 /// CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF bits of CapEff.
 const CAP_SYS_ADMIN: u32 = 21;
@@ -200,7 +212,7 @@ pub fn load_from(object: &[u8], pid: u32) -> Result<Loaded, WatchError> {
         p.load()
             .map_err(|e| WatchError::BpfUnavailable(format!("loading program {name}: {e:#}")))?;
     }
-    for (name, _, _, _) in TRACEPOINTS.iter().filter(|_| !raw_sched) {
+    for (name, _, _, _) in TRACEPOINTS.iter().filter(|t| classic(raw_sched, t.0)) {
         let p: &mut TracePoint = program(&mut bpf, name)?;
         p.load()
             .map_err(|e| WatchError::BpfUnavailable(format!("loading program {name}: {e:#}")))?;
@@ -367,7 +379,10 @@ pub fn attach_tracepoints(
             Err(e) => missing.push(format!("{metric} (raw tracepoint {name}: {e})")),
         }
     }
-    for (prog, cat, tp, metric) in TRACEPOINTS.iter().filter(|r| !raw_sched && !skip(r.0)) {
+    for (prog, cat, tp, metric) in TRACEPOINTS
+        .iter()
+        .filter(|r| classic(raw_sched, r.0) && !skip(r.0))
+    {
         let name = if hidden == format!("{cat}:{tp}") {
             format!("{tp}_hidden_for_test")
         } else {

@@ -9,6 +9,7 @@ pub mod calibrate;
 pub mod calibration_cache;
 pub mod collector;
 pub mod hist;
+pub mod idle_wake;
 pub mod loader;
 pub mod percpu;
 pub mod probe_cost;

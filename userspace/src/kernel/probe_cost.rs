@@ -39,6 +39,10 @@ pub struct ProbeCost {
     /// pipe calls, the switch cost X of the model (calibrate.rs measures the same on
     /// the watcher's own thread when this cannot run).
     pub handoff_ns: f64,
+    /// What waking a task asleep on another, idle CPU costs the waker, untraced
+    /// (idle_wake.rs); 0 where there is no other CPU or it was not measured.
+    #[serde(default)]
+    pub idle_wake_ns: f64,
 }
 
 /// Event counts of a traced stretch.
@@ -96,7 +100,8 @@ pub fn child_main_if_requested() {
 }
 
 /// Commands: b'a' -> the probe point's address; b's'/b'p'/b'o' + u32 n -> ns taken by
-/// n syscalls / ping-pong rounds / probed calls; EOF ends it.
+/// n syscalls / ping-pong rounds / probed calls; b'w' + u32 n -> n times what waking
+/// an idle other CPU costs the waker, ns (0 with one CPU); EOF ends it.
 fn child_loop() -> std::io::Result<()> {
     let mut input = std::io::stdin().lock();
     let mut out = std::io::stdout().lock();
@@ -108,6 +113,8 @@ fn child_loop() -> std::io::Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(here);
+    // The idle wake-up's peer, chosen while this process may still run anywhere.
+    let peer = crate::idle_wake::other_cpu(cpu);
     crate::calibrate::pin(cpu);
     // No real-time policy: a SCHED_FIFO child sat runnable forever behind a
     // real-time busy poller on its CPU (an accelerator's or a NIC's), and could not
@@ -129,6 +136,15 @@ fn child_loop() -> std::io::Result<()> {
         }
         let reply: u64 = match cmd[0] {
             b'a' => probe_point_addr(),
+            b'w' => {
+                let mut n = [0u8; 4];
+                input.read_exact(&mut n)?;
+                let n = u32::from_le_bytes(n);
+                let ns = peer
+                    .and_then(|peer| crate::idle_wake::idle_wake_ns(peer, n))
+                    .unwrap_or(0.0);
+                (ns * f64::from(n)) as u64
+            }
             c @ (b's' | b'p' | b'o') => {
                 let mut n = [0u8; 4];
                 input.read_exact(&mut n)?;
@@ -270,6 +286,8 @@ fn file_offset(pid: u32, addr: u64) -> Option<(String, u64)> {
 const SYSCALLS: u32 = 2_000;
 const ROUNDS: u32 = 400;
 const CALLS: u32 = 2_000;
+/// Writes each way of the idle wake-up's measurement.
+const WAKES: u32 = 300;
 /// Loops of each kind, detached and attached.
 const LOOPS: usize = 8;
 /// One attempt's limit (it takes about a tenth of a second where it gets a CPU).
@@ -298,6 +316,7 @@ pub const DEFAULT_COST: ProbeCost = ProbeCost {
     switch_ns: 1500.0,
     offload_ns: 3000.0,
     handoff_ns: 0.0,
+    idle_wake_ns: 0.0,
 };
 
 /// The CPUs to try, in order: `first` (tests), then those the target does not run on
@@ -385,6 +404,8 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
     // are detached once, on a thread of their own, after the measurement.
     let mut best = [[f64::INFINITY; 2]; 3];
     let mut links = Vec::new();
+    // Untraced, once: a median of its own (WAKES writes each way, ~40 ms).
+    let idle_wake_ns = child.ask(b'w', Some(WAKES), deadline)? as f64 / f64::from(WAKES);
     for traced in [false, true] {
         if traced {
             loader::set_epoch(&mut bpf, Some(1)).map_err(|e| e.to_string())?;
@@ -427,6 +448,7 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
         switch_ns,
         offload_ns: added(2),
         handoff_ns: best[1][0] / 2.0,
+        idle_wake_ns,
     })
 }
 
@@ -455,6 +477,7 @@ mod tests {
             switch_ns: 300.0,
             offload_ns: 1000.0,
             handoff_ns: 2000.0,
+            idle_wake_ns: 0.0,
         };
         let e = Events {
             syscalls: 10,

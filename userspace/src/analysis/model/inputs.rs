@@ -188,33 +188,74 @@ pub fn from_window(
             w.on_cpu_per_request_us,
             helpers_us,
             w.outside_cpu.as_ref(),
+            loop_watch_us(w, cost),
         ),
+        backend_cpu_us: backend_cpu_us(w, cost),
+        peer_idle_wakes_per_request: w.peer_idle_wakes_per_request.unwrap_or(0.0),
+        idle_wake_us: cost.map_or(0.0, |c| c.idle_wake_ns / 1e3),
     })
 }
 
-/// The loop's CPU per request as a reroute pays it. Threads that made no offload call
-/// spend per second, not per request (Go's idle Ms spinning for work and its sysmon:
-/// 19-87 us per request of a one-at-a-time Go handler at 50-1000 us, 80-160 ms a
-/// second), and a busy rerouted loop leaves them no idle time to spin in. A spinning
-/// synchronous loop's mean CPU outside the offload carries its per-second work (timers,
-/// cron, the watch's bursts) spread over the few requests it finishes, 2-4x its median
-/// (redis-server at 50 us: 4-5 us median, 15-18 mean), which the rerouted loop spreads
-/// over ten to fifty times the requests: the median is what each request costs it.
+/// The loop's CPU per request as a reroute pays it, without the watch's own cost to
+/// the loop (`watch_us`, per request). Threads that made no offload call spend per
+/// second, not per request (Go's idle Ms spinning for work and its sysmon: 19-87 us
+/// per request of a one-at-a-time Go handler at 50-1000 us, 80-160 ms a second), and
+/// a busy rerouted loop leaves them no idle time to spin in (a backend's own threads,
+/// which work per offload, come back in recipes.rs). A spinning loop's CPU outside the
+/// offload is taken at its mean: besides the median request's own work it holds what
+/// the loop does once per round for all the requests of the round (redis writes every
+/// reply of a round at its end), which the rerouted loop does as well. The mean's
+/// other excess over the median was the watch's (redis-server at 50 us: 3.4 us
+/// median, 9.5 mean, of which 6 us the watch's by its own count).
 fn reroute_cpu_us(
     spin: bool,
     cpu: f64,
     on_cpu: Option<f64>,
     helpers_us: f64,
     outside: Option<&OutsideCpu>,
+    watch_us: f64,
 ) -> Option<f64> {
-    if spin {
-        Some(match outside {
-            Some(o) if o.requests >= WARM_MIN_REQUESTS => o.p50_us.min(cpu),
+    let taken = if spin {
+        match outside {
+            Some(o) if o.requests >= WARM_MIN_REQUESTS => o.mean_us.min(cpu),
             _ => cpu,
-        })
+        }
     } else {
-        on_cpu.map(|c| (c - helpers_us).max(0.0))
-    }
+        on_cpu? - helpers_us
+    };
+    Some((taken - watch_us).max(0.0))
+}
+
+/// What the watch cost the threads that made offload calls, us per request: their
+/// syscalls, their switches and the offload probes, at the calibrated costs (0 when
+/// the costs are unknown).
+fn loop_watch_us(w: &Window, cost: Option<&ProbeCost>) -> f64 {
+    let Some(c) = cost else { return 0.0 };
+    let r = w.requests.max(1) as f64;
+    let switches = (w.blocking_switches_per_request.unwrap_or(0.0)
+        + w.preemptions_per_request.unwrap_or(0.0))
+        * r;
+    c.added_ns(&crate::probe_cost::Events {
+        syscalls: w.offload_thread_syscalls,
+        switches: switches.round() as u64,
+        offloads: w.offload.calls,
+    }) / r
+        / 1e3
+}
+
+/// A toffload backend's own threads' CPU per request, us, less what the watch cost
+/// them (their syscalls and switches at the calibrated costs): on the emulated device
+/// at 50-1000 us, 4-7 us traced, of which ~3.7 the watch's (two switches, three
+/// syscalls a request).
+fn backend_cpu_us(w: &Window, cost: Option<&ProbeCost>) -> f64 {
+    let watch_ns = cost.map_or(0.0, |c| {
+        c.added_ns(&crate::probe_cost::Events {
+            syscalls: w.backend_syscalls,
+            switches: w.backend_switches,
+            offloads: 0,
+        })
+    });
+    ((w.backend_on_cpu_ms * 1e6 - watch_ns) / 1e3 / w.requests.max(1) as f64).max(0.0)
 }
 
 /// A sleep's cost without the watch's own inside the offload: each sleep's futex wait
@@ -347,6 +388,7 @@ mod tests {
             switch_ns: 800.0,
             offload_ns: 2000.0,
             handoff_ns: 2000.0,
+            idle_wake_ns: 0.0,
         };
         // 100 calls, 80 slept: per sleep-or-call unit, 80 x 1 us + 100 x 1 us over 100.
         assert!((sleep_cost_unwatched(5.0, 100.0, 80.0, Some(&c)) - 3.2).abs() < 1e-9);
@@ -362,6 +404,7 @@ mod tests {
             switch_ns: 800.0,
             offload_ns: 2000.0,
             handoff_ns: 2000.0,
+            idle_wake_ns: 0.0,
         };
         // 2 x 0.2 + 1.0 + 1.5 x 0.8 us.
         assert!((spin_watch_outside_us(&c, 1.5) - 2.6).abs() < 1e-9);
@@ -380,27 +423,78 @@ mod tests {
 
     #[test]
     fn a_reroute_pays_the_loops_own_cpu() {
-        // A spinning loop: the median request's, never above the mean it stands for.
+        // A spinning loop: the mean request's outside CPU (its rounds' shared work
+        // included), never above c, less the watch's.
         assert_eq!(
-            reroute_cpu_us(true, 45.0, Some(1045.0), 6.0, Some(&outside(250))),
-            Some(30.0)
+            reroute_cpu_us(true, 50.0, Some(1045.0), 6.0, Some(&outside(250)), 0.0),
+            Some(45.0)
         );
         assert_eq!(
-            reroute_cpu_us(true, 20.0, Some(1045.0), 6.0, Some(&outside(250))),
+            reroute_cpu_us(true, 50.0, Some(1045.0), 6.0, Some(&outside(250)), 5.0),
+            Some(40.0)
+        );
+        assert_eq!(
+            reroute_cpu_us(true, 20.0, Some(1045.0), 6.0, Some(&outside(250)), 0.0),
             Some(20.0)
         );
         // Too few requests timed whole, or none: c as taken.
         assert_eq!(
-            reroute_cpu_us(true, 45.0, None, 6.0, Some(&outside(5))),
-            Some(45.0)
+            reroute_cpu_us(true, 30.0, None, 6.0, Some(&outside(5)), 0.0),
+            Some(30.0)
         );
-        assert_eq!(reroute_cpu_us(true, 45.0, None, 6.0, None), Some(45.0));
-        // A blocking wait: all its CPU less the threads that made no offload call.
+        assert_eq!(reroute_cpu_us(true, 30.0, None, 6.0, None, 0.0), Some(30.0));
+        // A blocking wait: all its CPU less the threads that made no offload call,
+        // and less the watch's; never below zero.
         assert_eq!(
-            reroute_cpu_us(false, 160.0, Some(160.0), 90.0, Some(&outside(250))),
-            Some(70.0)
+            reroute_cpu_us(false, 160.0, Some(160.0), 90.0, Some(&outside(250)), 10.0),
+            Some(60.0)
         );
-        assert_eq!(reroute_cpu_us(false, 0.0, None, 90.0, None), None);
+        assert_eq!(
+            reroute_cpu_us(false, 160.0, Some(100.0), 90.0, None, 20.0),
+            Some(0.0)
+        );
+        assert_eq!(reroute_cpu_us(false, 0.0, None, 90.0, None, 0.0), None);
+    }
+
+    /// A window of 1,000 requests in 1 s: the offload thread (1) made 3,000 syscalls
+    /// and 2,000 offload calls' worth of probes; the backend's thread (2) ran 6 ms
+    /// with 3,000 syscalls and 2,000 switches.
+    fn window_with_a_backend() -> Window {
+        use crate::collector::Snapshot;
+        let t = |on_ns, offload_calls, syscalls, vol| crate::abi::ThreadInfo {
+            on_ns,
+            offload_calls,
+            syscalls,
+            vol,
+            ..Default::default()
+        };
+        let prev = Snapshot::zero();
+        let mut cur = Snapshot::zero();
+        cur.t = 1.0;
+        cur.counters[crate::abi::C_OFFLOAD_CALLS as usize] = 1000;
+        cur.threads.insert(1, t(50_000_000, 1000, 3000, 0));
+        cur.threads.insert(2, t(6_000_000, 0, 3000, 2000));
+        cur.backend_threads.insert(2);
+        crate::metrics::window(&prev, &cur, &crate::metrics::tests::ctx())
+    }
+
+    #[test]
+    fn the_watchs_cost_comes_out_of_the_loop_and_the_backend() {
+        let c = ProbeCost {
+            syscall_ns: 300.0,
+            switch_ns: 1400.0,
+            offload_ns: 1800.0,
+            handoff_ns: 2700.0,
+            idle_wake_ns: 0.0,
+        };
+        let w = window_with_a_backend();
+        // The loop: 3 syscalls x 0.3 + 1 offload x 1.8 us a request.
+        assert!((loop_watch_us(&w, Some(&c)) - 2.7).abs() < 1e-9);
+        // The backend: 6 us a request, less 3 x 0.3 + 2 x 1.4.
+        assert!((backend_cpu_us(&w, Some(&c)) - 2.3).abs() < 1e-9);
+        // Unknown costs: nothing taken out.
+        assert_eq!(loop_watch_us(&w, None), 0.0);
+        assert!((backend_cpu_us(&w, None) - 6.0).abs() < 1e-9);
     }
 
     #[test]
@@ -443,6 +537,7 @@ mod tests {
             switch_ns: 800.0,
             offload_ns: 2000.0,
             handoff_ns: 2000.0,
+            idle_wake_ns: 0.0,
         };
         assert!((slept_syscall_unwatched(12.0, Some(&c)) - 11.0).abs() < 1e-9);
         assert_eq!(slept_syscall_unwatched(0.5, Some(&c)), 0.0);

@@ -107,6 +107,19 @@ pub struct Inputs {
     /// Not in the JSON: event loops, which it serves, carry no zero-edit inputs there.
     #[serde(skip)]
     pub reroute_cpu_us: Option<f64>,
+    /// A toffload backend's own threads' CPU per request (the emulated device's
+    /// engine, the remote client's I/O), us: per offload, so a reroute keeps it
+    /// (recipes.rs). Not in the JSON, as reroute_cpu_us.
+    #[serde(skip)]
+    pub backend_cpu_us: f64,
+    /// Per request, the stock server's wake-ups of an idle peer CPU (a local
+    /// client's), and what one costs the waker, us (idle_wake.rs): the stock loop
+    /// pays it with each answer, a reroute that keeps its clients busy does not
+    /// (recipes.rs). Not in the JSON, as reroute_cpu_us.
+    #[serde(skip)]
+    pub peer_idle_wakes_per_request: f64,
+    #[serde(skip)]
+    pub idle_wake_us: f64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -549,6 +562,10 @@ pub struct Assessment {
     pub stop: Option<String>,
     pub recipe: Option<recipes::Recipe>,
     pub recipe_speedup: Option<f64>,
+    /// The reroute's CPU per request: what it keeps of the stock loop's (and the
+    /// backend's threads'), and its completion path's, us.
+    pub recipe_kept_cpu_us: Option<f64>,
+    pub recipe_completion_us: Option<f64>,
     /// The recipe as one line, with this server's predicted speedup.
     pub recipe_text: Option<String>,
 }
@@ -612,16 +629,18 @@ pub fn assess(
     let recipe = recipes::lookup(command, runtime);
     // An event loop serves on one thread per core at most; a thread-per-connection
     // server rerouted keeps its threads.
-    let recipe_speedup = inputs
-        .filter(|i| recipe.is_some() && i.latency_us > 0.0)
-        .map(|i| {
+    let forecast = recipe
+        .as_ref()
+        .zip(inputs.filter(|i| i.latency_us > 0.0))
+        .map(|(r, i)| {
             let loops = if verdict == Kind::EventLoop {
                 1.0
             } else {
                 i.cores
             };
-            recipes::predicted_speedup(i, loops).1
+            recipes::predicted_speedup(i, loops, r.completion_us(i.switch_us))
         });
+    let recipe_speedup = forecast.map(|f| f.speedup);
     let recipe_text = recipe
         .as_ref()
         .map(|r| recipes::describe(r, recipe_speedup, inputs.map(|i| i.latency_us)));
@@ -645,6 +664,8 @@ pub fn assess(
         stop,
         recipe,
         recipe_speedup,
+        recipe_kept_cpu_us: forecast.map(|f| f.kept_cpu_us),
+        recipe_completion_us: forecast.map(|f| f.completion_us),
         recipe_text,
     }
 }

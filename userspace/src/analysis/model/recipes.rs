@@ -2,9 +2,10 @@
 //! off the request path, what it costs in code (the paper's Table 1, lines added +
 //! modified) and the speedup predicted for this server's own numbers.
 //!
-//! The prediction for a reroute uses the same terms as the fiber model, with a
-//! hand-off to a worker (two context switches) in place of a fiber's park and resume:
-//! the event loop keeps serving while N requests wait on the device.
+//! The prediction for a reroute uses the same terms as the fiber model, with the
+//! reroute's own completion path (a hand-off to a worker, two context switches, or
+//! none where the completion fd sits in the server's own loop) in place of a fiber's
+//! park and resume: the event loop keeps serving while N requests wait on the device.
 
 use super::Inputs;
 use crate::target::RuntimeKind;
@@ -251,12 +252,44 @@ pub fn lookup(command: &str, runtime: Option<RuntimeKind>) -> Option<Recipe> {
     (runtime == Some(RuntimeKind::Go)).then_some(GO)
 }
 
+impl Recipe {
+    /// What the reroute's completion path costs per request besides the loop's and
+    /// the backend's CPU, us, with `switch_us` a context switch. The paper's recipes
+    /// hand each offload to a worker thread and back: two switches. toffload's
+    /// shipped integrations put the backend's completion fd in the server's own loop,
+    /// which a busy loop reads many completions per wake-up from (nginx at 50 us,
+    /// rerouted: 0.2 switches a request, the backend's thread's included); their own
+    /// suspend and resume (a blocked client unblocked, a future resolved), measured
+    /// once as the rerouted form's CPU at a 100 us offload less what the model keeps,
+    /// came to 1.7 us for redis and nothing past the estimate's noise for nginx, Python
+    /// and Go: not modelled.
+    pub fn completion_us(&self, switch_us: f64) -> f64 {
+        match self.shipped {
+            Some(_) => 0.0,
+            None => 2.0 * switch_us.max(0.0),
+        }
+    }
+}
+
+/// The reroute's prediction for one server.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Forecast {
+    /// Requests/s and the speedup over the stock rate.
+    pub rps: f64,
+    pub speedup: f64,
+    /// The CPU per request the rerouted loop keeps from the stock one (its own, less
+    /// the idle wake-ups, plus the backend's threads'), us.
+    pub kept_cpu_us: f64,
+    /// The completion path's, us (Recipe::completion_us).
+    pub completion_us: f64,
+}
+
 /// The reroute's predicted throughput and speedup: the event loop's own CPU per request
-/// (`reroute_cpu_us`) plus a hand-off to a worker (2 switches) on `loops` threads, and as many requests
-/// in flight as there are client connections (the offload threads where the sockets
-/// were not seen: a thread-per-connection server's).
-pub fn predicted_speedup(i: &Inputs, loops: f64) -> (f64, f64) {
-    let handoff = 2.0 * i.switch_us.max(0.0);
+/// (`reroute_cpu_us`), less the idle client wake-ups it no longer pays, plus the
+/// backend's own threads' CPU and the completion path's `completion_us`, on `loops`
+/// threads; as many requests in flight as there are client connections (the offload
+/// threads where the sockets were not seen: a thread-per-connection server's).
+pub fn predicted_speedup(i: &Inputs, loops: f64, completion_us: f64) -> Forecast {
     // A blocking wait's c holds the loop's own sleep per request (its switches), which
     // the rerouted loop, waiting in its poll for many completions at once, no longer
     // pays: taken out as the zero-edit model takes it out of the fibers' CPU.
@@ -269,7 +302,15 @@ pub fn predicted_speedup(i: &Inputs, loops: f64) -> (f64, f64) {
     // the per-second work of its idle threads and its timers, which a synchronous loop
     // spreads over few requests.
     let own = i.reroute_cpu_us.unwrap_or(i.cpu_per_request_us).max(0.0);
-    let c = (own - blocking).max(0.0) + handoff;
+    // Each answer that woke an idle client CPU cost the stock loop that CPU's
+    // interrupt (7 us a wake in this kind of VM, a third of nginx's request); the
+    // rerouted loop answers clients its own speed keeps busy, whose wake-ups are
+    // cheap. A backend's own threads on the same cores work per offload, and the
+    // rerouted loop keeps that work.
+    let idle_wakes = i.peer_idle_wakes_per_request.max(0.0) * i.idle_wake_us.max(0.0);
+    let kept = (own - blocking - idle_wakes).max(0.0) + i.backend_cpu_us.max(0.0);
+    let completion_us = completion_us.max(0.0);
+    let c = kept + completion_us;
     let cpu = loops.clamp(1.0, i.cores.max(1.0)) * 1e6 / c.max(1e-3);
     let in_flight = i.client_connections.unwrap_or(i.connections).max(1.0);
     let overlap = in_flight * 1e6 / (i.latency_us.max(0.0) + c).max(1e-3);
@@ -277,7 +318,12 @@ pub fn predicted_speedup(i: &Inputs, loops: f64) -> (f64, f64) {
     if let Some(d) = i.device_rps {
         t = t.min(d);
     }
-    (t, t / i.stock_rps_untraced.unwrap_or(i.stock_rps).max(1e-9))
+    Forecast {
+        rps: t,
+        speedup: t / i.stock_rps_untraced.unwrap_or(i.stock_rps).max(1e-9),
+        kept_cpu_us: kept,
+        completion_us,
+    }
 }
 
 /// One line for reports; with a shipped integration, where it is and what it

@@ -27,6 +27,9 @@ fn base() -> Inputs {
         cpu_untraced_us: None,
         outside_wait_us: None,
         reroute_cpu_us: None,
+        backend_cpu_us: 0.0,
+        peer_idle_wakes_per_request: 0.0,
+        idle_wake_us: 0.0,
     }
 }
 
@@ -173,21 +176,48 @@ fn event_loop_gets_one_and_a_recipe() {
     let r = a.recipe.as_ref().unwrap();
     assert_eq!((r.lines_added, r.lines_modified), (83, 0));
     // The reroute keeps 50 requests in flight on one loop: bound by the loop's CPU,
-    // 12 us less its blocking sleep (2 switches of 1.5 us) plus the hand-off's 2.
-    let (t, s) = recipes::predicted_speedup(&i, 1.0);
-    assert!(close(t, 1e6 / 12.0), "{t}");
-    assert!(close(a.recipe_speedup.unwrap(), s));
+    // 12 us less its blocking sleep (2 switches of 1.5 us) plus a worker's hand-off
+    // (2 more, 3 us), as the paper's recipes do it.
+    let f = recipes::predicted_speedup(&i, 1.0, 3.0);
+    assert!(close(f.rps, 1e6 / 12.0), "{f:?}");
+    assert!(
+        close(f.kept_cpu_us, 9.0) && close(f.completion_us, 3.0),
+        "{f:?}"
+    );
+    // The assessment uses the recipe's own completion cost.
+    let done = r.completion_us(i.switch_us);
+    let f = recipes::predicted_speedup(&i, 1.0, done);
+    assert!(close(a.recipe_speedup.unwrap(), f.speedup));
+    assert_eq!(a.recipe_completion_us, Some(done));
     assert!(a.recipe_text.unwrap().contains("+83 lines"));
     // Counted by its one offload thread instead, the loop would keep one in flight.
     i.client_connections = None;
-    let (t, _) = recipes::predicted_speedup(&i, 1.0);
-    assert!(close(t, 1e6 / 212.0), "{t}");
+    let f = recipes::predicted_speedup(&i, 1.0, 3.0);
+    assert!(close(f.rps, 1e6 / 212.0), "{f:?}");
     // Where the window shows the loop's own CPU per request apart from its per-second
     // work (inputs.rs), the reroute pays that: 7 us less the sleep plus the hand-off.
     i.client_connections = Some(50.0);
     i.reroute_cpu_us = Some(7.0);
-    let (t, _) = recipes::predicted_speedup(&i, 1.0);
-    assert!(close(t, 1e6 / 7.0), "{t}");
+    let f = recipes::predicted_speedup(&i, 1.0, 3.0);
+    assert!(close(f.rps, 1e6 / 7.0), "{f:?}");
+    // Every answer woke an idle client CPU at 2 us: the rerouted loop, its clients
+    // kept busy, does not pay that; the backend's threads' 1.5 us it does.
+    i.peer_idle_wakes_per_request = 1.0;
+    i.idle_wake_us = 2.0;
+    i.backend_cpu_us = 1.5;
+    let f = recipes::predicted_speedup(&i, 1.0, 3.0);
+    assert!(close(f.rps, 1e6 / 6.5), "{f:?}");
+}
+
+#[test]
+fn only_the_papers_recipes_hand_off_to_a_worker() {
+    // memcached's recipe is the paper's alone: two switches; nginx's ships with
+    // toffload, its completion fd in nginx's own loop: none.
+    let m = recipes::lookup("memcached", None).unwrap();
+    assert_eq!(m.completion_us(2.5), 5.0);
+    let n = recipes::lookup("nginx", None).unwrap();
+    assert!(n.shipped.is_some());
+    assert_eq!(n.completion_us(2.5), 0.0);
 }
 
 #[test]

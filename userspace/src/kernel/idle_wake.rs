@@ -1,0 +1,120 @@
+//! What waking a task that sleeps on another, idle CPU costs the waker: the CPU has
+//! to be interrupted out of its idle state (an IPI; in a VM, an exit on both sides),
+//! and the waker's syscall pays for sending it. A server answering a local client
+//! that waits idle pays it on every answer; answering a client that is busy anyway
+//! (a server fast enough to keep its load generator running) it does not. Measured as
+//! the median small write to a socket whose reader sleeps on `peer`, less the median
+//! one whose reader polls there.
+
+use std::time::{Duration, Instant};
+
+/// The gap between two writes: long enough for a sleeping reader's CPU to go idle.
+const GAP: Duration = Duration::from_micros(50);
+
+/// Nanoseconds the waker pays to wake an idle `peer` CPU, from `n` writes each way
+/// (the caller stays on the CPU it runs on, which must not be `peer`; pinned, as the
+/// calibration child is, or the scheduler may move it there). None when the threads
+/// or sockets cannot be had.
+pub fn idle_wake_ns(peer: usize, n: u32) -> Option<f64> {
+    let sleeping = median_write_ns(peer, n, false)?;
+    let polling = median_write_ns(peer, n, true)?;
+    Some((sleeping - polling).max(0.0))
+}
+
+/// A CPU other than `than` that this thread may use (read before pinning it).
+pub fn other_cpu(than: usize) -> Option<usize> {
+    // SAFETY: a zeroed cpu_set_t is valid; the kernel fills it.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return None;
+        }
+        set
+    };
+    // SAFETY: CPU_ISSET reads the set.
+    (0..libc::CPU_SETSIZE as usize).find(|&c| c != than && unsafe { libc::CPU_ISSET(c, &set) })
+}
+
+/// The median time of `n` 64-byte writes to a socket read on `peer` by a thread that
+/// sleeps in read() (`poll` false) or polls without sleeping (`poll` true).
+fn median_write_ns(peer: usize, n: u32, poll: bool) -> Option<f64> {
+    let mut fds = [0i32; 2];
+    // SAFETY: fds has room for two descriptors.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    } != 0
+    {
+        return None;
+    }
+    let [w, r] = fds;
+    let reader = std::thread::Builder::new()
+        .name("idle-wake".into())
+        .spawn(move || {
+            crate::calibrate::pin(peer);
+            if poll {
+                // SAFETY: a descriptor of ours.
+                unsafe { libc::fcntl(r, libc::F_SETFL, libc::O_NONBLOCK) };
+            }
+            let mut buf = [0u8; 4096];
+            loop {
+                // SAFETY: reads into our own buffer.
+                let got = unsafe { libc::read(r, buf.as_mut_ptr().cast(), buf.len()) };
+                if got == 0 || (got < 0 && !poll) {
+                    break;
+                }
+            }
+        });
+    let mut times = Vec::with_capacity(n as usize);
+    if reader.is_ok() {
+        // The reader's first read, before the timed writes start.
+        std::thread::sleep(Duration::from_millis(2));
+        let msg = [0u8; 64];
+        for _ in 0..n {
+            std::thread::sleep(GAP);
+            let t0 = Instant::now();
+            // SAFETY: writes our own buffer to our own socket.
+            let put = unsafe { libc::write(w, msg.as_ptr().cast(), msg.len()) };
+            if put != msg.len() as isize {
+                break;
+            }
+            times.push(t0.elapsed().as_nanos() as f64);
+        }
+    }
+    // Closing the write end ends the reader either way (EOF).
+    // SAFETY: our own descriptor, closed once.
+    unsafe { libc::close(w) };
+    let joined = reader.map(|h| h.join().is_ok()).unwrap_or(false);
+    // SAFETY: as above.
+    unsafe { libc::close(r) };
+    if !joined || times.len() < n as usize {
+        return None;
+    }
+    times.sort_by(f64::total_cmp);
+    Some(times[times.len() / 2])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where there is a second CPU, waking it from idle costs the waker something,
+    /// and not more than a slow VM's exit would.
+    #[test]
+    fn waking_an_idle_cpu_costs_the_waker() {
+        // SAFETY: no arguments.
+        let here = unsafe { libc::sched_getcpu() }.max(0) as usize;
+        let Some(peer) = other_cpu(here) else {
+            println!("skipped: one CPU, no idle peer to wake");
+            return;
+        };
+        crate::calibrate::pin(here);
+        let ns = idle_wake_ns(peer, 300).expect("measures");
+        println!("waking an idle CPU cost the waker {:.2} us", ns / 1e3);
+        assert!(ns < 100_000.0, "{ns} ns");
+    }
+}
