@@ -576,28 +576,33 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
     )
 }
 
-#[tracepoint]
-pub fn sched_wakeup(ctx: TracePointContext) -> u32 {
-    on_wakeup(field::<i32>(&ctx, 24) as u32)
-}
-
-/// sched_waking runs in the waker's context (sched_wakeup may run on the wakee's CPU,
-/// after the IPI): a watched thread waking a task outside the watch on another CPU.
+/// sched_waking, not sched_wakeup: it runs in the waker's context, where sched_wakeup
+/// of a task on an idle CPU runs on that CPU after the IPI, its waker unknown. One
+/// program for both uses, so that each wake-up on the machine costs one record: a
+/// watched thread's wake-up dates its wake-up latency (from the waker's call, the IPI
+/// included); a watched thread waking a task outside the watch on another CPU counts
+/// as a peer wake-up, and as an idle one where that CPU was idle.
 #[tracepoint]
 pub fn sched_waking(ctx: TracePointContext) -> u32 {
     if !tracing_on() {
         return 0;
     }
+    // pid 24, target_cpu 32 (the CPU the wakee last ran on).
+    let pid = field::<i32>(&ctx, 24) as u32;
+    if pid == 0 {
+        return 0;
+    }
+    if THREADS.get_ptr(pid).is_some() {
+        return on_wakeup(pid);
+    }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !watched(tgid) {
         return 0;
     }
-    // pid 24, target_cpu 32 (the CPU the wakee last ran on).
-    let pid = field::<i32>(&ctx, 24) as u32;
     let target = field::<i32>(&ctx, 32) as u32;
     // SAFETY: a helper without arguments.
     let cpu = unsafe { gen::bpf_get_smp_processor_id() };
-    if pid == 0 || target == cpu || THREADS.get_ptr(pid).is_some() {
+    if target == cpu {
         return 0;
     }
     add(C_PEER_WAKES, 1);

@@ -609,7 +609,7 @@ fn missing_tracepoint_degrades() {
     let mut c = watch_cmd();
     c.args(["--json", "--duration", "2s", "--pid"])
         .arg(server.pid().to_string())
-        .env("TOFFLOAD_WATCH_HIDE_TRACEPOINT", "sched:sched_wakeup");
+        .env("TOFFLOAD_WATCH_HIDE_TRACEPOINT", "sched:sched_waking");
     let w = Watcher::start(c);
     drive(&server, 2, 1.0);
     let (code, lines, _) = w.finish();

@@ -59,12 +59,11 @@ const TRACEPOINTS: &[(&str, &str, &str, &str)] = &[
         "sched_switch",
         "on/off-CPU time, context switches, spin share",
     ),
-    ("sched_wakeup", "sched", "sched_wakeup", "wake-up latency"),
     (
         "sched_waking",
         "sched",
         "sched_waking",
-        "wake-ups of idle peer CPUs",
+        "wake-up latency and idle peer wake-ups",
     ),
     (
         "sched_wakeup_new",
@@ -87,7 +86,8 @@ const TRACEPOINTS: &[(&str, &str, &str, &str)] = &[
 ];
 
 /// Whether a classic tracepoint program is used: all of them unless the scheduler
-/// hooks are raw, and sched_waking always (its raw form gives no target CPU).
+/// hooks are raw, and sched_waking always (its raw form gives no target CPU; with raw
+/// hooks, raw_sched_wakeup finds the wake-up already dated by it).
 fn classic(raw_sched: bool, prog: &str) -> bool {
     !raw_sched || prog == "sched_waking"
 }
