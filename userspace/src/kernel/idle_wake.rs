@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 /// The gap between two writes: long enough for a sleeping reader's CPU to go idle.
 const GAP: Duration = Duration::from_micros(50);
+/// How long the reader may take to drain and end after the last write.
+const READER_DEADLINE: Duration = Duration::from_millis(200);
 
 /// Nanoseconds the waker pays to wake an idle `peer` CPU, from `n` writes each way
 /// (the caller stays on the CPU it runs on, which must not be `peer`; pinned, as the
@@ -52,6 +54,10 @@ fn median_write_ns(peer: usize, n: u32, poll: bool) -> Option<f64> {
         return None;
     }
     let [w, r] = fds;
+    // The reader owns its end and says when it is done; it is never joined: on a CPU
+    // a real-time poller holds it may not run for seconds, and the calibration must
+    // go on without it (a measurement it did not finish is none).
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
     let reader = std::thread::Builder::new()
         .name("idle-wake".into())
         .spawn(move || {
@@ -68,6 +74,9 @@ fn median_write_ns(peer: usize, n: u32, poll: bool) -> Option<f64> {
                     break;
                 }
             }
+            // SAFETY: this thread's own end, closed once.
+            unsafe { libc::close(r) };
+            let _ = done_tx.send(());
         });
     let mut times = Vec::with_capacity(n as usize);
     if reader.is_ok() {
@@ -77,21 +86,23 @@ fn median_write_ns(peer: usize, n: u32, poll: bool) -> Option<f64> {
         for _ in 0..n {
             std::thread::sleep(GAP);
             let t0 = Instant::now();
-            // SAFETY: writes our own buffer to our own socket.
+            // SAFETY: writes our own buffer to our own socket (a few KiB in all,
+            // within its buffer, so never blocked by a reader that does not run).
             let put = unsafe { libc::write(w, msg.as_ptr().cast(), msg.len()) };
             if put != msg.len() as isize {
                 break;
             }
             times.push(t0.elapsed().as_nanos() as f64);
         }
+    } else {
+        // SAFETY: no thread took it.
+        unsafe { libc::close(r) };
     }
     // Closing the write end ends the reader either way (EOF).
     // SAFETY: our own descriptor, closed once.
     unsafe { libc::close(w) };
-    let joined = reader.map(|h| h.join().is_ok()).unwrap_or(false);
-    // SAFETY: as above.
-    unsafe { libc::close(r) };
-    if !joined || times.len() < n as usize {
+    let finished = reader.is_ok() && done_rx.recv_timeout(READER_DEADLINE).is_ok();
+    if !finished || times.len() < n as usize {
         return None;
     }
     times.sort_by(f64::total_cmp);
