@@ -504,15 +504,23 @@ fn on_wakeup(pid: u32) -> u32 {
     if pid == 0 || !tracing_on() {
         return 0;
     }
-    if let Some(t) = thread(pid) {
-        // SAFETY: a live map value; a racing second wake-up only moves the timestamp.
-        let t = unsafe { &mut *t };
-        if t.wake_ts == 0 {
-            // SAFETY: a helper without arguments.
-            t.wake_ts = unsafe { bpf_ktime_get_ns() };
-        }
-    }
+    stamp_wake(pid);
     0
+}
+
+/// Dates a watched thread's wake-up; false when `pid` is no watched thread.
+#[inline(always)]
+fn stamp_wake(pid: u32) -> bool {
+    let Some(t) = thread(pid) else {
+        return false;
+    };
+    // SAFETY: a live map value; a racing second wake-up only moves the timestamp.
+    let t = unsafe { &mut *t };
+    if t.wake_ts == 0 {
+        // SAFETY: a helper without arguments.
+        t.wake_ts = unsafe { bpf_ktime_get_ns() };
+    }
+    true
 }
 
 /// A task created by the current one (a thread, or a forked process).
@@ -592,8 +600,9 @@ pub fn sched_waking(ctx: TracePointContext) -> u32 {
     if pid == 0 {
         return 0;
     }
-    if THREADS.get_ptr(pid).is_some() {
-        return on_wakeup(pid);
+    // One lookup on this path, which every wake-up on the machine takes.
+    if stamp_wake(pid) {
+        return 0;
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !watched(tgid) {

@@ -408,14 +408,11 @@ pub fn predicted_reroute(pid: u32, load: impl FnOnce()) -> Option<f64> {
     assert!(out.status.success(), "toffload-watch failed: {said:?}");
     let text = String::from_utf8_lossy(&out.stdout);
     harness::dump_watch(&format!("pid{pid}"), &text);
-    let windows: Vec<serde_json::Value> = text
+    let v: Vec<f64> = text
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter_map(|j| j.get("window").cloned())
         .filter(|w| w["requests"].as_f64().is_some_and(|r| r > 0.0))
-        .collect();
-    let v: Vec<f64> = windows
-        .iter()
         .filter_map(|w| w["model"]["recipe_speedup"].as_f64())
         .collect();
     if v.is_empty() {

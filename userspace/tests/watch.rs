@@ -251,6 +251,12 @@ fn idle_peer_wakes_follow_the_clients_cpu() {
         .env("TOFFLOAD_EMU_LAT_US", "20");
         let (code, lines, err) = Watcher::start(c).finish();
         drop(spinners);
+        // A watch that failed never started the writer, and the reader would wait
+        // for it for good.
+        if matches!(reader.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(200));
+            let _ = reader.kill();
+        }
         let _ = reader.wait();
         assert_eq!(code, 0, "{err:?}");
         let total = &get(&lines, "final")["total"];
@@ -261,10 +267,12 @@ fn idle_peer_wakes_follow_the_clients_cpu() {
             .as_f64()
             .expect("idle peer wakes");
         println!("reader's CPU busy {busy}: {peer:.2} peer wake-ups per request, {idle:.2} idle");
-        // One a write; with the spinners, up to a fifth more of other tasks outside
-        // the watch (seen: 0.95-1.22 in four runs, never below the writes).
+        // One a write, and some of other tasks outside the watch that a wake-up in
+        // interrupt context on the writer's CPU is counted against it for (seen:
+        // 0.95-1.22 in most runs, 1.45 once on a host just done compiling); a
+        // counter that counted each write twice would read 2.
         assert!(
-            (0.9..=1.3).contains(&peer),
+            (0.9..=1.6).contains(&peer),
             "{peer} peer wake-ups per request"
         );
         if busy {
