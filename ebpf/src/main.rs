@@ -11,7 +11,7 @@
 #![no_main]
 
 use aya_ebpf::{
-    bindings::{pt_regs, BPF_F_USER_STACK},
+    bindings::{pt_regs, BPF_F_NO_PREALLOC, BPF_F_USER_STACK},
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated as gen},
     macros::{map, raw_tracepoint, tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
@@ -83,44 +83,59 @@ static THREADS: HashMap<u32, ThreadInfo> = HashMap::with_max_entries(16384, 0);
 /// thread lives, and its exit removes it.
 #[map]
 static WATCHED: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
+// Each per-CPU array below holds its counts as rows of several u64 per element: the
+// kernel allocates a per-CPU array one element at a time under a global lock, and one
+// u64 per element made the watcher's start (35,000 of them) cost the load tool's core
+// more than a second of watching.
 #[map]
-static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(N_COUNTERS, 0);
+static COUNTERS: PerCpuArray<[u64; N_COUNTERS as usize]> = PerCpuArray::with_max_entries(1, 0);
 /// [nr * 2] = calls, [nr * 2 + 1] = total ns.
 #[map]
-static SYSCALLS: PerCpuArray<u64> = PerCpuArray::with_max_entries((NR_MAX * 2) as u32, 0);
-/// [nr * 64 + log2(ns)] = calls.
+static SYSCALLS: PerCpuArray<[u64; (NR_MAX * 2) as usize]> = PerCpuArray::with_max_entries(1, 0);
+/// Row nr: [log2(ns)] = calls.
 #[map]
-static SYS_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries((NR_MAX * SYS_BUCKETS) as u32, 0);
+static SYS_HIST: PerCpuArray<[u64; SYS_BUCKETS as usize]> =
+    PerCpuArray::with_max_entries(NR_MAX as u32, 0);
+/// The fine histograms, one row each (H_STALL, H_DONE, H_WAKE, H_OUTSIDE): the
+/// offload's stall; the stall without its wake-up delay (when the completion reached
+/// the thread); wake-up delays; and each request's on-CPU time outside the offload,
+/// from an offload's return to the thread's next offload call (its spread tells the
+/// warm cost of a request from one that came back to cold caches).
 #[map]
-static STALL_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS, 0);
-/// Offload latency without the wake-up delay: when the completion reached the thread.
-#[map]
-static DONE_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS, 0);
+static FINE_HISTS: PerCpuArray<[u64; FINE_BUCKETS as usize]> =
+    PerCpuArray::with_max_entries(N_FINE_HISTS, 0);
 /// Stalls by their on-CPU share, in tenths (11 buckets).
 #[map]
-static SPIN_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(11, 0);
-#[map]
-static WAKE_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS, 0);
-/// Each request's on-CPU time outside the offload, ns: from an offload's return to
-/// the thread's next offload call. Its spread tells the warm cost of a request from
-/// the cost of one that came back to cold caches.
-#[map]
-static OUTSIDE_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FINE_BUCKETS, 0);
+static SPIN_HIST: PerCpuArray<[u64; SPIN_BUCKETS as usize]> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static STACKS: StackTrace = StackTrace::with_max_entries(2048, 0);
 /// Futex calls per user stack id (best effort: a full bucket drops the stack, never
 /// the count, which FUTEX_SITES keeps).
 #[map]
-static FUTEX_STACKS: PerCpuHashMap<u32, u64> = PerCpuHashMap::with_max_entries(2048, 0);
+static FUTEX_STACKS: PerCpuHashMap<u32, u64> =
+    PerCpuHashMap::with_max_entries(2048, BPF_F_NO_PREALLOC);
 /// Futex calls per site.
 #[map]
-static FUTEX_SITES: PerCpuHashMap<Site, u64> = PerCpuHashMap::with_max_entries(4096, 0);
+static FUTEX_SITES: PerCpuHashMap<Site, u64> =
+    PerCpuHashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
 /// [cpu] = 1 while that CPU runs its idle task, as the last switch there traced said.
 #[map]
 static CPU_IDLE: Array<u32> = Array::with_max_entries(MAX_CPUS, 0);
+/// Slot `i` of row `row` of a per-CPU array of rows (None past either end).
+#[inline(always)]
+fn slot<const N: usize>(map: &PerCpuArray<[u64; N]>, row: u32, i: u32) -> Option<*mut u64> {
+    let i = i as usize;
+    if i >= N {
+        return None;
+    }
+    let p = map.get_ptr_mut(row)?;
+    // SAFETY: i < N, so the slot lies inside the row.
+    Some(unsafe { p.cast::<u64>().add(i) })
+}
+
 #[inline(always)]
 fn add(idx: u32, v: u64) {
-    if let Some(p) = COUNTERS.get_ptr_mut(idx) {
+    if let Some(p) = slot(&COUNTERS, 0, idx) {
         // SAFETY: per-CPU slot, preemption is off while a BPF program runs.
         unsafe { *p += v };
     }
@@ -151,8 +166,8 @@ fn user_sp_word() -> u64 {
 }
 
 #[inline(always)]
-fn bump(map: &PerCpuArray<u64>, idx: u32) {
-    if let Some(p) = map.get_ptr_mut(idx) {
+fn bump<const N: usize>(map: &PerCpuArray<[u64; N]>, row: u32, idx: u32) {
+    if let Some(p) = slot(map, row, idx) {
         // SAFETY: as in add().
         unsafe { *p += 1 };
     }
@@ -308,7 +323,7 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
             }
             // Whole stacks are evidence for the report, not counts: one call in 64
             // is walked, which keeps a futex-heavy server's overhead down.
-            let seen = COUNTERS.get_ptr_mut(C_FUTEX_SEEN);
+            let seen = slot(&COUNTERS, 0, C_FUTEX_SEEN);
             let sample = match seen {
                 // SAFETY: per-CPU value.
                 Some(p) => unsafe {
@@ -364,7 +379,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
             )
         };
         if r == 0 && nr < NR_MAX {
-            bump(&SYSCALLS, (nr * 2) as u32);
+            bump(&SYSCALLS, 0, (nr * 2) as u32);
         }
         return 0;
     }
@@ -399,12 +414,12 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     let i = (nr * 2) as u32;
-    bump(&SYSCALLS, i);
-    if let Some(p) = SYSCALLS.get_ptr_mut(i + 1) {
+    bump(&SYSCALLS, 0, i);
+    if let Some(p) = slot(&SYSCALLS, 0, i + 1) {
         // SAFETY: per-CPU slot.
         unsafe { *p += dt };
     }
-    bump(&SYS_HIST, (nr * SYS_BUCKETS + log2_bucket(dt)) as u32);
+    bump(&SYS_HIST, nr as u32, log2_bucket(dt) as u32);
     0
 }
 
@@ -484,7 +499,7 @@ fn on_switch(prev_pid: u32, involuntary: bool, next_pid: u32) -> u32 {
                     t.wake_ts = 0;
                     add(C_WAKEUPS, 1);
                     add(C_WAKE_NS, d);
-                    bump(&WAKE_HIST, fine_bucket(d));
+                    bump(&FINE_HISTS, H_WAKE, fine_bucket(d));
                     if t.offload_depth > 0 {
                         t.offload_wake_ns += d;
                     } else if t.sys_ts != 0 && off_since != 0 {
@@ -731,7 +746,7 @@ pub fn offload_enter(_ctx: ProbeContext) -> u32 {
         if t.offload_depth == 0 {
             if t.flags & F_OUT_OPEN != 0 && t.on_since != 0 {
                 let d = now.saturating_sub(t.on_since);
-                bump(&OUTSIDE_HIST, fine_bucket(t.out_ns + d));
+                bump(&FINE_HISTS, H_OUTSIDE, fine_bucket(t.out_ns + d));
             }
             t.flags &= !F_OUT_OPEN;
             split_on_cpu(t, now, C_ON_OUT_NS);
@@ -778,18 +793,18 @@ pub fn offload_exit(_ctx: RetProbeContext) -> u32 {
     add(C_OFFLOAD_CALLS, 1);
     add(C_OFFLOAD_NS, stall);
     add(C_OFFLOAD_OFF_NS, off);
-    bump(&STALL_HIST, fine_bucket(stall));
+    bump(&FINE_HISTS, H_STALL, fine_bucket(stall));
     let wake = if t.offload_wake_ns > stall {
         stall
     } else {
         t.offload_wake_ns
     };
     add(C_OFFLOAD_WAKE_NS, wake);
-    bump(&DONE_HIST, fine_bucket(stall - wake));
+    bump(&FINE_HISTS, H_DONE, fine_bucket(stall - wake));
     // This stall's on-CPU share in tenths (0: blocked throughout, 10: spun throughout).
     if stall > 0 {
         let tenth = ((stall - off) * 10 / stall) as u32;
-        bump(&SPIN_HIST, if tenth > 10 { 10 } else { tenth });
+        bump(&SPIN_HIST, 0, if tenth > 10 { 10 } else { tenth });
     }
     0
 }

@@ -184,9 +184,9 @@ struct Tracked {
     /// The watched processes: the root first, then those of the service still alive
     /// (those forked since join when their threads show in the kernel's table).
     procs: Vec<u32>,
-    /// Each process's most connections seen (processes::read), and when they were
+    /// Each process's most connections seen (processes::Reader), and when they were
     /// last read.
-    known: std::collections::BTreeMap<u32, crate::processes::Known>,
+    known: crate::processes::Reader,
     connections_read: Duration,
 }
 
@@ -235,8 +235,8 @@ impl Tracked {
         // Where libtoffload.so keeps its counters in the target, once it is mapped.
         let counters_at = runtime_counters::locate(pid);
         let mut first = collector.snapshot(0.0, &procs, &layout);
-        let mut known = std::collections::BTreeMap::new();
-        first.procs = crate::processes::read(&procs, &mut known);
+        let mut known = crate::processes::Reader::default();
+        first.procs = known.read(&procs, true);
         first.wall = started.elapsed().as_secs_f64();
         first.unix = metrics::unix_now();
         first.runtime = counters_at.and_then(|at| runtime_counters::read(pid, at));
@@ -308,7 +308,7 @@ impl Tracked {
                     self.procs.push(c);
                 }
             }
-            crate::processes::read(&self.procs, &mut self.known);
+            self.known.read(&self.procs, false);
         }
     }
 
@@ -373,7 +373,7 @@ impl Tracked {
             .collector
             .snapshot(t.as_secs_f64(), &self.procs, &self.layout);
         self.update_procs(&s);
-        s.procs = crate::processes::read(&self.procs, &mut self.known);
+        s.procs = self.known.read(&self.procs, true);
         s.runtime = self.runtime_now().map(|now| {
             if self.mixed_clock {
                 now
@@ -558,8 +558,13 @@ struct InjectState {
 /// looked at (its exit is seen at every poll).
 const HEALTH_PROBE_EVERY: Duration = Duration::from_millis(100);
 
-/// A short poll: notices the exit and the user's keys quickly.
+/// A short poll: notices the user's keys and an injection's progress quickly.
 const POLL: Duration = Duration::from_millis(20);
+
+/// The longest the loop sleeps with nothing due: how late the target's exit may be
+/// seen. Each wake-up costs the watch's CPU, which on a loaded host is taken from the
+/// target or its clients.
+const MAX_POLL: Duration = Duration::from_millis(100);
 
 /// Watches until the end; renders through `sink` and returns the final report.
 /// `calib` is measured before attaching (Calibration::measure), so that a command
@@ -584,7 +589,7 @@ pub async fn run(
             break why;
         }
         tokio::select! {
-            _ = tokio::time::sleep(POLL) => {}
+            _ = tokio::time::sleep(watch.next_poll()) => {}
             _ = sigint.recv() => break Ended::Interrupted,
             _ = sigterm.recv() => break Ended::Terminated,
         }
@@ -681,6 +686,46 @@ impl<'a> WatchSession<'a> {
         }
     }
 
+    /// How long the loop may sleep: until the next thing due (a burst's end, the
+    /// window, an early look, a connection reading, the settling's end, the
+    /// duration), at most MAX_POLL; POLL while a person is at the keys or an
+    /// injection is to be decided or under way.
+    fn next_poll(&self) -> Duration {
+        if self.sink.interactive()
+            || self.deciding()
+            || self.inj.health.is_some()
+            || self.inj.up.is_some()
+        {
+            return POLL;
+        }
+        let mut due = vec![
+            self.next_window,
+            self.tr.connections_read + CONNECTIONS_EVERY,
+        ];
+        if self.tr.on && self.duty < 1.0 {
+            due.push(self.tr.on_since + self.opts.interval.mul_f64(self.duty));
+        }
+        due.extend(self.tr.settling_until);
+        due.extend(self.early_look_at());
+        due.extend(self.opts.duration);
+        let next = due.into_iter().min().unwrap_or(MAX_POLL);
+        next.saturating_sub(self.started.elapsed())
+            .clamp(Duration::from_millis(1), MAX_POLL)
+    }
+
+    /// When this interval's next early look is due (EARLY_LOOKS; None: none is).
+    fn early_look_at(&self) -> Option<Duration> {
+        self.opts.overhead_budget?;
+        if self.duty < 1.0 || !self.tr.on {
+            return None;
+        }
+        let window_start = self.next_window.saturating_sub(self.opts.interval);
+        let from = window_start.max(self.tr.on_since);
+        EARLY_LOOKS
+            .get(self.looked)
+            .map(|&d| from + d.min(self.opts.interval / 4))
+    }
+
     /// Under a budget, an interval traced in full is looked at EARLY_LOOKS after
     /// tracing began in it: a server whose events cost more than the budget is then
     /// traced for the budget's share of this interval already, not only from the next.
@@ -688,13 +733,10 @@ impl<'a> WatchSession<'a> {
         let Some(budget) = self.opts.overhead_budget else {
             return;
         };
-        let window_start = self.next_window.saturating_sub(self.opts.interval);
-        let from = window_start.max(self.tr.on_since);
-        let look_at = EARLY_LOOKS
-            .get(self.looked)
-            .map(|&d| from + d.min(self.opts.interval / 4));
-        let due = look_at.is_some_and(|t| self.started.elapsed() >= t);
-        if due && self.duty >= 1.0 && self.tr.on {
+        let due = self
+            .early_look_at()
+            .is_some_and(|t| self.started.elapsed() >= t);
+        if due {
             self.looked += 1;
             let w = self.tr.peek(self.started);
             let cost = self.calib.probe_cost.as_ref();

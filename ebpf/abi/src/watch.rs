@@ -12,6 +12,16 @@ pub const SYS_BUCKETS: u64 = 64;
 pub const FINE_BUCKETS: u32 = 1024;
 /// Entries of the COUNTERS map (the indices below, with room to grow).
 pub const N_COUNTERS: u32 = 32;
+/// Rows of FINE_HISTS, each FINE_BUCKETS fine buckets: the offload's stall, the
+/// stall without its wake-up delay, wake-up delays, and a request's on-CPU time
+/// outside the offload.
+pub const H_STALL: u32 = 0;
+pub const H_DONE: u32 = 1;
+pub const H_WAKE: u32 = 2;
+pub const H_OUTSIDE: u32 = 3;
+pub const N_FINE_HISTS: u32 = 4;
+/// Buckets of SPIN_HIST: stalls by their on-CPU share in tenths, 0 to 10.
+pub const SPIN_BUCKETS: u32 = 11;
 
 // Counter indices (COUNTERS).
 pub const C_ON_NS: u32 = 0;

@@ -1,7 +1,7 @@
 //! Reads the kernel's maps into a cumulative Snapshot: counters and histograms summed
 //! over CPUs, per-thread records, futex origins. Windows are differences of two.
 
-use super::percpu::PerCpuU64;
+use super::percpu::PerCpuRows;
 use crate::abi::{self, ThreadInfo};
 use crate::error::WatchError;
 use crate::futex::{self, Layout, Origins};
@@ -26,7 +26,7 @@ pub struct Snapshot {
     pub stall: Hist,
     /// Stall minus its wake-up delay.
     pub done: Hist,
-    /// Each request's on-CPU time outside the offload (OUTSIDE_HIST).
+    /// Each request's on-CPU time outside the offload (FINE_HISTS row H_OUTSIDE).
     pub outside: Hist,
     /// Stalls by on-CPU share in tenths (11 buckets).
     pub spin_tenths: Vec<u64>,
@@ -72,7 +72,7 @@ impl Snapshot {
             stall: Hist::fine(vec![0; abi::FINE_BUCKETS as usize]),
             done: Hist::fine(vec![0; abi::FINE_BUCKETS as usize]),
             outside: Hist::fine(vec![0; abi::FINE_BUCKETS as usize]),
-            spin_tenths: vec![0; 11],
+            spin_tenths: vec![0; abi::SPIN_BUCKETS as usize],
             wake: Hist::fine(vec![0; abi::FINE_BUCKETS as usize]),
             ..Default::default()
         }
@@ -80,14 +80,11 @@ impl Snapshot {
 }
 
 pub struct Collector {
-    counters: PerCpuU64,
-    syscalls: PerCpuU64,
-    sys_hist: PerCpuU64,
-    stall: PerCpuU64,
-    done: PerCpuU64,
-    outside: PerCpuU64,
-    spin_hist: PerCpuU64,
-    wake: PerCpuU64,
+    counters: PerCpuRows,
+    syscalls: PerCpuRows,
+    sys_hist: PerCpuRows,
+    fine: PerCpuRows,
+    spin_hist: PerCpuRows,
     threads: HashMap<MapData, u32, ThreadInfo>,
     stacks: StackTraceMap<MapData>,
     futex_stacks: PerCpuHashMap<MapData, u32, u64>,
@@ -110,11 +107,12 @@ where
     T::try_from(m).map_err(|e| WatchError::BpfUnavailable(format!("map {name}: {e}")))
 }
 
-fn per_cpu(bpf: &mut Ebpf, name: &str) -> Result<PerCpuU64, WatchError> {
+/// Per-CPU array `name`, whose values are rows of `row` u64.
+fn per_cpu(bpf: &mut Ebpf, name: &str, row: usize) -> Result<PerCpuRows, WatchError> {
     let m = bpf
         .take_map(name)
         .ok_or_else(|| WatchError::BpfUnavailable(format!("the object lacks map {name}")))?;
-    PerCpuU64::new(m).map_err(|e| WatchError::BpfUnavailable(format!("map {name}: {e}")))
+    PerCpuRows::new(m, row).map_err(|e| WatchError::BpfUnavailable(format!("map {name}: {e}")))
 }
 
 fn sum(v: &aya::maps::PerCpuValues<u64>) -> u64 {
@@ -124,14 +122,11 @@ fn sum(v: &aya::maps::PerCpuValues<u64>) -> u64 {
 impl Collector {
     pub fn new(bpf: &mut Ebpf) -> Result<Collector, WatchError> {
         Ok(Collector {
-            counters: per_cpu(bpf, "COUNTERS")?,
-            syscalls: per_cpu(bpf, "SYSCALLS")?,
-            sys_hist: per_cpu(bpf, "SYS_HIST")?,
-            stall: per_cpu(bpf, "STALL_HIST")?,
-            done: per_cpu(bpf, "DONE_HIST")?,
-            outside: per_cpu(bpf, "OUTSIDE_HIST")?,
-            spin_hist: per_cpu(bpf, "SPIN_HIST")?,
-            wake: per_cpu(bpf, "WAKE_HIST")?,
+            counters: per_cpu(bpf, "COUNTERS", abi::N_COUNTERS as usize)?,
+            syscalls: per_cpu(bpf, "SYSCALLS", abi::NR_MAX as usize * 2)?,
+            sys_hist: per_cpu(bpf, "SYS_HIST", abi::SYS_BUCKETS as usize)?,
+            fine: per_cpu(bpf, "FINE_HISTS", abi::FINE_BUCKETS as usize)?,
+            spin_hist: per_cpu(bpf, "SPIN_HIST", abi::SPIN_BUCKETS as usize)?,
             threads: take(bpf, "THREADS")?,
             stacks: take(bpf, "STACKS")?,
             futex_stacks: take(bpf, "FUTEX_STACKS")?,
@@ -144,32 +139,34 @@ impl Collector {
         })
     }
 
-    fn array(map: &PerCpuU64, n: usize) -> Vec<u64> {
-        map.sums(0, n)
-    }
-
     /// Reads everything. `pids` are the watched processes (for their live thread
     /// count: every thread in the kernel's table belongs to one of them, or to one
     /// forked since); `layout` judges futex sites.
     pub fn snapshot(&mut self, t: f64, pids: &[u32], layout: &Layout) -> Snapshot {
-        let counters = Self::array(&self.counters, abi::N_COUNTERS as usize);
-        let syscalls = Self::array(&self.syscalls, abi::NR_MAX as usize * 2);
+        let counters = self.counters.sums(0, 1);
+        let syscalls = self.syscalls.sums(0, 1);
         // Histograms only of syscalls called since the last read: the others are
-        // unchanged, and reading all 32768 buckets every window would cost.
+        // unchanged, and reading all 512 rows every window would cost.
         for nr in 0..abi::NR_MAX as usize {
             let calls = syscalls[nr * 2];
             if calls != self.last_calls[nr] {
                 self.last_calls[nr] = calls;
-                let base = (nr * abi::SYS_BUCKETS as usize) as u32;
-                let counts = self.sys_hist.sums(base, abi::SYS_BUCKETS as usize);
+                let counts = self.sys_hist.sums(nr as u32, 1);
                 self.sys_hists.insert(nr, Hist::log2(counts));
             }
         }
-        let stall = Hist::fine(Self::array(&self.stall, abi::FINE_BUCKETS as usize));
-        let done = Hist::fine(Self::array(&self.done, abi::FINE_BUCKETS as usize));
-        let outside = Hist::fine(Self::array(&self.outside, abi::FINE_BUCKETS as usize));
-        let spin_tenths = Self::array(&self.spin_hist, 11);
-        let wake = Hist::fine(Self::array(&self.wake, abi::FINE_BUCKETS as usize));
+        let fine = self.fine.sums(0, abi::N_FINE_HISTS as usize);
+        let row = |h: u32| {
+            let b = abi::FINE_BUCKETS as usize;
+            Hist::fine(fine[h as usize * b..(h as usize + 1) * b].to_vec())
+        };
+        let (stall, done, wake, outside) = (
+            row(abi::H_STALL),
+            row(abi::H_DONE),
+            row(abi::H_WAKE),
+            row(abi::H_OUTSIDE),
+        );
+        let spin_tenths = self.spin_hist.sums(0, 1);
 
         // Threads: record, then drop exited ones from the kernel map (their final
         // numbers stay here).

@@ -90,16 +90,45 @@ const SERVING_READS_PER_SEC: f64 = 5.0;
 
 /// The socket inodes of a process (its fds that are sockets).
 pub fn socket_inodes(pid: u32) -> Vec<u64> {
+    let mut fds = BTreeMap::new();
+    socket_inodes_cached(pid, &mut fds, true)
+}
+
+/// An fd's socket inode (None: not a socket), from its /proc link.
+fn fd_socket(pid: u32, fd: &str) -> Option<u64> {
+    let l = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()?;
+    let s = l.to_str()?;
+    s.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// The socket inodes of a process, with `fds` (fd -> its socket inode, or None)
+/// kept from the last reading: with `fresh` every fd's link is read again, else
+/// only those of fds that were not sockets or not there at the last reading. The
+/// quarter-second readings between two windows then cost a directory listing and a
+/// readlink per other fd, not one per connection (the readlinks were most of the
+/// watch's own CPU on redis with 50 clients). A socket's fd closed and reused by
+/// another socket is still a connection; one reused by a file counts as a socket
+/// until the next window's fresh reading, less than a window later, so the most
+/// connections seen stays what the process held in that time.
+fn socket_inodes_cached(pid: u32, fds: &mut BTreeMap<u32, Option<u64>>, fresh: bool) -> Vec<u64> {
     let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        fds.clear();
         return Vec::new();
     };
-    rd.flatten()
-        .filter_map(|e| {
-            let l = std::fs::read_link(e.path()).ok()?;
-            let s = l.to_str()?;
-            s.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
-        })
-        .collect()
+    let mut now = BTreeMap::new();
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(fd) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let inode = match fds.get(&fd) {
+            Some(&Some(socket)) if !fresh => Some(socket),
+            _ => fd_socket(pid, &fd.to_string()),
+        };
+        now.insert(fd, inode);
+    }
+    *fds = now;
+    fds.values().flatten().copied().collect()
 }
 
 /// The inodes of listening sockets (TCP over IPv4 and IPv6, and Unix) in this
@@ -150,58 +179,76 @@ const GONE_READINGS: u32 = 8;
 
 /// What was read of a process while it lived.
 #[derive(Clone, Debug, Default)]
-pub struct Known {
+struct Known {
     comm: String,
     most_connections: usize,
+    /// Its fds at the last reading: fd -> socket inode (None: not a socket).
+    fds: BTreeMap<u32, Option<u64>>,
     /// Readings since it was last seen alive.
     gone: u32,
 }
 
-/// What /proc says of each process now, with what `known` kept of those that were
-/// seen before: their most connections, and for one more reading after they exit
-/// (a backend that served its client and ended within the window), their name,
-/// for GONE_READINGS more readings.
-pub fn read(pids: &[u32], known: &mut BTreeMap<u32, Known>) -> BTreeMap<u32, ProcInfo> {
-    let listening = listening_inodes();
-    let mut out = BTreeMap::new();
-    for &p in pids {
-        let threads = crate::target::thread_count(p).unwrap_or(0);
-        let k = known.entry(p).or_default();
-        if threads > 0 {
-            let now = socket_inodes(p)
-                .into_iter()
-                .filter(|i| !listening.contains(i))
-                .count();
-            k.most_connections = k.most_connections.max(now);
-            let comm = crate::target::comm(p);
-            if !comm.is_empty() {
-                k.comm = comm;
-            }
-            k.gone = 0;
+/// Reads the watched processes from /proc, keeping what was seen of each: its most
+/// connections, its name (for GONE_READINGS more readings after it exits: a backend
+/// that served its client and ended within the window), and its fds.
+#[derive(Debug, Default)]
+pub struct Reader {
+    known: BTreeMap<u32, Known>,
+    /// The listening sockets' inodes as the last fresh reading found them.
+    listening: HashSet<u64>,
+}
+
+impl Reader {
+    /// What /proc says of each process now. A `fresh` reading (each window's) reads
+    /// every fd's link, the listening sockets and the names; the others (the
+    /// quarter-second ones between) only look for fds opened since.
+    pub fn read(&mut self, pids: &[u32], fresh: bool) -> BTreeMap<u32, ProcInfo> {
+        if fresh || self.known.is_empty() {
+            self.listening = listening_inodes();
         }
-        out.insert(
-            p,
-            ProcInfo {
-                comm: k.comm.clone(),
-                connections: k.most_connections,
-                threads,
-            },
-        );
-    }
-    for (&p, k) in known.iter_mut() {
-        if !pids.contains(&p) || crate::target::thread_count(p).is_none() {
-            k.gone += 1;
-            if k.gone <= GONE_READINGS {
-                out.entry(p).or_insert_with(|| ProcInfo {
+        let mut out = BTreeMap::new();
+        for &p in pids {
+            let threads = crate::target::thread_count(p).unwrap_or(0);
+            let k = self.known.entry(p).or_default();
+            if threads > 0 {
+                let first = k.comm.is_empty();
+                let now = socket_inodes_cached(p, &mut k.fds, fresh || first)
+                    .into_iter()
+                    .filter(|i| !self.listening.contains(i))
+                    .count();
+                k.most_connections = k.most_connections.max(now);
+                if fresh || first {
+                    let comm = crate::target::comm(p);
+                    if !comm.is_empty() {
+                        k.comm = comm;
+                    }
+                }
+                k.gone = 0;
+            }
+            out.insert(
+                p,
+                ProcInfo {
                     comm: k.comm.clone(),
                     connections: k.most_connections,
-                    threads: 0,
-                });
+                    threads,
+                },
+            );
+        }
+        for (&p, k) in self.known.iter_mut() {
+            if !pids.contains(&p) || crate::target::thread_count(p).is_none() {
+                k.gone += 1;
+                if k.gone <= GONE_READINGS {
+                    out.entry(p).or_insert_with(|| ProcInfo {
+                        comm: k.comm.clone(),
+                        connections: k.most_connections,
+                        threads: 0,
+                    });
+                }
             }
         }
+        self.known.retain(|_, k| k.gone <= GONE_READINGS);
+        out
     }
-    known.retain(|_, k| k.gone <= GONE_READINGS);
-    out
 }
 
 /// The rows of the window from `prev` to `cur` (threads keyed by tid), `secs` traced.
@@ -506,12 +553,30 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (s, _) = l.accept().unwrap();
-        let mut known = BTreeMap::new();
-        let me = read(&[std::process::id()], &mut known);
+        let mut reader = Reader::default();
+        let me = reader.read(&[std::process::id()], true);
         assert!(me[&std::process::id()].connections >= 2, "{me:?}");
-        drop((c, s));
+        // A reading between windows sees the fds opened since the last one.
+        let pid = std::process::id();
+        let mut fds = BTreeMap::new();
+        socket_inodes_cached(pid, &mut fds, true);
+        let c2 = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s2, _) = l.accept().unwrap();
+        let ino = |f: &std::net::TcpStream| {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(format!("/proc/self/fd/{}", f.as_raw_fd()))
+                .unwrap()
+                .ino()
+        };
+        let cached = socket_inodes_cached(pid, &mut fds, false);
+        assert!(
+            cached.contains(&ino(&c2)) && cached.contains(&ino(&s2)),
+            "{cached:?}"
+        );
+        drop((c, s, c2, s2));
         // Gone now, but the most seen stays.
-        let again = read(&[std::process::id()], &mut known);
-        assert!(again[&std::process::id()].connections >= 2, "{again:?}");
+        let again = reader.read(&[pid], true);
+        assert!(again[&pid].connections >= 2, "{again:?}");
     }
 }
