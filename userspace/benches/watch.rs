@@ -178,7 +178,7 @@ fn main() {
     {
         if let Some(why) = real::missing(kind) {
             real_rows.push(format!(
-                "| {} | not run: {why} | | | | | | | | |",
+                "| {} | not run: {why} | | | | | | | | | |",
                 kind.name()
             ));
             continue;
@@ -229,6 +229,17 @@ fn main() {
             med(&r[0], |x| x.cpu_us_per_req),
             med(&r[1], |x| x.cpu_us_per_req),
         );
+        // Each watched run against the unwatched runs on either side of it: this
+        // host's speed drifts between two modes for seconds at a time, and the ratio
+        // of the two medians then says which mode each median fell in.
+        let paired = median(
+            (0..r[1].len())
+                .map(|i| {
+                    let next = r[0].get(i + 1).unwrap_or(&r[0][i]);
+                    r[1][i].rps / ((r[0][i].rps + next.rps) / 2.0)
+                })
+                .collect(),
+        );
         // Each watched run's worst quarter second against the unwatched median rate.
         let worst = r[1]
             .iter()
@@ -236,7 +247,7 @@ fn main() {
             .fold(f64::INFINITY, f64::min);
         let pct = |v: &[real::Run], f: fn(&real::Run) -> f64| med(v, f) * 100.0;
         real_rows.push(format!(
-            "| {} | {u:.0} | {w:.0} ({:.3}) | {:.2} / {:.2} (worst run {:.2}) | {:.2} | {uc:.2} | {wc:.2} ({:+.1}%) | {:.0}% / {:.0}% | {:.0}% / {:.0}% | {:.1}% |",
+            "| {} | {u:.0} | {w:.0} ({:.3}) | {paired:.3} | {:.2} / {:.2} (worst run {:.2}) | {:.2} | {uc:.2} | {wc:.2} ({:+.1}%) | {:.0}% / {:.0}% | {:.0}% / {:.0}% | {:.1}% |",
             kind.name(),
             w / u,
             uq / u,
@@ -261,7 +272,9 @@ fn main() {
              polled every quarter second. Each run: load for 1 s, then the watcher (default \
              budget) starts and attaches, {secs} s measured while attached, SIGINT (detach), \
              1 s more; unwatched runs keep the same timeline. Median of {runs} interleaved \
-             runs. Worst quarter: the lowest quarter-second rate from the watcher's start to \
+             runs. Paired: the median over the watched runs of each one's rate over the \
+             mean of the unwatched runs just before and after it, which a drift of the \
+             host's speed between runs moves less than the ratio of the medians. Worst quarter: the lowest quarter-second rate from the watcher's start to \
              the end of the load, over the unwatched median rate (targets: throughput ratio \
              >= 0.99, worst quarter >= 0.80); the unwatched runs' own worst quarter is the \
              host's noise floor. The watched runs reuse the calibration of this boot \
@@ -272,10 +285,11 @@ fn main() {
              watched), and the watcher's own (its start included). Where the load tool's \
              core is full and the server's is not, the load tool sets the rate, and the \
              watcher's CPU on that core is what the watched runs lose.\n\n\
-             | server | unwatched req/s | watched req/s (ratio) | worst quarter unwatched / watched | \
+             | server | unwatched req/s | watched req/s (ratio) | paired ratio | \
+             worst quarter unwatched / watched | \
              worst quarter, calibrating start | server CPU us/req unwatched | watched | \
              server core busy | load tool CPU | watcher CPU |\n\
-             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n",
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n",
             server_cpu.map_or("any".into(), |c| c.to_string()),
             real_rows.join("\n")
         )
