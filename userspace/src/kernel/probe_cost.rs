@@ -290,8 +290,14 @@ const CALLS: u32 = 2_000;
 const WAKES: u32 = 300;
 /// Loops of each kind, detached and attached.
 const LOOPS: usize = 8;
-/// One attempt's limit (it takes about a tenth of a second where it gets a CPU).
+/// One attempt's limit (it takes about half a second where it gets a CPU, most of it
+/// the pauses between its loops).
 const ATTEMPT: Duration = Duration::from_millis(1500);
+/// Each group of loops is followed by a pause this many times its own length, at
+/// most MAX_PAUSE, while the attempt's deadline is more than PAUSE_MARGIN away.
+const PAUSE_SHARE: f64 = 4.0;
+const MAX_PAUSE: Duration = Duration::from_millis(40);
+const PAUSE_MARGIN: Duration = Duration::from_millis(400);
 /// The whole measurement's limit, every attempt included.
 pub const DEADLINE: Duration = Duration::from_secs(4);
 
@@ -390,6 +396,19 @@ pub fn measure(nice: i32, avoid: &[usize]) -> Result<ProbeCost, String> {
     ))
 }
 
+/// The pause after a group of loops that took `took`: PAUSE_SHARE times as long, at
+/// most MAX_PAUSE, none where the deadline is near. The loops run raised (their
+/// timings are the model's) on a CPU that is likely someone's: back to back, their
+/// tenth of a second took a whole quarter-second from a load tool at full CPU
+/// (stock redis-server served 0.60 of its rate in it); spread out, each quarter
+/// loses a fifth of that.
+fn pause_after(took: Duration, deadline: Instant) {
+    let pause = took.mul_f64(PAUSE_SHARE).min(MAX_PAUSE);
+    if deadline.saturating_duration_since(Instant::now()) > pause + PAUSE_MARGIN {
+        std::thread::sleep(pause);
+    }
+}
+
 fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String> {
     let mut child = ChildProc::start(cpu, nice)?;
     let pid = child.child.id();
@@ -425,6 +444,7 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
         }
         let t = traced as usize;
         for _ in 0..LOOPS {
+            let group = Instant::now();
             for (k, (cmd, n)) in [(b's', SYSCALLS), (b'p', ROUNDS), (b'o', CALLS)]
                 .into_iter()
                 .enumerate()
@@ -432,6 +452,7 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
                 let ns = child.ask(cmd, Some(n), deadline)? as f64 / f64::from(n);
                 best[k][t] = best[k][t].min(ns);
             }
+            pause_after(group.elapsed(), deadline);
         }
     }
     drop(child);
