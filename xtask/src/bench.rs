@@ -172,6 +172,8 @@ pub fn run(which: Which) -> Result {
                             "--idle",
                             "--syscalls",
                             "--handoff",
+                            "--placement",
+                            "20,200",
                         ])
                         .arg("--out")
                         .arg(&out)

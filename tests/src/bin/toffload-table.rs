@@ -22,6 +22,8 @@ use toffload_tests::load::{self, Config};
 
 #[path = "toffload-table/handoff.rs"]
 mod handoff;
+#[path = "toffload-table/placement.rs"]
+mod placement;
 #[path = "toffload-table/syscalls.rs"]
 mod syscalls;
 
@@ -86,6 +88,11 @@ struct Args {
     /// generator delays them (the stock server at 20 us lost 60% of its rate).
     #[arg(long, value_enum, default_value_t = DeviceCore::Server)]
     device_core: DeviceCore,
+    /// Offload latencies (blocking wait, 64 lanes) measured again with the emulated
+    /// device's thread on the server's core and on the load generator's, the two
+    /// interleaved run by run (placement.rs; empty: none).
+    #[arg(long, value_delimiter = ',')]
+    placement: Vec<u32>,
 }
 
 fn runtime_lib() -> Result<PathBuf, String> {
@@ -165,6 +172,8 @@ struct Point {
     lat: u32,
     wait: &'static str,
     lanes: usize,
+    /// Where the emulated device's thread runs.
+    device: DeviceCore,
 }
 
 fn server_spec(a: &Args, p: Point, runtime: Option<(&Path, &Path)>) -> ServerSpec {
@@ -175,7 +184,7 @@ fn server_spec(a: &Args, p: Point, runtime: Option<(&Path, &Path)>) -> ServerSpe
         .env("TOFFLOAD_EMU_LANES", p.lanes.to_string())
         .env("TOFFLOAD_WAIT", p.wait)
         .cpu((harness::cpus() >= 2).then_some(0));
-    spec = a.device_core.place(spec);
+    spec = p.device.place(spec);
     if let Some((lib, stats)) = runtime {
         spec = spec
             .env("LD_PRELOAD", lib.display().to_string())
@@ -356,6 +365,7 @@ fn idle_cpu(a: &Args, runtime: bool) -> Result<Idle, String> {
         lat: 100,
         wait: "block",
         lanes: a.conns.max(64),
+        device: a.device_core,
     };
     let mut server = Server::start(&server_spec(
         a,
@@ -495,7 +505,12 @@ fn real_main(a: &Args) -> Result<(), String> {
     let mut plan: Vec<Point> = Vec::new();
     for &lat in &a.latencies {
         for wait in ["spin", "block"] {
-            plan.push(Point { lat, wait, lanes });
+            plan.push(Point {
+                lat,
+                wait,
+                lanes,
+                device: a.device_core,
+            });
         }
     }
     if a.small_lanes > 0 {
@@ -504,6 +519,7 @@ fn real_main(a: &Args) -> Result<(), String> {
                 lat,
                 wait: "block",
                 lanes: a.small_lanes,
+                device: a.device_core,
             });
         }
     }
@@ -733,6 +749,9 @@ fn real_main(a: &Args) -> Result<(), String> {
             median(kern.clone()),
             2.0 * median(kern)
         );
+    }
+    if !a.placement.is_empty() && !a.stock_only {
+        t.push_str(&placement::section(a, &mut targets)?);
     }
     if a.handoff && !a.stock_only {
         eprint!(
