@@ -85,28 +85,39 @@ impl PerCpuRows {
         let mut sums = vec![0u64; n * self.row];
         let mut values = vec![0u64; self.row * self.cpus];
         for (i, out) in sums.chunks_mut(self.row).enumerate() {
-            let key = start + i as u32;
-            let mut attr = ElemAttr {
-                map_fd: self.fd.as_raw_fd() as u32,
-                key: &key as *const u32 as u64,
-                value: values.as_mut_ptr() as u64,
-                ..ElemAttr::default()
-            };
             // SAFETY: the value buffer holds a row (the map's value size, checked at
-            // new()) for each possible CPU and outlives the call.
-            let rc = unsafe {
-                libc::syscall(
-                    libc::SYS_bpf,
-                    BPF_MAP_LOOKUP_ELEM,
-                    &mut attr as *mut ElemAttr,
-                    std::mem::size_of::<ElemAttr>() as u32,
-                )
-            };
+            // new()) for each possible CPU.
+            let rc =
+                unsafe { self.elem(BPF_MAP_LOOKUP_ELEM, start + i as u32, values.as_mut_ptr()) };
             if rc == 0 {
                 self.add_cpus(&values, out);
             }
         }
         sums
+    }
+
+    /// An element command (lookup or update) on `key` with `values` as the value
+    /// buffer; the syscall's return.
+    ///
+    /// # Safety
+    /// `values` must hold a row per possible CPU, writable for a lookup.
+    unsafe fn elem(&self, cmd: libc::c_long, key: u32, values: *mut u64) -> libc::c_long {
+        let mut attr = ElemAttr {
+            map_fd: self.fd.as_raw_fd() as u32,
+            key: &key as *const u32 as u64,
+            value: values as u64,
+            ..ElemAttr::default()
+        };
+        // SAFETY: attr points at the key and, by the caller's word, a large enough
+        // value buffer, both alive for the call.
+        unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                cmd,
+                &mut attr as *mut ElemAttr,
+                std::mem::size_of::<ElemAttr>() as u32,
+            )
+        }
     }
 
     /// Adds one key's per-CPU rows (`values`, CPU after CPU) into `out`.
@@ -190,21 +201,8 @@ mod tests {
     }
 
     fn set(reader: &PerCpuRows, key: u32, values: &[u64]) {
-        let mut attr = ElemAttr {
-            map_fd: reader.fd.as_raw_fd() as u32,
-            key: &key as *const u32 as u64,
-            value: values.as_ptr() as u64,
-            ..ElemAttr::default()
-        };
-        // SAFETY: values holds a row per possible CPU.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_UPDATE_ELEM,
-                &mut attr as *mut ElemAttr,
-                std::mem::size_of::<ElemAttr>() as u32,
-            )
-        };
+        // SAFETY: values holds a row per possible CPU, only read by an update.
+        let rc = unsafe { reader.elem(BPF_MAP_UPDATE_ELEM, key, values.as_ptr().cast_mut()) };
         assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
     }
 

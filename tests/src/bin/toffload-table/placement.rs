@@ -22,15 +22,16 @@ pub fn section(a: &Args, targets: &mut Vec<(String, bool)>) -> Result<String, St
     let lanes = a.conns.max(64);
     let mut rows: Vec<(Point, Agg, Agg)> = Vec::new();
     for &lat in &a.placement {
+        let point = |device| Point {
+            lat,
+            wait: "block",
+            lanes,
+            device,
+        };
         let mut runs: [(Vec<_>, Vec<_>); 2] = Default::default();
         for _ in 0..a.runs {
             for (i, &device) in PLACEMENTS.iter().enumerate() {
-                let p = Point {
-                    lat,
-                    wait: "block",
-                    lanes,
-                    device,
-                };
+                let p = point(device);
                 let s = sample(a, p, false)?;
                 let r = sample(a, p, true)?;
                 eprintln!(
@@ -44,12 +45,7 @@ pub fn section(a: &Args, targets: &mut Vec<(String, bool)>) -> Result<String, St
             }
         }
         for (i, &device) in PLACEMENTS.iter().enumerate() {
-            let p = Point {
-                lat,
-                wait: "block",
-                lanes,
-                device,
-            };
+            let p = point(device);
             let secs = a.warmup + a.secs;
             rows.push((p, aggregate(&runs[i].0, secs), aggregate(&runs[i].1, secs)));
         }
