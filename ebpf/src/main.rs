@@ -11,7 +11,7 @@
 #![no_main]
 
 use aya_ebpf::{
-    bindings::{pt_regs, BPF_F_NO_PREALLOC, BPF_F_USER_STACK},
+    bindings::{pt_regs, BPF_F_USER_STACK},
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated as gen},
     macros::{map, raw_tracepoint, tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
@@ -109,15 +109,16 @@ static FINE_HISTS: PerCpuArray<[u64; FINE_BUCKETS as usize]> =
 static SPIN_HIST: PerCpuArray<[u64; SPIN_BUCKETS as usize]> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static STACKS: StackTrace = StackTrace::with_max_entries(2048, 0);
+// The futex maps stay preallocated (6,144 per-CPU elements at start, a few ms): a
+// run-time allocated hash map in a tracepoint program is a verifier warning and a
+// kernel WARN (a tainted kernel) before Linux 6.1, which this watch must not cause.
 /// Futex calls per user stack id (best effort: a full bucket drops the stack, never
 /// the count, which FUTEX_SITES keeps).
 #[map]
-static FUTEX_STACKS: PerCpuHashMap<u32, u64> =
-    PerCpuHashMap::with_max_entries(2048, BPF_F_NO_PREALLOC);
+static FUTEX_STACKS: PerCpuHashMap<u32, u64> = PerCpuHashMap::with_max_entries(2048, 0);
 /// Futex calls per site.
 #[map]
-static FUTEX_SITES: PerCpuHashMap<Site, u64> =
-    PerCpuHashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
+static FUTEX_SITES: PerCpuHashMap<Site, u64> = PerCpuHashMap::with_max_entries(4096, 0);
 /// [cpu] = 1 while that CPU runs its idle task, as the last switch there traced said.
 #[map]
 static CPU_IDLE: Array<u32> = Array::with_max_entries(MAX_CPUS, 0);
