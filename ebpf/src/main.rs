@@ -85,8 +85,8 @@ static THREADS: HashMap<u32, ThreadInfo> = HashMap::with_max_entries(16384, 0);
 static WATCHED: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
 // Each per-CPU array below holds its counts as rows of several u64 per element: the
 // kernel allocates a per-CPU array one element at a time under a global lock, and one
-// u64 per element made the watcher's start (35,000 of them) cost the load tool's core
-// more than a second of watching.
+// u64 per element made tens of thousands of allocations, the largest part of the
+// watcher's start.
 #[map]
 static COUNTERS: PerCpuArray<[u64; N_COUNTERS as usize]> = PerCpuArray::with_max_entries(1, 0);
 /// [nr * 2] = calls, [nr * 2 + 1] = total ns.

@@ -398,10 +398,9 @@ pub fn measure(nice: i32, avoid: &[usize]) -> Result<ProbeCost, String> {
 
 /// The pause after a group of loops that took `took`: PAUSE_SHARE times as long, at
 /// most MAX_PAUSE, none where the deadline is near. The loops run raised (their
-/// timings are the model's) on a CPU that is likely someone's: back to back, their
-/// tenth of a second took a whole quarter-second from a load tool at full CPU
-/// (stock redis-server served 0.60 of its rate in it); spread out, each quarter
-/// loses a fifth of that.
+/// timings are the model's) on a CPU that is likely someone's: back to back they take
+/// most of one quarter-second from whatever runs there (a load tool at full CPU, and
+/// with it the target's rate); paused, the same CPU is spread over several.
 fn pause_after(took: Duration, deadline: Instant) {
     let pause = took.mul_f64(PAUSE_SHARE).min(MAX_PAUSE);
     if deadline.saturating_duration_since(Instant::now()) > pause + PAUSE_MARGIN {

@@ -105,11 +105,12 @@ fn fd_socket(pid: u32, fd: &str) -> Option<u64> {
 /// kept from the last reading: with `fresh` every fd's link is read again, else
 /// only those of fds that were not sockets or not there at the last reading. The
 /// quarter-second readings between two windows then cost a directory listing and a
-/// readlink per other fd, not one per connection (the readlinks were most of the
-/// watch's own CPU on redis with 50 clients). A socket's fd closed and reused by
-/// another socket is still a connection; one reused by a file counts as a socket
-/// until the next window's fresh reading, less than a window later, so the most
-/// connections seen stays what the process held in that time.
+/// readlink per other fd, not one per connection (with a socket per client, the
+/// readlinks were the largest part of the watch's own CPU between windows). A
+/// socket's fd closed and reused by another socket is still a connection; one reused
+/// by a file counts as a socket until the next window's fresh reading, less than a
+/// window later, so the most connections seen stays what the process held in that
+/// time.
 fn socket_inodes_cached(pid: u32, fds: &mut BTreeMap<u32, Option<u64>>, fresh: bool) -> Vec<u64> {
     let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
         fds.clear();
