@@ -193,7 +193,10 @@ fn server_spec(a: &Args, p: Point, runtime: Option<(&Path, &Path)>) -> ServerSpe
     spec
 }
 
-fn sample(a: &Args, p: Point, runtime: bool) -> Result<Sample, String> {
+/// One run of `p`, stock or under the runtime. `count`: the runtime's syscalls counted
+/// by perf over the measured window, which slows what it counts (a tracepoint hit per
+/// syscall), so a counted run's rate goes into no median.
+fn sample(a: &Args, p: Point, runtime: bool, count: bool) -> Result<Sample, String> {
     let lib = if runtime { Some(runtime_lib()?) } else { None };
     let stats = stats_path("point");
     let spec = server_spec(a, p, lib.as_deref().map(|l| (l, stats.as_path())));
@@ -204,7 +207,7 @@ fn sample(a: &Args, p: Point, runtime: bool) -> Result<Sample, String> {
     cfg.duration = Duration::from_secs_f64(a.secs);
     cfg.warmup = Duration::from_secs_f64(a.warmup);
     let counting =
-        (runtime && a.syscalls).then(|| syscalls::count(server.pid(), cfg.warmup, cfg.duration));
+        (runtime && count).then(|| syscalls::count(server.pid(), cfg.warmup, cfg.duration));
     let r = load::run(&cfg).map_err(|e| e.to_string())?;
     let syscalls = counting
         .and_then(|c| c.join().ok().flatten())
@@ -536,20 +539,28 @@ fn real_main(a: &Args) -> Result<(), String> {
         eprint!("  {} us, wait={}, lanes={}:", p.lat, p.wait, p.lanes);
         let (mut st, mut rt) = (Vec::new(), Vec::new());
         for _ in 0..a.runs {
-            let s = sample(a, p, false)?;
+            let s = sample(a, p, false, false)?;
             eprint!(" stock {:.0}", s.rps);
             st.push(s);
             if !a.stock_only {
-                let r = sample(a, p, true)?;
+                let r = sample(a, p, true, false)?;
                 eprint!(" runtime {:.0}", r.rps);
                 rt.push(r);
             }
+        }
+        let mut rt = (!a.stock_only).then(|| aggregate(&rt, a.warmup + a.secs));
+        if let (Some(agg), true) = (rt.as_mut(), a.syscalls) {
+            let c = sample(a, p, true, true)?;
+            eprint!(" (counted: {:.0})", c.rps);
+            agg.syscalls = c.syscalls.unwrap_or(f64::NAN);
+            agg.wrong += c.wrong;
+            agg.errors += c.errors;
         }
         eprintln!(" req/s");
         rows.push(Row {
             p,
             stock: aggregate(&st, a.warmup + a.secs),
-            rt: (!a.stock_only).then(|| aggregate(&rt, a.warmup + a.secs)),
+            rt,
         });
     }
 
@@ -630,7 +641,9 @@ fn real_main(a: &Args) -> Result<(), String> {
          waited for inline because they were shorter than a park + resume. runtime \
          syscalls/req (with --syscalls): syscalls entered by the server's own threads \
          (perf, raw_syscalls:sys_enter, per thread, the emulated device's thread \
-         excluded) over the measured window, per completed request. handoffs/s: the \
+         excluded) over the measured window, per completed request, in one more \
+         runtime run per point whose rate is in no median (perf's tracepoint on every \
+         syscall slows what it counts). handoffs/s: the \
          runtime's blocked-carrier handoffs (TOFFLOAD_STATS) over a run's warm-up and \
          measured seconds; conn_server never waits below libc, so any here is the \
          monitor misjudging a wait.\n",

@@ -32,8 +32,8 @@ pub fn section(a: &Args, targets: &mut Vec<(String, bool)>) -> Result<String, St
         for _ in 0..a.runs {
             for (i, &device) in PLACEMENTS.iter().enumerate() {
                 let p = point(device);
-                let s = sample(a, p, false)?;
-                let r = sample(a, p, true)?;
+                let s = sample(a, p, false, false)?;
+                let r = sample(a, p, true, false)?;
                 eprintln!(
                     "  placement {lat} us, {}: stock {:.0} runtime {:.0} req/s",
                     device.label(),
