@@ -4,7 +4,9 @@
 //! that waits idle pays it on every answer; answering a client that is busy anyway
 //! (a server fast enough to keep its load generator running) it does not. Measured as
 //! the median small write to a socket whose reader sleeps on `peer`, less the median
-//! one whose reader polls there.
+//! one to a socket no one waits on (no wake-up to send). That baseline has no reader:
+//! a reader polling for it spun on `peer`, the target's CPU, for the whole
+//! measurement, the one piece of the calibration that took CPU from the target itself.
 
 use std::time::{Duration, Instant};
 
@@ -18,9 +20,9 @@ const READER_DEADLINE: Duration = Duration::from_millis(200);
 /// calibration child is, or the scheduler may move it there). None when the threads
 /// or sockets cannot be had.
 pub fn idle_wake_ns(peer: usize, n: u32) -> Option<f64> {
-    let sleeping = median_write_ns(peer, n, false)?;
-    let polling = median_write_ns(peer, n, true)?;
-    Some((sleeping - polling).max(0.0))
+    let sleeping = median_write_ns(Some(peer), n)?;
+    let unread = median_write_ns(None, n)?;
+    Some((sleeping - unread).max(0.0))
 }
 
 /// A CPU other than `than` that this thread may use (read before pinning it).
@@ -38,8 +40,8 @@ pub fn other_cpu(than: usize) -> Option<usize> {
 }
 
 /// The median time of `n` 64-byte writes to a socket read on `peer` by a thread that
-/// sleeps in read() (`poll` false) or polls without sleeping (`poll` true).
-fn median_write_ns(peer: usize, n: u32, poll: bool) -> Option<f64> {
+/// sleeps in read(), or (`peer` None) read by no one until the writes are done.
+fn median_write_ns(peer: Option<usize>, n: u32) -> Option<f64> {
     let mut fds = [0i32; 2];
     // SAFETY: fds has room for two descriptors.
     if unsafe {
@@ -58,28 +60,31 @@ fn median_write_ns(peer: usize, n: u32, poll: bool) -> Option<f64> {
     // a real-time poller holds it may not run for seconds, and the calibration must
     // go on without it (a measurement it did not finish is none).
     let (done_tx, done_rx) = std::sync::mpsc::channel();
-    let reader = std::thread::Builder::new()
-        .name("idle-wake".into())
-        .spawn(move || {
-            crate::calibrate::pin(peer);
-            if poll {
-                // SAFETY: a descriptor of ours.
-                unsafe { libc::fcntl(r, libc::F_SETFL, libc::O_NONBLOCK) };
-            }
-            let mut buf = [0u8; 4096];
-            loop {
-                // SAFETY: reads into our own buffer.
-                let got = unsafe { libc::read(r, buf.as_mut_ptr().cast(), buf.len()) };
-                if got == 0 || (got < 0 && !poll) {
-                    break;
-                }
-            }
-            // SAFETY: this thread's own end, closed once.
-            unsafe { libc::close(r) };
+    let reader = match peer {
+        Some(peer) => std::thread::Builder::new()
+            .name("idle-wake".into())
+            .spawn(move || {
+                crate::calibrate::pin(peer);
+                let mut buf = [0u8; 4096];
+                // SAFETY: reads into our own buffer, until EOF or an error.
+                while unsafe { libc::read(r, buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+                // SAFETY: this thread's own end, closed once.
+                unsafe { libc::close(r) };
+                let _ = done_tx.send(());
+            })
+            .is_ok(),
+        None => {
+            // No reader: the writes queue in the socket and the read end is closed with
+            // the write end below. Non-blocking, so that a socket buffer too small for
+            // all n ends the measurement (None) instead of blocking it.
             let _ = done_tx.send(());
-        });
+            // SAFETY: a descriptor of ours.
+            let set = unsafe { libc::fcntl(w, libc::F_SETFL, libc::O_NONBLOCK) };
+            set != -1
+        }
+    };
     let mut times = Vec::with_capacity(n as usize);
-    if reader.is_ok() {
+    if reader {
         // The reader's first read, before the timed writes start.
         std::thread::sleep(Duration::from_millis(2));
         let msg = [0u8; 64];
@@ -98,10 +103,15 @@ fn median_write_ns(peer: usize, n: u32, poll: bool) -> Option<f64> {
         // SAFETY: no thread took it.
         unsafe { libc::close(r) };
     }
-    // Closing the write end ends the reader either way (EOF).
-    // SAFETY: our own descriptor, closed once.
-    unsafe { libc::close(w) };
-    let finished = reader.is_ok() && done_rx.recv_timeout(READER_DEADLINE).is_ok();
+    // Closing the write end ends the reader (EOF).
+    // SAFETY: our own descriptors, each closed once (r here only without a reader).
+    unsafe {
+        libc::close(w);
+        if peer.is_none() {
+            libc::close(r);
+        }
+    }
+    let finished = reader && done_rx.recv_timeout(READER_DEADLINE).is_ok();
     if !finished || times.len() < n as usize {
         return None;
     }
@@ -124,7 +134,7 @@ mod tests {
             return;
         };
         crate::calibrate::pin(here);
-        let ns = idle_wake_ns(peer, 300).expect("measures");
+        let ns = idle_wake_ns(peer, 100).expect("measures");
         println!("waking an idle CPU cost the waker {:.2} us", ns / 1e3);
         assert!(ns < 100_000.0, "{ns} ns");
     }

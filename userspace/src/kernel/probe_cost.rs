@@ -283,11 +283,12 @@ fn file_offset(pid: u32, addr: u64) -> Option<(String, u64)> {
 // Short loops, several times: each loop fits in a scheduler slice, so that on a busy
 // machine some of them run undisturbed, and the least time per event is theirs. Eight
 // of each, not more: the whole measurement is CPU the target does not get.
-const SYSCALLS: u32 = 2_000;
-const ROUNDS: u32 = 400;
-const CALLS: u32 = 2_000;
-/// Writes each way of the idle wake-up's measurement.
-const WAKES: u32 = 300;
+const SYSCALLS: u32 = 1_000;
+const ROUNDS: u32 = 200;
+const CALLS: u32 = 1_000;
+/// Writes each way of the idle wake-up's measurement (the unread way queues them all
+/// in one socket's buffer).
+const WAKES: u32 = 100;
 /// Loops of each kind, detached and attached.
 const LOOPS: usize = 8;
 /// One attempt's limit (it takes about half a second where it gets a CPU, most of it
@@ -296,6 +297,10 @@ const ATTEMPT: Duration = Duration::from_millis(1500);
 /// Each group of loops is followed by a pause this many times its own length, at
 /// most MAX_PAUSE, while the attempt's deadline is more than PAUSE_MARGIN away.
 const PAUSE_SHARE: f64 = 4.0;
+/// Shorter while traced: the tracepoints stay attached through the pauses, and every
+/// process's syscalls and switches run the programs' filter meanwhile, the target's
+/// and its load tool's included.
+const TRACED_PAUSE_SHARE: f64 = 1.0;
 const MAX_PAUSE: Duration = Duration::from_millis(40);
 const PAUSE_MARGIN: Duration = Duration::from_millis(400);
 /// The whole measurement's limit, every attempt included.
@@ -401,8 +406,8 @@ pub fn measure(nice: i32, avoid: &[usize]) -> Result<ProbeCost, String> {
 /// timings are the model's) on a CPU that is likely someone's: back to back they take
 /// most of one quarter-second from whatever runs there (a load tool at full CPU, and
 /// with it the target's rate); paused, the same CPU is spread over several.
-fn pause_after(took: Duration, deadline: Instant) {
-    let pause = took.mul_f64(PAUSE_SHARE).min(MAX_PAUSE);
+fn pause_after(took: Duration, share: f64, deadline: Instant) {
+    let pause = took.mul_f64(share).min(MAX_PAUSE);
     if deadline.saturating_duration_since(Instant::now()) > pause + PAUSE_MARGIN {
         std::thread::sleep(pause);
     }
@@ -422,7 +427,7 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
     // are detached once, on a thread of their own, after the measurement.
     let mut best = [[f64::INFINITY; 2]; 3];
     let mut links = Vec::new();
-    // Untraced, once: a median of its own (WAKES writes each way, ~40 ms).
+    // Untraced, once: a median of its own (WAKES writes each way).
     let idle_wake_ns = child.ask(b'w', Some(WAKES), deadline)? as f64 / f64::from(WAKES);
     for traced in [false, true] {
         if traced {
@@ -451,7 +456,12 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
                 let ns = child.ask(cmd, Some(n), deadline)? as f64 / f64::from(n);
                 best[k][t] = best[k][t].min(ns);
             }
-            pause_after(group.elapsed(), deadline);
+            let share = if traced {
+                TRACED_PAUSE_SHARE
+            } else {
+                PAUSE_SHARE
+            };
+            pause_after(group.elapsed(), share, deadline);
         }
     }
     drop(child);
