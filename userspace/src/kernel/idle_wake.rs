@@ -138,4 +138,14 @@ mod tests {
         println!("waking an idle CPU cost the waker {:.2} us", ns / 1e3);
         assert!(ns < 100_000.0, "{ns} ns");
     }
+
+    /// The unread baseline queues every write in one socket: more than its buffer
+    /// holds ends the measurement with None, at once, where a blocking write would
+    /// wait forever for a reader that does not exist.
+    #[test]
+    fn more_writes_than_an_unread_socket_holds_end_the_measurement() {
+        let t0 = Instant::now();
+        assert_eq!(median_write_ns(None, 1_000_000), None);
+        assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    }
 }
