@@ -252,7 +252,7 @@ struct Agg {
     /// Fewest fibers any runtime run created (0: it did not engage at least once).
     min_fibers: u64,
     inline_share: f64,
-    /// Median syscalls per request (NaN: not counted).
+    /// Syscalls per request, from the point's one counted run (NaN: not counted).
     syscalls: f64,
     /// Median handoffs per second over a run's warm-up and measured seconds (NaN: stock).
     handoffs_per_s: f64,
@@ -283,14 +283,8 @@ fn aggregate(s: &[Sample], secs: f64) -> Agg {
         } else {
             f64::NAN
         },
-        syscalls: {
-            let v: Vec<f64> = s.iter().filter_map(|x| x.syscalls).collect();
-            if v.is_empty() {
-                f64::NAN
-            } else {
-                median(v)
-            }
-        },
+        // Counted in a run of its own (sample's `count`), filled in by the caller.
+        syscalls: f64::NAN,
         handoffs_per_s: {
             let v: Vec<f64> = s
                 .iter()

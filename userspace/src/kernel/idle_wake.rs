@@ -85,8 +85,10 @@ fn median_write_ns(peer: Option<usize>, n: u32) -> Option<f64> {
     };
     let mut times = Vec::with_capacity(n as usize);
     if reader {
-        // The reader's first read, before the timed writes start.
-        std::thread::sleep(Duration::from_millis(2));
+        if peer.is_some() {
+            // The reader's first read, before the timed writes start.
+            std::thread::sleep(Duration::from_millis(2));
+        }
         let msg = [0u8; 64];
         for _ in 0..n {
             std::thread::sleep(GAP);

@@ -291,7 +291,7 @@ const CALLS: u32 = 1_000;
 const WAKES: u32 = 100;
 /// Loops of each kind, detached and attached.
 const LOOPS: usize = 8;
-/// One attempt's limit (it takes about half a second where it gets a CPU, most of it
+/// One attempt's limit (it takes well under a second where it gets a CPU, most of it
 /// the pauses between its loops).
 const ATTEMPT: Duration = Duration::from_millis(1500);
 /// Each group of loops is followed by a pause this many times its own length, at
@@ -401,8 +401,8 @@ pub fn measure(nice: i32, avoid: &[usize]) -> Result<ProbeCost, String> {
     ))
 }
 
-/// The pause after a group of loops that took `took`: PAUSE_SHARE times as long, at
-/// most MAX_PAUSE, none where the deadline is near. The loops run raised (their
+/// The pause after a group of loops that took `took`: `share` times as long, at most
+/// MAX_PAUSE, none where the deadline is near. The loops run raised (their
 /// timings are the model's) on a CPU that is likely someone's: back to back they take
 /// most of one quarter-second from whatever runs there (a load tool at full CPU, and
 /// with it the target's rate); paused, the same CPU is spread over several.
