@@ -349,10 +349,24 @@ pub const WATCH_SECS: u32 = 3;
 pub const WATCHED_LOAD_SECS: u32 = WATCH_SECS + 2;
 
 /// The model's prediction for the reroute from a [`WATCH_SECS`] toffload-watch of
-/// `pid` while `load` runs against the synchronous form for [`WATCHED_LOAD_SECS`].
-/// None, with the reason printed, where the watcher cannot run (not root, not built);
-/// under CI (TOFFLOAD_NO_SKIP) that fails.
+/// `pid` while `load` runs against the synchronous form for [`WATCHED_LOAD_SECS`]:
+/// the median of the windows' (see [`watched_windows`]).
 pub fn predicted_reroute(pid: u32, load: impl FnOnce()) -> Option<f64> {
+    let v: Vec<f64> = watched_windows(pid, load)?
+        .iter()
+        .filter_map(|w| w["model"]["recipe_speedup"].as_f64())
+        .collect();
+    if v.is_empty() {
+        println!("toffload-watch gave no prediction for pid {pid}");
+        return None;
+    }
+    Some(median(v))
+}
+
+/// The windows with requests of a [`WATCH_SECS`] toffload-watch of `pid` while `load`
+/// runs. None, with the reason printed, where the watcher cannot run (not root, not
+/// built); under CI (TOFFLOAD_NO_SKIP) that fails.
+pub fn watched_windows(pid: u32, load: impl FnOnce()) -> Option<Vec<serde_json::Value>> {
     let secs = WATCH_SECS;
     use std::sync::mpsc;
     // SAFETY: geteuid has no preconditions.
@@ -408,18 +422,13 @@ pub fn predicted_reroute(pid: u32, load: impl FnOnce()) -> Option<f64> {
     assert!(out.status.success(), "toffload-watch failed: {said:?}");
     let text = String::from_utf8_lossy(&out.stdout);
     harness::dump_watch(&format!("pid{pid}"), &text);
-    let v: Vec<f64> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|j| j.get("window").cloned())
-        .filter(|w| w["requests"].as_f64().is_some_and(|r| r > 0.0))
-        .filter_map(|w| w["model"]["recipe_speedup"].as_f64())
-        .collect();
-    if v.is_empty() {
-        println!("toffload-watch gave no prediction for pid {pid}: {said:?}");
-        return None;
-    }
-    Some(median(v))
+    Some(
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|j| j.get("window").cloned())
+            .filter(|w| w["requests"].as_f64().is_some_and(|r| r > 0.0))
+            .collect(),
+    )
 }
 
 /// The "predicted" and "error" cells of a results row (without the outer bars).

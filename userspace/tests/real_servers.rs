@@ -192,6 +192,78 @@ fn redis_is_an_event_loop() {
     assert_eq!(kind, "event_loop", "{because}");
 }
 
+/// redis-server sets its process title over its environment block: the watch must
+/// neither read that as "no knob set" nor relaunch it without the environment it was
+/// started with. Hazard first: the block read back is no environment at all.
+#[test]
+fn a_retitled_redis_is_not_relaunched_without_its_environment() {
+    let _s = serial();
+    if !ready(&["redis-server", "redis-benchmark"]) {
+        return;
+    }
+    let port = free_port();
+    let dir = tmpdir("redis-retitled");
+    let srv = start(
+        Command::new(which("redis-server").unwrap())
+            .args([
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(&dir)
+            .env("TOFFLOAD_EMU_LAT_US", "1000"),
+        port,
+    );
+    let pid = srv.0.id();
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("environ");
+    assert!(
+        !environ
+            .split(|&c| c == 0)
+            .any(|kv| kv.starts_with(b"TOFFLOAD_EMU_LAT_US=")),
+        "redis-server kept its environment block: nothing to test"
+    );
+    let mut cmd = watch_cmd();
+    cmd.args(["--json", "--interval", "1s", "--duration", "6s"])
+        .args(["--inject", "--inject-after", "1", "--force", "--dry-run"])
+        .arg("--pid")
+        .arg(pid.to_string());
+    let w = Watcher::start(cmd);
+    run_tool(
+        Command::new("redis-benchmark")
+            .args([
+                "-p",
+                &port.to_string(),
+                "-c",
+                "8",
+                "-n",
+                "60000",
+                "-t",
+                "get",
+                "-q",
+            ])
+            .stdout(Stdio::null()),
+    );
+    let (code, lines, err) = w.finish();
+    assert_eq!(code, 8, "exit code; stderr: {err:?}");
+    let ev = get(&lines, "inject");
+    assert_eq!(ev["action"], "refused", "{ev}");
+    assert!(
+        ev["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("wrote over its environment block"),
+        "{ev}"
+    );
+    assert!(
+        Path::new(&format!("/proc/{pid}")).exists(),
+        "redis-server is gone"
+    );
+}
+
 /// nginx on `port` with its own configuration in a fresh directory; `processes`
 /// is its master_process/worker_processes lines.
 fn nginx(name: &str, port: u16, processes: &str) -> Proc {

@@ -121,6 +121,15 @@ fn plan_inner(pid: u32, opts: &Options, systemd_running: bool) -> Result<Plan, P
         systemd::Route::Refuse(why) => return Err(PlanError::Unreproducible(why.clone())),
         // A relaunch is our child: it can take only what we can give (a unit's
         // limits are systemd's to apply).
+        systemd::Route::Relaunch if original.env_overwritten => {
+            return Err(PlanError::Cannot(format!(
+                "pid {pid} wrote over its environment block (a server that sets its \
+                 process title, as redis-server and nginx do): the environment it was \
+                 started with cannot be read back, and a relaunch without it would lose \
+                 it; start it under LD_PRELOAD yourself, or run it as a systemd unit, \
+                 which toffload injects through"
+            )));
+        }
         systemd::Route::Relaunch => {
             let mine = resources::rlimits(std::process::id()).map_err(PlanError::Cannot)?;
             let my_oom = std::fs::read_to_string("/proc/self/oom_score_adj")

@@ -11,8 +11,12 @@ pub struct Launch {
     /// The executable (/proc/PID/exe): what execve runs, whatever argv[0] says.
     pub exe: PathBuf,
     pub argv: Vec<String>,
-    /// The environment as it was started, in order.
+    /// The environment as it was started, in order (empty when overwritten).
     pub env: Vec<(String, String)>,
+    /// The process wrote over its environment block (a server that sets its process
+    /// title, as redis-server and nginx do): what it was started with is unknown, so
+    /// only its unit can start it again as it was.
+    pub env_overwritten: bool,
     pub cwd: PathBuf,
     pub uid: u32,
     pub gid: u32,
@@ -65,13 +69,9 @@ impl Launch {
             ));
         }
         let env =
-            nul_split(&std::fs::read(p("environ")).map_err(|e| format!("{}: {e}", p("environ")))?)
-                .into_iter()
-                .filter_map(|kv| {
-                    kv.split_once('=')
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                })
-                .collect();
+            crate::target::environ::read(pid).map_err(|e| format!("{}: {e}", p("environ")))?;
+        let env_overwritten = env.is_none();
+        let env = env.unwrap_or_default();
         let cwd = std::fs::read_link(p("cwd")).map_err(|e| format!("{}: {e}", p("cwd")))?;
         let status =
             std::fs::read_to_string(p("status")).map_err(|e| format!("{}: {e}", p("status")))?;
@@ -102,6 +102,7 @@ impl Launch {
             exe,
             argv,
             env,
+            env_overwritten,
             cwd,
             uid,
             gid,

@@ -2,11 +2,13 @@
 //! runtime kind, the offload entry points it has mapped, and where libc's syscall()
 //! wrapper lives (to tell raw futex calls from glibc's own).
 
-// The service around the process and what else is known of it: its processes
+// The service around the process and what else is known of it: its environment as
+// started (environ), its processes
 // (service, processes), a command started under the watch (spawn), named offloads, the
 // runtime's counters, the hypervisor's steal on its cores, its rate between bursts
 // (untraced), the names of its code addresses (symbols) and the listening sockets
 // that tell a listener from a connection (sock_diag).
+pub mod environ;
 pub mod offload_spec;
 pub mod processes;
 pub mod runtime_counters;

@@ -13,8 +13,10 @@ pub struct TargetFacts {
     /// Cores in the process's affinity mask, and which.
     pub cores: usize,
     pub cpus: Vec<usize>,
-    /// Its environment (as it was started: /proc/PID/environ).
-    pub env: HashMap<String, String>,
+    /// Its environment as it was started (/proc/PID/environ); None when unreadable or
+    /// overwritten: servers that retitle themselves (redis-server, nginx) write their
+    /// title over that memory, and an absent knob no longer means its default there.
+    pub env: Option<HashMap<String, String>>,
     /// libtoffload_accel.so is mapped: the device knobs in `env` apply.
     pub accel_mapped: bool,
 }
@@ -25,7 +27,10 @@ impl TargetFacts {
         TargetFacts {
             cores: cpus.len().max(1),
             cpus,
-            env: environ(pid),
+            env: crate::target::environ::read(pid)
+                .ok()
+                .flatten()
+                .map(|v| v.into_iter().collect()),
             accel_mapped: std::fs::read_to_string(format!("/proc/{pid}/maps"))
                 .is_ok_and(|m| m.contains("libtoffload_accel.so")),
         }
@@ -34,14 +39,16 @@ impl TargetFacts {
     /// Carriers the runtime will start: TOFFLOAD_CARRIERS (default 1).
     pub fn carriers(&self) -> usize {
         self.env
-            .get("TOFFLOAD_CARRIERS")
+            .as_ref()
+            .and_then(|e| e.get("TOFFLOAD_CARRIERS"))
             .and_then(|v| v.trim().parse().ok())
             .filter(|&n: &usize| n >= 1)
             .unwrap_or(1)
     }
 
     /// The emulated device's ceiling, lanes / latency, when the target runs on it
-    /// with the knobs it was started with (defaults: 64 lanes, 100 us).
+    /// with the knobs it was started with (defaults: 64 lanes, 100 us), and they can
+    /// be read.
     pub fn device_rps(&self) -> Option<f64> {
         let (lat, lanes) = self.emulated()?;
         Some(lanes * 1e6 / lat)
@@ -54,13 +61,13 @@ impl TargetFacts {
 
     /// (latency us, lanes) of the emulated device the target runs on, if it does.
     fn emulated(&self) -> Option<(f64, f64)> {
-        let backend = self.env.get("TOFFLOAD_BACKEND").map(|s| s.trim());
+        let env = self.env.as_ref()?;
+        let backend = env.get("TOFFLOAD_BACKEND").map(|s| s.trim());
         if !self.accel_mapped || !matches!(backend, None | Some("") | Some("emulated")) {
             return None;
         }
         let num = |k: &str, d: f64| {
-            self.env
-                .get(k)
+            env.get(k)
                 .and_then(|v| v.trim().parse::<f64>().ok())
                 .unwrap_or(d)
         };
@@ -360,23 +367,6 @@ fn online_cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// The target's environment; empty when unreadable.
-pub fn environ(pid: u32) -> HashMap<String, String> {
-    std::fs::read(format!("/proc/{pid}/environ"))
-        .map(|b| parse_environ(&b))
-        .unwrap_or_default()
-}
-
-pub fn parse_environ(b: &[u8]) -> HashMap<String, String> {
-    b.split(|&c| c == 0)
-        .filter_map(|kv| {
-            let s = String::from_utf8_lossy(kv);
-            let (k, v) = s.split_once('=')?;
-            Some((k.to_string(), v.to_string()))
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -553,19 +543,34 @@ mod tests {
         assert_eq!(cpu_list(""), None);
     }
 
+    fn env(b: &[u8]) -> Option<HashMap<String, String>> {
+        crate::target::environ::parse(b).map(|v| v.into_iter().collect())
+    }
+
     #[test]
     fn device_ceiling_from_the_emulated_knobs() {
         let mut f = TargetFacts {
             cores: 1,
             cpus: vec![0],
             accel_mapped: true,
-            env: parse_environ(b"TOFFLOAD_EMU_LAT_US=500\0TOFFLOAD_EMU_LANES=4\0PATH=/bin\0"),
+            env: env(b"TOFFLOAD_EMU_LAT_US=500\0TOFFLOAD_EMU_LANES=4\0PATH=/bin\0"),
         };
         assert_eq!(f.device_rps(), Some(8000.0));
+        assert_eq!(f.device_latency_us(), Some(500.0));
         assert_eq!(f.carriers(), 1);
-        f.env.insert("TOFFLOAD_BACKEND".into(), "cuda".into());
+        let e = f.env.as_mut().unwrap();
+        e.insert("TOFFLOAD_BACKEND".into(), "cuda".into());
+        e.insert("TOFFLOAD_CARRIERS".into(), "3".into());
         assert_eq!(f.device_rps(), None);
-        f.env.insert("TOFFLOAD_CARRIERS".into(), "3".into());
         assert_eq!(f.carriers(), 3);
+        // Nothing set: the defaults, 64 lanes at 100 us.
+        f.env = env(b"PATH=/bin\0");
+        assert_eq!(f.device_rps(), Some(640_000.0));
+        // An environment the server wrote its title over says nothing, not "defaults".
+        f.env = None;
+        assert_eq!(
+            (f.device_rps(), f.device_latency_us(), f.carriers()),
+            (None, None, 1)
+        );
     }
 }
