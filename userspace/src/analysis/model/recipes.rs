@@ -7,7 +7,7 @@
 //! none where the completion fd sits in the server's own loop) in place of a fiber's
 //! park and resume: the event loop keeps serving while N requests wait on the device.
 
-use super::Inputs;
+use super::{closed_loop_rps, Inputs, CROSS_CPU_ROUND_TRIP_US};
 use crate::target::RuntimeKind;
 use serde::Serialize;
 
@@ -288,7 +288,8 @@ pub struct Forecast {
 /// (`reroute_cpu_us`), less the idle client wake-ups it no longer pays, plus the
 /// backend's own threads' CPU and the completion path's `completion_us`, on `loops`
 /// threads; as many requests in flight as there are client connections (the offload
-/// threads where the sockets were not seen: a thread-per-connection server's).
+/// threads where the sockets were not seen: a thread-per-connection server's), each
+/// also spending the cross-CPU round trip to its client.
 pub fn predicted_speedup(i: &Inputs, loops: f64, completion_us: f64) -> Forecast {
     // A blocking wait's c holds the loop's own sleep per request (its switches), which
     // the rerouted loop, waiting in its poll for many completions at once, no longer
@@ -311,10 +312,21 @@ pub fn predicted_speedup(i: &Inputs, loops: f64, completion_us: f64) -> Forecast
     let kept = (own - blocking - idle_wakes).max(0.0) + i.backend_cpu_us.max(0.0);
     let completion_us = completion_us.max(0.0);
     let c = kept + completion_us;
-    let cpu = loops.clamp(1.0, i.cores.max(1.0)) * 1e6 / c.max(1e-3);
+    let loops = loops.clamp(1.0, i.cores.max(1.0));
+    let l = i.latency_us.max(0.0);
+    let cpu = loops * 1e6 / c.max(1e-3);
     let in_flight = i.client_connections.unwrap_or(i.connections).max(1.0);
-    let overlap = in_flight * 1e6 / (i.latency_us.max(0.0) + c).max(1e-3);
-    let mut t = cpu.min(overlap);
+    // Each request also spends the round trip to its client outside the loop, and
+    // where the loop is not saturated its CPUs idle between requests, so that trip
+    // costs the wake-ups of idle CPUs, as in the fibers' loop (mod.rs). Near the knee
+    // requests queue for the loop's CPU and the device's lanes: the same mean value
+    // analysis as the zero-edit model's, which min(CPU, overlap) overstates there.
+    let think = CROSS_CPU_ROUND_TRIP_US;
+    let overlap = in_flight * 1e6 / (l + c + think).max(1e-3);
+    let lanes = i.device_rps.map(|d| (d * l / 1e6).max(1.0));
+    let mut t = closed_loop_rps(in_flight, c, loops, l, lanes, think)
+        .min(cpu)
+        .min(overlap);
     if let Some(d) = i.device_rps {
         t = t.min(d);
     }
