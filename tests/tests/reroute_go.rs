@@ -185,7 +185,7 @@ fn reroute_go_benchmark() {
             ("TOFFLOAD_WAIT", "block".to_string()),
         ];
         let s = start(&exe, &env, scpu);
-        let predicted = reroute::predicted_reroute(s.child.id(), || {
+        let predicted = reroute::predicted_reroute(s.child.id(), rounds, || {
             let secs = reroute::WATCHED_LOAD_SECS;
             reroute::wrk_for(&wrk_exe, s.port, "/serial?n=1024", conns, lcpu, secs);
         });
@@ -241,7 +241,7 @@ fn reroute_go_benchmark() {
          thread; /async is the reroute ({reroute_all} lines, {reroute_code} of code: REROUTE \
          markers), the completion fd in Go's netpoller. Speedups are over /serial. \"threads\" is \
          the server's OS threads after the runs. predicted: toffload-watch's prediction for \
-         the reroute from a 3 s watch of /serial under the same wrk load (the windows' \
+         the reroute from one 3 s watch per round of /serial under the same wrk load (the windows' \
          `model.recipe_speedup`, median), against the /async speedup; error = predicted / \
          measured - 1.\n\n\
          | offload us | /serial req/s | p50 / p99 ms | /sync req/s | p50 / p99 ms | sync speedup | /async req/s | p50 / p99 ms | async speedup | predicted | error | most in flight (async) | threads |\n\

@@ -300,7 +300,7 @@ fn reroute_nginx_benchmark() {
             ("TOFFLOAD_EMU_LANES", "64".to_string()),
         ];
         let s = Nginx::start(&nginx, &module, &env, scpu);
-        let predicted = reroute::predicted_reroute(s.child.id(), || {
+        let predicted = reroute::predicted_reroute(s.child.id(), rounds, || {
             let secs = reroute::WATCHED_LOAD_SECS;
             reroute::wrk_for(&wrk_exe, s.port, "/sync?n=1024", conns, lcpu, secs);
         });
@@ -351,7 +351,7 @@ fn reroute_nginx_benchmark() {
          the worker). {rounds} round(s) per row, medians. Load average at the start: {load}\n\
          Written by `reroute_nginx_benchmark` in tests/tests/reroute_nginx.rs (`cargo xtask bench \
          reroute` runs it with 3 rounds). predicted: toffload-watch's prediction for the \
-         reroute from a 3 s watch of the master's pid (its worker followed) under the same wrk \
+         reroute from one 3 s watch per round of the master's pid (its worker followed) under the same wrk \
          load on the sync form (the windows' `model.recipe_speedup`, median); error = predicted \
          / measured - 1.\n\n\
          Lines in ngx_http_toffload_module.c, counted from the file: the rerouted path (REROUTE \

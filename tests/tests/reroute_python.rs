@@ -183,7 +183,7 @@ fn reroute_python_benchmark() {
             ("TOFFLOAD_EMU_LANES", "64".to_string()),
         ];
         let s = start(&py, &env, scpu);
-        let predicted = reroute::predicted_reroute(s.child.id(), || {
+        let predicted = reroute::predicted_reroute(s.child.id(), rounds, || {
             let secs = reroute::WATCHED_LOAD_SECS;
             reroute::wrk_for(&wrk_exe, s.port, "/sync?n=1024", conns, lcpu, secs);
         });
@@ -230,8 +230,8 @@ fn reroute_python_benchmark() {
          the server). {rounds} round(s) per row, medians. Load average at the start: {load}\n\
          Written by `reroute_python_benchmark` in tests/tests/reroute_python.rs \
          (`cargo xtask bench reroute` runs it with 3 rounds). \
-         predicted: toffload-watch's prediction for the reroute from a 3 s watch of the \
-         synchronous form under the same wrk load (its window's `model.recipe_speedup`, \
+         predicted: toffload-watch's prediction for the reroute from one 3 s watch per round of the \
+         synchronous form under the same wrk load (the windows' `model.recipe_speedup`, \
          median); error = predicted / measured - 1.\n\n\
          Lines in toffload_asyncio.py, counted from the file: the rerouted path (REROUTE markers: \
          `Accel.run`, the completion fd's reader, the wait for room) {reroute_all} lines, \

@@ -882,7 +882,7 @@ fn reroute_benchmark() {
         // is, from a little under a request's time, so that it runs long rather
         // than short.
         let n_watched = reroute::WATCHED_LOAD_SECS as usize * 1_000_000 / (lat_us + 15) as usize;
-        let predicted = reroute::predicted_reroute(r.child.id(), || {
+        let predicted = reroute::predicted_reroute(r.child.id(), rounds, || {
             bench(&benchmark, r.port, "ACCEL.SYNC", clients, n_watched, bcpu);
         });
         let mut s_runs = Vec::new();
@@ -949,7 +949,7 @@ fn reroute_benchmark() {
          (REROUTE markers: ACCEL.ASYNC, its callbacks and the completion fd's registration) {reroute_all} lines, \
          {reroute_code} of code; the synchronous path (SYNC markers: ACCEL.SYNC) {sync_all} lines, {sync_code} of \
          code. Both share read_value (the key lookup) and the module's setup. predicted: \
-         toffload-watch's prediction for the reroute from a 3 s watch of the server under \
+         toffload-watch's prediction for the reroute from one 3 s watch per round of the server under \
          redis-benchmark on ACCEL.SYNC (the windows' `model.recipe_speedup`, median); error = \
          predicted / measured - 1.\n\n\
          | offload us | ACCEL.SYNC req/s | sync p50 / p99 ms | ACCEL.ASYNC req/s | async p50 / p99 ms | speedup | predicted | error | most in flight (async) |\n\
