@@ -58,7 +58,7 @@ fn start(python: &Path, env: &[(&str, String)], cpu: Option<usize>) -> Server {
     Server::spawn(&mut c, env, cpu, "the asyncio server")
 }
 
-/// toffload_guard_helper.so, built once with cc against the dist.
+/// toffload_guard_helper.so, built once by its Makefile against the dist.
 fn guard_helper() -> PathBuf {
     static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
     let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
@@ -69,14 +69,14 @@ fn guard_helper() -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-guard");
     std::fs::create_dir_all(&dir).expect("build folder");
     let out = dir.join("toffload_guard_helper.so");
-    let o = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O2", "-Wall", "-Werror"])
-        .arg(format!("-I{}", dist.join("include").display()))
-        .arg(script().with_file_name("toffload_guard_helper.c"))
-        .arg("-o")
-        .arg(&out)
+    // The Makefile holds the build's flags (`cargo xtask build` runs it too).
+    let o = Command::new("make")
+        .args(["-s", "-C"])
+        .arg(script().parent().expect("its folder"))
+        .arg(format!("DIST={}", dist.display()))
+        .arg(format!("OUT={}", out.display()))
         .output()
-        .expect("running cc");
+        .expect("running make");
     assert!(
         o.status.success(),
         "building toffload_guard_helper.so failed:\n{}",

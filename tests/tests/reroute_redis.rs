@@ -84,7 +84,7 @@ fn redis_exes() -> Option<(PathBuf, PathBuf)> {
     }
 }
 
-/// Compiles toffload_redis.so into `dir` the way its Makefile does.
+/// Builds toffload_redis.so into `dir` with its Makefile.
 fn build_module(dir: &Path) -> PathBuf {
     let dist = harness::dist();
     let lib = dist.join("lib");
@@ -94,22 +94,14 @@ fn build_module(dir: &Path) -> PathBuf {
         lib.display()
     );
     let out = dir.join("toffload_redis.so");
-    let src = module_src();
-    let o = Command::new("cc")
-        .args([
-            "-shared", "-fPIC", "-O2", "-g", "-Wall", "-Wextra", "-Werror",
-        ])
-        .arg("-I")
-        .arg(dist.join("include"))
-        .arg("-o")
-        .arg(&out)
-        .arg(src.join("toffload_redis.c"))
-        .arg("-L")
-        .arg(&lib)
-        .arg("-ltoffload_accel")
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
+    // The Makefile holds the build's flags (`cargo xtask build` runs it too).
+    let o = Command::new("make")
+        .args(["-s", "-C"])
+        .arg(module_src())
+        .arg(format!("DIST={}", dist.display()))
+        .arg(format!("OUT={}", out.display()))
         .output()
-        .expect("running cc");
+        .expect("running make");
     assert!(
         o.status.success(),
         "compiling toffload_redis.c failed:\n{}",

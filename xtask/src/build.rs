@@ -1,6 +1,7 @@
 //! Builds the shipped pieces into the dist folder (target/toffload): the accelerator
-//! library, the load generator and demo, and the C example servers, which are built
-//! from source every time and never committed as binaries.
+//! library, the load generator and demo, the C example servers, which are built
+//! from source every time and never committed as binaries, and the integrations
+//! (integrations.rs).
 
 use crate::paths;
 use crate::proc::{self, Result};
@@ -125,6 +126,7 @@ pub fn all() -> Result<Dist> {
             &include,
         )?;
     }
+    crate::integrations::build(&dist)?;
     eprintln!("xtask: built into {}", dist.display());
     Ok(Dist { bin })
 }

@@ -14,6 +14,7 @@ mod gpu_check;
 mod install;
 #[cfg(test)]
 mod install_tests;
+mod integrations;
 mod manifest;
 mod paths;
 mod proc;

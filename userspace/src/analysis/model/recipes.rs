@@ -73,13 +73,13 @@ impl Shipped {
 
 const REDIS: Shipped = Shipped {
     path: "backends/integrations/redis",
-    how: "make, then redis-server --loadmodule toffload_redis.so; ACCEL.ASYNC",
+    how: "cargo xtask build: integrations/redis/toffload_redis.so, for --loadmodule; ACCEL.ASYNC",
     results: "tests/results/reroute.md",
     results_text: include_str!("../../../../tests/results/reroute.md"),
 };
 const NGINX: Shipped = Shipped {
     path: "backends/integrations/nginx",
-    how: "build.sh against nginx-dev, then load_module; toffload_accel async",
+    how: "cargo xtask build with nginx-dev: integrations/nginx/, for load_module; toffload_accel async",
     results: "tests/results/reroute-nginx.md",
     results_text: include_str!("../../../../tests/results/reroute-nginx.md"),
 };
