@@ -306,6 +306,11 @@ fn cpu(i: &Inputs) -> Cpu {
     }
 }
 
+/// X as the model takes it for `i` (switch_cost), for the recipes' forecast.
+pub(super) fn switch_cost_of(i: &Inputs) -> f64 {
+    switch_cost(i, &cpu(i))
+}
+
 /// X as the model takes it. A switch costs the server what one of its sleeps in the
 /// offload costs it when the window shows that (many threads' cold caches cost far
 /// more than the calibration's two warm ones), else the calibrated X.
