@@ -430,6 +430,30 @@ fn sync_and_async_answer_aes_ctr_bit_identically() {
     );
 }
 
+/// `n` clients each send `ACCEL.ASYNC key` at once: how long until all answered, and
+/// how many answers were `want`.
+fn async_burst(r: &Redis, n: usize, want: &Reply) -> (Duration, usize) {
+    let barrier = Arc::new(Barrier::new(n + 1));
+    let threads: Vec<_> = (0..n)
+        .map(|_| {
+            let (barrier, want) = (barrier.clone(), want.clone());
+            let mut c = r.client();
+            std::thread::spawn(move || {
+                barrier.wait();
+                c.ok(&[b"ACCEL.ASYNC", b"key"]) == want
+            })
+        })
+        .collect();
+    barrier.wait();
+    let t0 = Instant::now();
+    let right = threads
+        .into_iter()
+        .map(|t| t.join().expect("client thread"))
+        .filter(|&ok| ok)
+        .count();
+    (t0.elapsed(), right)
+}
+
 /// toffload-remoted on a loopback port, killed on drop.
 struct Remoted {
     child: Child,
@@ -513,25 +537,7 @@ fn both_forms_work_on_the_remote_backend() {
         );
     }
     let n = 16;
-    let barrier = Arc::new(Barrier::new(n + 1));
-    let threads: Vec<_> = (0..n)
-        .map(|_| {
-            let (barrier, want) = (barrier.clone(), want.clone());
-            let mut c = r.client();
-            std::thread::spawn(move || {
-                barrier.wait();
-                c.ok(&[b"ACCEL.ASYNC", b"key"]) == want
-            })
-        })
-        .collect();
-    barrier.wait();
-    let t0 = Instant::now();
-    let right = threads
-        .into_iter()
-        .map(|t| t.join().expect("client thread"))
-        .filter(|&ok| ok)
-        .count();
-    let wall = t0.elapsed();
+    let (wall, right) = async_burst(&r, n, &want);
     let (now, max, _) = c.stats();
     let serial_wall = Duration::from_micros(lat_us * n as u64);
     println!(
@@ -585,23 +591,8 @@ fn async_keeps_many_offloads_in_flight() {
     let want = Reply::Bulk(Some(payload::expected(&v)));
 
     let n = 32;
-    let barrier = Arc::new(Barrier::new(n + 1));
-    let threads: Vec<_> = (0..n)
-        .map(|_| {
-            let (barrier, want) = (barrier.clone(), want.clone());
-            let mut c = r.client();
-            std::thread::spawn(move || {
-                barrier.wait();
-                assert!(c.ok(&[b"ACCEL.ASYNC", b"key"]) == want, "wrong answer");
-            })
-        })
-        .collect();
-    barrier.wait();
-    let t0 = Instant::now();
-    for t in threads {
-        t.join().expect("client thread");
-    }
-    let wall = t0.elapsed();
+    let (wall, right) = async_burst(&r, n, &want);
+    assert_eq!(right, n, "wrong answers");
     let (now, max, done) = c.stats();
     let serial_wall = Duration::from_micros(lat_us * n as u64);
     println!(

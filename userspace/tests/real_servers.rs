@@ -150,6 +150,19 @@ fn tcp_load(port: u16, conns: usize, secs: f64, req: &'static [u8], end: &'stati
     handles.into_iter().map(|h| h.join().expect("client")).sum()
 }
 
+/// redis-server on `port`, nothing saved, in a fresh directory, with `env` added.
+fn redis(name: &str, port: u16, env: &[(&str, &str)]) -> Proc {
+    let dir = tmpdir(name);
+    start(
+        Command::new(which("redis-server").unwrap())
+            .args(["--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--dir"])
+            .arg(&dir)
+            .envs(env.iter().copied()),
+        port,
+    )
+}
+
 #[test]
 fn redis_is_an_event_loop() {
     let _s = serial();
@@ -157,21 +170,7 @@ fn redis_is_an_event_loop() {
         return;
     }
     let port = free_port();
-    let dir = tmpdir("redis");
-    let srv = start(
-        Command::new(which("redis-server").unwrap())
-            .args([
-                "--port",
-                &port.to_string(),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(&dir),
-        port,
-    );
+    let srv = redis("redis", port, &[]);
     let (kind, because) = verdict(srv.0.id(), 4.0, || {
         run_tool(
             Command::new("redis-benchmark")
@@ -202,22 +201,7 @@ fn a_retitled_redis_is_not_relaunched_without_its_environment() {
         return;
     }
     let port = free_port();
-    let dir = tmpdir("redis-retitled");
-    let srv = start(
-        Command::new(which("redis-server").unwrap())
-            .args([
-                "--port",
-                &port.to_string(),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(&dir)
-            .env("TOFFLOAD_EMU_LAT_US", "1000"),
-        port,
-    );
+    let srv = redis("redis-retitled", port, &[("TOFFLOAD_EMU_LAT_US", "1000")]);
     let pid = srv.0.id();
     let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("environ");
     assert!(
