@@ -1,5 +1,5 @@
 //! System prerequisites. The Rust crates need OpenSSL's headers and pkg-config, the
-//! example servers a C compiler; a fresh machine may lack them, so we install what is
+//! example servers a C compiler, the integrations make; a fresh machine may lack them, so we install what is
 //! missing (as root), and otherwise say exactly what to install.
 
 use crate::proc::{self, Result};
@@ -17,6 +17,11 @@ fn checks() -> Vec<(&'static str, bool, &'static str)> {
             "a C++ compiler (c++)",
             proc::succeeds("c++", &["--version"]),
             "g++",
+        ),
+        (
+            "make (the integrations' Makefiles, nginx's build)",
+            proc::succeeds("make", &["--version"]),
+            "make",
         ),
         (
             "pkg-config",
