@@ -78,6 +78,8 @@ fn main() {
     let mut secs = 3.0;
     // --only real: the stock servers alone; --only own: toffload's servers alone.
     let mut only: Option<String> = None;
+    // Calibrating starts per stock server: one is the noise of one quarter second.
+    let mut calibrating = 3;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -85,6 +87,13 @@ fn main() {
             "--runs" => runs = args.next().and_then(|v| v.parse().ok()).unwrap_or(runs),
             "--secs" => secs = args.next().and_then(|v| v.parse().ok()).unwrap_or(secs),
             "--only" => only = args.next(),
+            "--calibrating" => {
+                calibrating = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(calibrating)
+                    .max(1)
+            }
             "--bench" => {}
             other => eprintln!("watch bench: ignoring {other}"),
         }
@@ -186,18 +195,25 @@ fn main() {
         // A first start of the boot, which measures the watch's cost per event beside
         // the server (later starts reuse it: calibration_cache.rs), on its own.
         let recal = |pid: u32| watcher(pid, &["--recalibrate"]);
-        let first = real::run(
-            kind,
-            secs,
-            server_cpu,
-            Some(&recal as &dyn Fn(u32) -> Child),
-        );
-        eprintln!(
-            "{}, calibrating start: {:.0} req/s, worst quarter second {:.0} req/s",
-            kind.name(),
-            first.rps,
-            first.worst_quarter
-        );
+        let first: Vec<(f64, f64)> = (0..calibrating)
+            .map(|_| {
+                let r = real::run(
+                    kind,
+                    secs,
+                    server_cpu,
+                    Some(&recal as &dyn Fn(u32) -> Child),
+                );
+                eprintln!(
+                    "{}, calibrating start: {:.0} req/s, worst quarter second {:.0} req/s, \
+                     {:.0} req/s before the start",
+                    kind.name(),
+                    r.rps,
+                    r.worst_quarter,
+                    r.before
+                );
+                (r.worst_quarter, r.worst_quarter / r.before)
+            })
+            .collect();
         // Unwatched and watched, interleaved run by run.
         let mut r: [Vec<real::Run>; 2] = Default::default();
         for i in 0..runs * 2 {
@@ -247,13 +263,16 @@ fn main() {
             .fold(f64::INFINITY, f64::min);
         let pct = |v: &[real::Run], f: fn(&real::Run) -> f64| med(v, f) * 100.0;
         real_rows.push(format!(
-            "| {} | {u:.0} | {w:.0} ({:.3}) | {paired:.3} | {:.2} / {:.2} (worst run {:.2}) | {:.2} | {uc:.2} | {wc:.2} ({:+.1}%) | {:.0}% / {:.0}% | {:.0}% / {:.0}% | {:.1}% |",
+            "| {} | {u:.0} | {w:.0} ({:.3}) | {paired:.3} | {:.2} / {:.2} (worst run {:.2}) | {:.2} (worst {:.2}); {:.2} (worst {:.2}) | {uc:.2} | {wc:.2} ({:+.1}%) | {:.0}% / {:.0}% | {:.0}% / {:.0}% | {:.1}% |",
             kind.name(),
             w / u,
             uq / u,
             wq / u,
             worst,
-            first.worst_quarter / u,
+            median(first.iter().map(|f| f.0).collect()) / u,
+            first.iter().map(|f| f.0).fold(f64::INFINITY, f64::min) / u,
+            median(first.iter().map(|f| f.1).collect()),
+            first.iter().map(|f| f.1).fold(f64::INFINITY, f64::min),
             (wc / uc - 1.0) * 100.0,
             pct(&r[0], |x| x.server_busy),
             pct(&r[1], |x| x.server_busy),
@@ -278,8 +297,11 @@ fn main() {
              the end of the load, over the unwatched median rate (targets: throughput ratio \
              >= 0.99, worst quarter >= 0.80); the unwatched runs' own worst quarter is the \
              host's noise floor. The watched runs reuse the calibration of this boot \
-             (/run/toffload); \"calibrating start\" is one run before them with \
-             --recalibrate, a first start's worst quarter. TOFFLOAD_BENCH_TIMELINE=1 prints \
+             (/run/toffload); \"calibrating start\": {calibrating} runs before them with \
+             --recalibrate, a first start's worst quarter (median, and the worst of them), \
+             over the unwatched median rate; then over the same run's own rate in the \
+             0.75 s before the watcher started, which the host's drift between runs \
+             (10-20% here, for seconds at a time) does not move. TOFFLOAD_BENCH_TIMELINE=1 prints \
              each run's quarter-second rates. The last three columns are shares of a core \
              over the attached stretch (medians): the server's, the load tool's (unwatched / \
              watched), and the watcher's own (its start included). Where the load tool's \

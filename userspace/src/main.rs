@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 use toffload_watch::error::WatchError;
 use toffload_watch::inject_flow::InjectRequest;
+use toffload_watch::kernel::start_priority::StartPriority;
 use toffload_watch::report::Final;
 use toffload_watch::serve::config::parse_duration;
 use toffload_watch::session::{self, Options};
@@ -216,52 +217,9 @@ async fn watch(
     }
 }
 
-/// The watcher's start (loading the programs through the verifier, attaching) at a
-/// lower priority: an observer yields to what it observes (raised, as the whole start
-/// was, it took the CPU from the server or its clients on either core). Only the
-/// calibration child's short loops run raised (probe_cost::CHILD_NICE). The priority
-/// is put back when the guard drops: the watch itself must detach on time (a late
-/// detach traces longer than the budget allows).
-struct StartupPriority(Option<i32>);
-
-/// How much nicer loading and attaching run.
-const STARTUP_NICER: i32 = 10;
 /// How much less nice than the watcher the calibration child's loops run (a few tens
 /// of ms of CPU).
 const CALIBRATION_RAISED: i32 = -10;
-
-impl StartupPriority {
-    fn lower() -> StartupPriority {
-        // SAFETY: getpriority/setpriority on the calling thread (errno cleared first,
-        // since -1 is a valid priority).
-        unsafe {
-            *libc::__errno_location() = 0;
-            let was = libc::getpriority(libc::PRIO_PROCESS, 0);
-            if *libc::__errno_location() != 0 {
-                return StartupPriority(None);
-            }
-            let ok =
-                libc::setpriority(libc::PRIO_PROCESS, 0, (was + STARTUP_NICER).clamp(-20, 19)) == 0;
-            StartupPriority(ok.then_some(was))
-        }
-    }
-
-    /// The nice value the watcher had before the start lowered it.
-    fn base(&self) -> i32 {
-        // SAFETY: as above.
-        self.0
-            .unwrap_or_else(|| unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) })
-    }
-}
-
-impl Drop for StartupPriority {
-    fn drop(&mut self) {
-        if let Some(was) = self.0 {
-            // SAFETY: as above.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, was) };
-        }
-    }
-}
 
 /// The calibration, its child's loops raised: its ping-pong measures the switch cost
 /// X the model takes off the stock CPU, and beside a busy load generator at the same
@@ -269,7 +227,7 @@ impl Drop for StartupPriority {
 /// 2.3-4.4x for a measured 1.4-1.6x). The rest of it (loading a copy of the programs
 /// through the verifier) runs at the start's lower priority: raised with it, it cost
 /// stock nginx and redis-server three quarters of their requests for a quarter second.
-fn calibrate(start: &StartupPriority, pid: Option<u32>, fresh: bool) -> session::Calibration {
+fn calibrate(start: &StartPriority, pid: Option<u32>, fresh: bool) -> session::Calibration {
     let avoid = pid.map(target::cpus).unwrap_or_default();
     session::Calibration::measure(
         (start.base() + CALIBRATION_RAISED).clamp(-20, 19),
@@ -286,7 +244,7 @@ async fn watch_service(
 ) -> Result<Final, WatchError> {
     toffload_watch::loader::check_privileges()?;
     let set = service::resolve(&spec)?;
-    let nicer = StartupPriority::lower();
+    let nicer = StartPriority::lower();
     let calib = calibrate(&nicer, Some(set.root), fresh);
     // Resolved again after the calibration: a worker may have been forked meanwhile.
     let set = service::resolve(&spec)?;
@@ -306,7 +264,7 @@ async fn watch_command(
     // Forked (and held before its exec) first, so that it does not inherit the
     // start-up's nicer priority.
     let mut held = spawn::start(&argv)?;
-    let nicer = StartupPriority::lower();
+    let nicer = StartPriority::lower();
     let calib = calibrate(&nicer, None, fresh);
     let mut a = session::attach(held.pid(), &[], &opts.offloads, true)?;
     a.probe_files(&target::planned_files(&held.exe.to_string_lossy()))?;

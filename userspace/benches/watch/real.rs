@@ -214,6 +214,9 @@ fn worst_quarter(s: &[(f64, u64)], a: f64, b: f64) -> f64 {
 pub struct Run {
     pub rps: f64,
     pub worst_quarter: f64,
+    /// The rate over the 0.75 s before the watcher's start: what the same run did
+    /// unwatched, which the host's drift between runs does not move.
+    pub before: f64,
     pub cpu_us_per_req: f64,
     /// Shares of a core over the attached stretch: the server's, the load tool's, and
     /// the watcher's (its start included; 0 unwatched). Where the server's core has
@@ -289,6 +292,7 @@ pub fn run(
     Run {
         rps,
         worst_quarter: worst_quarter(&s, from, end),
+        before: rate_between(&s, from - 0.75, from),
         cpu_us_per_req: (c1 - c0) * 1e6 / (rps * (until - attached)).max(1.0),
         server_busy: (c1 - c0) / (until - attached).max(1e-3),
         load_busy: (l1 - l0) / (until - attached).max(1e-3),

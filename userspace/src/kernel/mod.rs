@@ -1,7 +1,7 @@
 //! The kernel side of a watch: the eBPF object's layouts (abi), the kernel's BTF, loading
 //! and attaching the programs (loader), reading their maps into snapshots (collector,
 //! percpu, hist), and what the probes and a context switch cost (calibrate, probe_cost, the
-//! boot's calibration_cache).
+//! boot's calibration_cache), and the priority the start runs at (start_priority).
 
 pub mod abi;
 pub mod btf;
@@ -13,3 +13,4 @@ pub mod idle_wake;
 pub mod loader;
 pub mod percpu;
 pub mod probe_cost;
+pub mod start_priority;

@@ -4,10 +4,11 @@
 //! cores' capacity less what was stolen while the window was measured (11% steal
 //! made a 400 us-CPU server behind the wall read as a 1.15x gain).
 
-/// Steal and all time of some CPUs, in clock ticks.
+/// Steal, idle (iowait included) and all time of some CPUs, in clock ticks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Ticks {
     pub steal: u64,
+    pub idle: u64,
     pub total: u64,
 }
 
@@ -31,6 +32,7 @@ pub fn parse(stat: &str, cpus: &[usize]) -> Option<Ticks> {
             return None;
         }
         t.steal += f[7];
+        t.idle += f[3] + f[4];
         t.total += f.iter().sum::<u64>();
     }
     (!cpus.is_empty()).then_some(t)
@@ -84,6 +86,7 @@ mod tests {
             parse(STAT, &[0]),
             Some(Ticks {
                 steal: 25,
+                idle: 380,
                 total: 500
             })
         );
@@ -91,6 +94,7 @@ mod tests {
             parse(STAT, &[0, 1]),
             Some(Ticks {
                 steal: 40,
+                idle: 800,
                 total: 1000
             })
         );
