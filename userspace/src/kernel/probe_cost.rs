@@ -23,6 +23,8 @@ pub const CHILD_ENV: &str = "TOFFLOAD_WATCH_PROBE_CHILD";
 const CPU_ENV: &str = "TOFFLOAD_WATCH_PROBE_CPU";
 /// The nice value the parent gives the child's loops.
 const NICE_ENV: &str = "TOFFLOAD_WATCH_PROBE_NICE";
+/// The CPU whose wake-up from idle the child times (none: one CPU).
+const PEER_ENV: &str = "TOFFLOAD_WATCH_PROBE_PEER";
 /// Tests only: the CPU of the first attempt (e.g. one a real-time poller holds), to
 /// show that an attempt starved there moves on instead of hanging the start.
 pub const FIRST_CPU_ENV: &str = "TOFFLOAD_WATCH_CALIB_FIRST_CPU";
@@ -101,7 +103,8 @@ pub fn child_main_if_requested() {
 
 /// Commands: b'a' -> the probe point's address; b's'/b'p'/b'o' + u32 n -> ns taken by
 /// n syscalls / ping-pong rounds / probed calls; b'w' + u32 n -> n times what waking
-/// an idle other CPU costs the waker, ns (0 with one CPU); EOF ends it.
+/// an idle other CPU costs the waker, ns (0 with one CPU, NO_IDLE_PEER where none was
+/// idle); EOF ends it.
 fn child_loop() -> std::io::Result<()> {
     let mut input = std::io::stdin().lock();
     let mut out = std::io::stdout().lock();
@@ -113,8 +116,12 @@ fn child_loop() -> std::io::Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(here);
-    // The idle wake-up's peer, chosen while this process may still run anywhere.
-    let peer = crate::idle_wake::other_cpu(cpu);
+    // The idle wake-up's peer: the parent's choice (this process inherits the start's
+    // pin to one CPU), else another CPU of this process's.
+    let peer = std::env::var(PEER_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .or_else(|| crate::idle_wake::other_cpu(cpu));
     crate::calibrate::pin(cpu);
     // No real-time policy: a SCHED_FIFO child sat runnable forever behind a
     // real-time busy poller on its CPU (an accelerator's or a NIC's), and could not
@@ -147,10 +154,16 @@ fn child_loop() -> std::io::Result<()> {
                 let mut n = [0u8; 4];
                 input.read_exact(&mut n)?;
                 let n = u32::from_le_bytes(n);
-                let ns = peer
-                    .and_then(|peer| crate::idle_wake::idle_wake_ns(peer, n))
-                    .unwrap_or(0.0);
-                (ns * f64::from(n)) as u64
+                match peer {
+                    // No idle CPU to wake: not measurable now (NO_IDLE_PEER).
+                    Some(p) if !crate::idle_wake::peer_is_idle(p) => NO_IDLE_PEER,
+                    Some(p) => {
+                        let ns = crate::idle_wake::idle_wake_ns(p, n).unwrap_or(0.0);
+                        (ns * f64::from(n)) as u64
+                    }
+                    // One CPU: no other to wake, nothing it could cost.
+                    None => 0,
+                }
             }
             c @ (b's' | b'p' | b'o') => {
                 let mut n = [0u8; 4];
@@ -200,6 +213,13 @@ impl ChildProc {
             .env(CHILD_ENV, "1")
             .env(CPU_ENV, cpu.to_string())
             .env(NICE_ENV, nice.to_string())
+            .env(
+                PEER_ENV,
+                crate::start_priority::allowed_cpus()
+                    .into_iter()
+                    .find(|&c| c != cpu)
+                    .map_or(String::new(), |c| c.to_string()),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -293,6 +313,8 @@ fn file_offset(pid: u32, addr: u64) -> Option<(String, u64)> {
 const SYSCALLS: u32 = 500;
 const ROUNDS: u32 = 100;
 const CALLS: u32 = 300;
+/// The child's answer to b'w' when no other CPU was idle to measure the wake-up on.
+const NO_IDLE_PEER: u64 = u64::MAX;
 /// Writes each way of the idle wake-up's measurement (the unread way queues them all
 /// in one socket's buffer).
 const WAKES: u32 = 100;
@@ -341,16 +363,8 @@ pub const DEFAULT_COST: ProbeCost = ProbeCost {
 /// (`avoid`), the one this thread runs on now first (it is getting CPU time there),
 /// then the target's: the loops take CPU from whatever else runs where they do.
 fn cpu_order(first: Option<usize>, avoid: &[usize]) -> Vec<usize> {
-    // SAFETY: a zeroed cpu_set_t is valid; the kernel fills it.
-    let allowed: Vec<usize> = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Vec::new();
-        }
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
-    };
+    // The CPUs the watcher may use, not the one its start is pinned to.
+    let allowed = crate::start_priority::allowed_cpus();
     // SAFETY: no arguments.
     let here = unsafe { libc::sched_getcpu() };
     order_cpus(first, (here >= 0).then_some(here as usize), &allowed, avoid)
@@ -434,8 +448,19 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
     // are detached once, on a thread of their own, after the measurement.
     let mut best = [[f64::INFINITY; 2]; 3];
     let mut links = Vec::new();
-    // Untraced, once: a median of its own (WAKES writes each way).
-    let idle_wake_ns = child.ask(b'w', Some(WAKES), deadline)? as f64 / f64::from(WAKES);
+    // Untraced, once: a median of its own (WAKES writes each way). Measurable only
+    // with an idle CPU to wake, and then kept for the boot; without one, this boot's
+    // earlier measurement, else nothing.
+    let idle_wake_ns = match child.ask(b'w', Some(WAKES), deadline)? {
+        NO_IDLE_PEER => crate::calibration_cache::load_idle_wake().unwrap_or(0.0),
+        total => {
+            let ns = total as f64 / f64::from(WAKES);
+            if ns > 0.0 {
+                crate::calibration_cache::store_idle_wake(ns);
+            }
+            ns
+        }
+    };
     for traced in [false, true] {
         if traced {
             loader::set_epoch(&mut bpf, Some(1)).map_err(|e| e.to_string())?;

@@ -14,6 +14,19 @@
 //! the same burner pinned to the server's own (partly idle) CPU cost it 2%.
 
 use std::sync::{Arc, Condvar, Mutex};
+
+/// The CPUs the process had before a start pinned its thread: what the calibration
+/// chooses its CPUs from while the start is pinned (allowed_cpus).
+static UNPINNED: Mutex<Option<Vec<usize>>> = Mutex::new(None);
+
+/// The CPUs this thread may run on, those before the start's pin while a start holds
+/// one.
+pub fn allowed_cpus() -> Vec<usize> {
+    if let Some(v) = UNPINNED.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+        return v;
+    }
+    affinity().map(|m| cpus_in(&m)).unwrap_or_default()
+}
 use std::time::Duration;
 
 /// How long the start may wait for idle CPU time before it runs at STARTUP_NICER.
@@ -59,8 +72,12 @@ impl StartPriority {
         let done = Arc::new((Mutex::new(false), Condvar::new()));
         let nicer = was.map(|n| (n + STARTUP_NICER).clamp(-20, 19));
         let mask = affinity();
-        if let Some(cpu) = mask.as_ref().and_then(|m| idlest(&cpus_in(m), IDLE_SAMPLE)) {
-            crate::calibrate::pin(cpu);
+        if let Some(m) = &mask {
+            let cpus = cpus_in(m);
+            if let Some(cpu) = idlest(&cpus, IDLE_SAMPLE) {
+                *UNPINNED.lock().unwrap_or_else(|e| e.into_inner()) = Some(cpus);
+                crate::calibrate::pin(cpu);
+            }
         }
         if set_policy(tid, Policy::Idle) {
             let d = done.clone();
@@ -119,6 +136,7 @@ impl Drop for StartPriority {
             // lowered itself: the guard is not Send).
             unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), m) };
         }
+        *UNPINNED.lock().unwrap_or_else(|e| e.into_inner()) = None;
         cv.notify_all();
     }
 }
@@ -221,6 +239,8 @@ mod tests {
                 assert_eq!(during.len(), 1, "pinned to one CPU: {during:?}");
                 assert!(mask.contains(&during[0]));
             }
+            // What the calibration chooses from is still every CPU it had.
+            assert_eq!(allowed_cpus(), mask);
             drop(p);
             assert_eq!(cpus_in(&affinity().expect("mask")), mask);
             // SAFETY: no arguments.
