@@ -1087,6 +1087,42 @@ fn a_later_start_reuses_this_boots_calibration() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The start runs pinned to one CPU (start_priority.rs), and the calibration child
+/// inherits that pin: choosing the CPU to wake from its own mask, it found none and
+/// read what waking an idle CPU costs as 0 (the recipe model then kept nginx's idle
+/// client wake-ups, ~6 us a request, in its CPU). It is given a peer from the CPUs
+/// the watcher had before the pin.
+#[test]
+fn the_calibration_wakes_another_cpu_though_its_start_is_pinned() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        println!("skipped: one CPU, no other to wake");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("toffload-calib-peer-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut target = Command::new("sleep").arg("60").spawn().expect("sleep");
+    let mut cmd = watch_cmd();
+    cmd.env("TOFFLOAD_WATCH_CACHE_DIR", &dir)
+        .args(["--json", "--interval", "300ms", "--duration", "300ms"])
+        .args(["--pid", &target.id().to_string()]);
+    let (code, lines, err) = Watcher::start(cmd).finish();
+    let _ = target.kill();
+    let _ = target.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, 0, "{err:?}");
+    let h = get(&lines, "header");
+    assert_eq!(h["probe_cost_source"], "measured", "{h}");
+    let ns = h["probe_cost"]["idle_wake_ns"]
+        .as_f64()
+        .expect("idle_wake_ns");
+    println!("waking another CPU cost the calibration child {ns:.0} ns");
+    assert!(ns > 0.0 && ns < 1e6, "{h}");
+}
+
 /// Ctrl-C (SIGINT) and SIGTERM end the watch with a final report and exit 0.
 #[test]
 fn signals_end_with_a_final_report() {

@@ -71,27 +71,18 @@ pub fn load(key: &Key) -> Option<Entry> {
     load_from(&dir(), key, now_secs())
 }
 
-/// A kept file's contents, if it is a plain file of this user's that no one else may
-/// write: anything else in a shared directory could feed the budget a cost of someone
-/// else's choosing.
-fn read_kept<T: serde::de::DeserializeOwned>(dir: &Path, name: &str) -> Option<T> {
-    let path = dir.join(name);
+fn load_from(dir: &Path, key: &Key, now: u64) -> Option<Entry> {
+    let path = dir.join(FILE);
     let m = std::fs::symlink_metadata(&path).ok()?;
+    // Only a plain file of this user's that no one else may write: anything else in
+    // a shared directory could feed the budget a cost of someone else's choosing.
     // SAFETY: no arguments.
     let uid = unsafe { libc::geteuid() };
     if !m.file_type().is_file() || m.uid() != uid || m.mode() & 0o022 != 0 {
         return None;
     }
-    serde_json::from_slice(&std::fs::read(&path).ok()?).ok()
-}
-
-fn fresh(at: u64, now: u64) -> bool {
-    now.saturating_sub(at) <= MAX_AGE.as_secs() && at <= now + 60
-}
-
-fn load_from(dir: &Path, key: &Key, now: u64) -> Option<Entry> {
-    let e: Entry = read_kept(dir, FILE)?;
-    let fresh = fresh(e.at, now);
+    let e: Entry = serde_json::from_slice(&std::fs::read(&path).ok()?).ok()?;
+    let fresh = now.saturating_sub(e.at) <= MAX_AGE.as_secs() && e.at <= now + 60;
     let sane = [
         e.probe_cost.syscall_ns,
         e.probe_cost.switch_ns,
@@ -115,74 +106,21 @@ pub fn store(key: &Key, probe_cost: ProbeCost, switch_us: Option<f64>) {
 }
 
 fn store_in(dir: &Path, e: &Entry) -> std::io::Result<()> {
-    write_kept(dir, FILE, e)
-}
-
-fn write_kept<T: Serialize>(dir: &Path, name: &str, v: &T) -> std::io::Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
         .create(dir)?;
     // Written aside and renamed, so that a reader never sees half a file.
-    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+    let tmp = dir.join(format!(".{FILE}.{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o644)
         .open(&tmp)?;
-    std::io::Write::write_all(&mut f, &serde_json::to_vec(v)?)?;
+    std::io::Write::write_all(&mut f, &serde_json::to_vec(e)?)?;
     drop(f);
-    std::fs::rename(&tmp, dir.join(name))
-}
-
-/// What waking an idle CPU costs (idle_wake.rs) belongs to the machine and the
-/// kernel, not to the watcher's build: it is kept for the boot on its own, so that a
-/// start that finds no idle CPU to measure it on (every core busy with the server and
-/// its load, as a benchmark's are) takes this boot's earlier measurement instead of
-/// none.
-const IDLE_WAKE_FILE: &str = "idle_wake.json";
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-struct IdleWake {
-    boot_id: String,
-    kernel: String,
-    at: u64,
-    idle_wake_ns: f64,
-}
-
-/// This boot's kept idle wake-up cost, ns.
-pub fn load_idle_wake() -> Option<f64> {
-    load_idle_wake_from(&dir(), &Key::current()?, now_secs())
-}
-
-fn load_idle_wake_from(dir: &Path, key: &Key, now: u64) -> Option<f64> {
-    let e: IdleWake = read_kept(dir, IDLE_WAKE_FILE)?;
-    let ns = e.idle_wake_ns;
-    (e.boot_id == key.boot_id
-        && e.kernel == key.kernel
-        && fresh(e.at, now)
-        && ns.is_finite()
-        && ns > 0.0
-        && ns < 1e7)
-        .then_some(ns)
-}
-
-/// Keeps an idle wake-up cost measured on an idle CPU for the rest of the boot.
-pub fn store_idle_wake(ns: f64) {
-    if let Some(k) = Key::current() {
-        let _ = store_idle_wake_in(&dir(), &k, ns, now_secs());
-    }
-}
-
-fn store_idle_wake_in(dir: &Path, key: &Key, ns: f64, now: u64) -> std::io::Result<()> {
-    let e = IdleWake {
-        boot_id: key.boot_id.clone(),
-        kernel: key.kernel.clone(),
-        at: now,
-        idle_wake_ns: ns,
-    };
-    write_kept(dir, IDLE_WAKE_FILE, &e)
+    std::fs::rename(&tmp, dir.join(FILE))
 }
 
 #[cfg(test)]
@@ -234,33 +172,6 @@ mod tests {
         )
         .unwrap();
         assert_eq!(load_from(&d, &e.key, 1_000_010), None, "world-writable");
-        let _ = std::fs::remove_dir_all(&d);
-    }
-
-    #[test]
-    fn the_idle_wake_cost_outlives_a_rebuild_not_a_reboot() {
-        let d = std::env::temp_dir().join(format!("toffload-idle-wake-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        let k = entry(0).key;
-        assert_eq!(load_idle_wake_from(&d, &k, 100), None, "nothing kept yet");
-        store_idle_wake_in(&d, &k, 6200.0, 100).unwrap();
-        let mut rebuilt = k.clone();
-        rebuilt.exe = "7:7.000000007".into();
-        assert_eq!(load_idle_wake_from(&d, &rebuilt, 110), Some(6200.0));
-        let mut other = k.clone();
-        other.boot_id = "another boot".into();
-        assert_eq!(load_idle_wake_from(&d, &other, 110), None);
-        assert_eq!(
-            load_idle_wake_from(&d, &k, 100 + MAX_AGE.as_secs() + 1),
-            None,
-            "too old"
-        );
-        store_idle_wake_in(&d, &k, 0.0, 100).unwrap();
-        assert_eq!(
-            load_idle_wake_from(&d, &k, 110),
-            None,
-            "a zero is no measurement"
-        );
         let _ = std::fs::remove_dir_all(&d);
     }
 

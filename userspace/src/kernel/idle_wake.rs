@@ -25,29 +25,6 @@ pub fn idle_wake_ns(peer: usize, n: u32) -> Option<f64> {
     Some((sleeping - unread).max(0.0))
 }
 
-/// How long `peer`'s idle time is sampled before measuring, and the least idle share
-/// that counts as idle. A peer that some other task keeps busy is woken without an
-/// interrupt out of idle, and the measurement would read that (about nothing) as
-/// what an idle CPU's wake-up costs: on a benchmark's two cores, the server and its
-/// load tool both full, it read 0 and the model then kept each idle wake-up's 6-7 us
-/// in nginx's CPU.
-const IDLE_SAMPLE: Duration = Duration::from_millis(60);
-const IDLE_SHARE: f64 = 0.5;
-
-/// Whether `peer` was mostly idle over the last IDLE_SAMPLE (/proc/stat); false where
-/// it cannot be read.
-pub fn peer_is_idle(peer: usize) -> bool {
-    let read = || {
-        let stat = std::fs::read_to_string("/proc/stat").ok()?;
-        crate::steal::parse(&stat, &[peer])
-    };
-    let Some(a) = read() else { return false };
-    std::thread::sleep(IDLE_SAMPLE);
-    let Some(b) = read() else { return false };
-    let total = b.total.saturating_sub(a.total);
-    total > 0 && b.idle.saturating_sub(a.idle) as f64 >= IDLE_SHARE * total as f64
-}
-
 /// A CPU other than `than` that this thread may use (read before pinning it).
 pub fn other_cpu(than: usize) -> Option<usize> {
     // SAFETY: a zeroed cpu_set_t is valid; the kernel fills it.

@@ -103,8 +103,7 @@ pub fn child_main_if_requested() {
 
 /// Commands: b'a' -> the probe point's address; b's'/b'p'/b'o' + u32 n -> ns taken by
 /// n syscalls / ping-pong rounds / probed calls; b'w' + u32 n -> n times what waking
-/// an idle other CPU costs the waker, ns (0 with one CPU, NO_IDLE_PEER where none was
-/// idle); EOF ends it.
+/// an idle other CPU costs the waker, ns (0 with one CPU); EOF ends it.
 fn child_loop() -> std::io::Result<()> {
     let mut input = std::io::stdin().lock();
     let mut out = std::io::stdout().lock();
@@ -116,8 +115,9 @@ fn child_loop() -> std::io::Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(here);
-    // The idle wake-up's peer: the parent's choice (this process inherits the start's
-    // pin to one CPU), else another CPU of this process's.
+    // The idle wake-up's peer: the parent's choice, from the CPUs it had before its
+    // start pinned it to one (which this process inherits: left to choose from its
+    // own mask it found no other CPU, and the cost read 0), else another of ours.
     let peer = std::env::var(PEER_ENV)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -154,16 +154,10 @@ fn child_loop() -> std::io::Result<()> {
                 let mut n = [0u8; 4];
                 input.read_exact(&mut n)?;
                 let n = u32::from_le_bytes(n);
-                match peer {
-                    // No idle CPU to wake: not measurable now (NO_IDLE_PEER).
-                    Some(p) if !crate::idle_wake::peer_is_idle(p) => NO_IDLE_PEER,
-                    Some(p) => {
-                        let ns = crate::idle_wake::idle_wake_ns(p, n).unwrap_or(0.0);
-                        (ns * f64::from(n)) as u64
-                    }
-                    // One CPU: no other to wake, nothing it could cost.
-                    None => 0,
-                }
+                let ns = peer
+                    .and_then(|peer| crate::idle_wake::idle_wake_ns(peer, n))
+                    .unwrap_or(0.0);
+                (ns * f64::from(n)) as u64
             }
             c @ (b's' | b'p' | b'o') => {
                 let mut n = [0u8; 4];
@@ -313,8 +307,6 @@ fn file_offset(pid: u32, addr: u64) -> Option<(String, u64)> {
 const SYSCALLS: u32 = 500;
 const ROUNDS: u32 = 100;
 const CALLS: u32 = 300;
-/// The child's answer to b'w' when no other CPU was idle to measure the wake-up on.
-const NO_IDLE_PEER: u64 = u64::MAX;
 /// Writes each way of the idle wake-up's measurement (the unread way queues them all
 /// in one socket's buffer).
 const WAKES: u32 = 100;
@@ -448,19 +440,8 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
     // are detached once, on a thread of their own, after the measurement.
     let mut best = [[f64::INFINITY; 2]; 3];
     let mut links = Vec::new();
-    // Untraced, once: a median of its own (WAKES writes each way). Measurable only
-    // with an idle CPU to wake, and then kept for the boot; without one, this boot's
-    // earlier measurement, else nothing.
-    let idle_wake_ns = match child.ask(b'w', Some(WAKES), deadline)? {
-        NO_IDLE_PEER => crate::calibration_cache::load_idle_wake().unwrap_or(0.0),
-        total => {
-            let ns = total as f64 / f64::from(WAKES);
-            if ns > 0.0 {
-                crate::calibration_cache::store_idle_wake(ns);
-            }
-            ns
-        }
-    };
+    // Untraced, once: a median of its own (WAKES writes each way).
+    let idle_wake_ns = child.ask(b'w', Some(WAKES), deadline)? as f64 / f64::from(WAKES);
     for traced in [false, true] {
         if traced {
             loader::set_epoch(&mut bpf, Some(1)).map_err(|e| e.to_string())?;
