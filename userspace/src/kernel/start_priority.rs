@@ -14,6 +14,7 @@
 //! the same burner pinned to the server's own (partly idle) CPU cost it 2%.
 
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 /// The CPUs the process had before a start pinned its thread: what the calibration
 /// chooses its CPUs from while the start is pinned (allowed_cpus).
@@ -27,7 +28,6 @@ pub fn allowed_cpus() -> Vec<usize> {
     }
     affinity().map(|m| cpus_in(&m)).unwrap_or_default()
 }
-use std::time::Duration;
 
 /// How long the start may wait for idle CPU time before it runs at STARTUP_NICER.
 pub const IDLE_GRACE: Duration = Duration::from_millis(1500);
@@ -65,6 +65,7 @@ impl StartPriority {
         Self::lower_with(IDLE_GRACE)
     }
 
+    /// As lower(), with the watchdog's grace given.
     pub fn lower_with(grace: Duration) -> StartPriority {
         // SAFETY: gettid has no arguments.
         let tid = unsafe { libc::gettid() };
@@ -79,13 +80,21 @@ impl StartPriority {
                 crate::calibrate::pin(cpu);
             }
         }
-        if set_policy(tid, Policy::Idle) {
+        let lowered = set_policy(tid, Policy::Idle) && {
             let d = done.clone();
-            // The watchdog: a thread of ours at the watcher's own priority (spawned
-            // before this one is lowered further, it does not inherit SCHED_IDLE).
-            let spawned = std::thread::Builder::new()
+            std::thread::Builder::new()
                 .name("start-watchdog".into())
                 .spawn(move || {
+                    // A new thread takes its creator's policy and CPUs: an idle-policy
+                    // watchdog pinned beside a starved start would wait as long as
+                    // the start. It takes back the watcher's own first.
+                    if let Some(m) = &mask {
+                        // SAFETY: this thread's own mask.
+                        unsafe {
+                            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), m)
+                        };
+                    }
+                    set_policy(0, Policy::Other(was.unwrap_or(0)));
                     let (lock, cv) = &*d;
                     let Ok(g) = lock.lock() else { return };
                     let Ok((g, _)) = cv.wait_timeout_while(g, grace, |done| !*done) else {
@@ -96,15 +105,14 @@ impl StartPriority {
                             set_policy(tid, Policy::Other(n));
                         }
                     }
-                });
-            if spawned.is_err() {
-                // No watchdog, no SCHED_IDLE: it could starve.
-                if let Some(n) = nicer {
-                    set_policy(tid, Policy::Other(n));
-                }
+                })
+                .is_ok()
+        };
+        // Without a watchdog, no SCHED_IDLE: it could starve.
+        if !lowered {
+            if let Some(n) = nicer {
+                set_policy(tid, Policy::Other(n));
             }
-        } else if let Some(n) = nicer {
-            set_policy(tid, Policy::Other(n));
         }
         StartPriority {
             tid,
