@@ -62,7 +62,8 @@ fn current_cpu() -> Option<usize> {
     (c >= 0).then_some(c as usize)
 }
 
-fn affinity() -> Option<libc::cpu_set_t> {
+/// The calling thread's CPU mask.
+pub fn affinity() -> Option<libc::cpu_set_t> {
     // SAFETY: a zeroed cpu_set_t is valid; the kernel fills it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();

@@ -13,6 +13,7 @@
 //! and preempted there again, and cost a pinned redis-server 11% of its rate where
 //! the same burner pinned to the server's own (partly idle) CPU cost it 2%.
 
+use crate::calibrate::affinity;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -50,7 +51,7 @@ pub struct StartPriority {
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
-/// What the watchdog did, for tests.
+/// A thread's scheduling policy, as the start and the calibration child set it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
     /// SCHED_IDLE.
@@ -146,15 +147,6 @@ impl Drop for StartPriority {
         }
         *UNPINNED.lock().unwrap_or_else(|e| e.into_inner()) = None;
         cv.notify_all();
-    }
-}
-
-fn affinity() -> Option<libc::cpu_set_t> {
-    // SAFETY: a zeroed cpu_set_t is valid; the kernel fills it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
-            .then_some(set)
     }
 }
 
