@@ -612,7 +612,12 @@ pub fn sched_waking(ctx: TracePointContext) -> u32 {
         return 0;
     }
     // pid 24, target_cpu 32 (the CPU the wakee last ran on).
-    let pid = field::<i32>(&ctx, 24) as u32;
+    on_waking(field::<i32>(&ctx, 24) as u32, field::<i32>(&ctx, 32) as u32)
+}
+
+/// One wake-up: `pid` the wakee, `target` the CPU it last ran on.
+#[inline(always)]
+fn on_waking(pid: u32, target: u32) -> u32 {
     if pid == 0 {
         return 0;
     }
@@ -624,7 +629,6 @@ pub fn sched_waking(ctx: TracePointContext) -> u32 {
     if !watched(tgid) {
         return 0;
     }
-    let target = field::<i32>(&ctx, 32) as u32;
     // SAFETY: a helper without arguments.
     let cpu = unsafe { gen::bpf_get_smp_processor_id() };
     if target == cpu {
@@ -652,39 +656,60 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     on_exit(field::<i32>(&ctx, 24) as u32)
 }
 
-// Raw tracepoints (opt-in, TOFFLOAD_WATCH_RAW_SCHED=1): the kernel's own arguments,
-// no trace record built first, but a kernel read per task pointer. task_struct's pid
-// offset comes from the kernel's BTF, read by userspace and set at load time.
+// Raw tracepoints (the default where the kernel's BTF gives the offsets below): the
+// kernel's own arguments, no trace record built first, and a link the kernel
+// releases at once, where a classic tracepoint's perf event takes an RCU grace
+// period to go (one at a time, ~80 ms each), still building a record per event.
+// task_struct's pid and cpu offsets come from the kernel's BTF, read by userspace
+// and set at load time.
 
 /// Offset of `pid` in `struct task_struct` (0: unknown; the raw programs are then
 /// not attached).
 #[no_mangle]
 static TASK_PID_OFF: u32 = 0;
+/// Offset of the CPU a task last ran on (task_cpu()) in `struct task_struct`.
+#[no_mangle]
+static TASK_CPU_OFF: u32 = 0;
+
+/// The u32 at `off` in the task at `task` (0 where either is unknown).
+#[inline(always)]
+fn task_u32(task: u64, off: u32) -> u32 {
+    if task == 0 || off == 0 {
+        return 0;
+    }
+    let mut v = 0u32;
+    // SAFETY: the helper copies 4 bytes into the local v, and checks the kernel
+    // address itself (a bad one fails, leaving 0).
+    unsafe {
+        gen::bpf_probe_read_kernel(
+            (&mut v as *mut u32).cast(),
+            4,
+            (task + off as u64) as *const core::ffi::c_void,
+        )
+    };
+    v
+}
 
 #[inline(always)]
 fn task_pid(task: u64) -> u32 {
     // SAFETY: a volatile read of a load-time global.
-    let off = unsafe { core::ptr::read_volatile(&TASK_PID_OFF) } as u64;
-    if task == 0 || off == 0 {
-        return 0;
-    }
-    let mut pid = 0i32;
-    // SAFETY: the helper copies 4 bytes into the local pid, and checks the kernel
-    // address itself (a bad one fails, leaving pid 0).
-    unsafe {
-        gen::bpf_probe_read_kernel(
-            (&mut pid as *mut i32).cast(),
-            4,
-            (task + off) as *const core::ffi::c_void,
-        )
-    };
-    pid as u32
+    task_u32(task, unsafe { core::ptr::read_volatile(&TASK_PID_OFF) })
+}
+
+#[inline(always)]
+fn task_cpu(task: u64) -> u32 {
+    // SAFETY: a volatile read of a load-time global.
+    task_u32(task, unsafe { core::ptr::read_volatile(&TASK_CPU_OFF) })
 }
 
 /// sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
 /// unsigned int prev_state)
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn raw_sched_switch(ctx: RawTracePointContext) -> i32 {
+    // Before the kernel read below: between bursts the link may linger a moment.
+    if !tracing_on() {
+        return 0;
+    }
     let preempt: u64 = ctx.arg(0);
     let next: u64 = ctx.arg(2);
     let prev_state: u64 = ctx.arg(3);
@@ -696,10 +721,15 @@ pub fn raw_sched_switch(ctx: RawTracePointContext) -> i32 {
     ) as i32
 }
 
-/// sched_wakeup(struct task_struct *p)
-#[raw_tracepoint(tracepoint = "sched_wakeup")]
-pub fn raw_sched_wakeup(ctx: RawTracePointContext) -> i32 {
-    on_wakeup(task_pid(ctx.arg(0))) as i32
+/// sched_waking(struct task_struct *p): as sched_waking above, the target CPU read
+/// from the task.
+#[raw_tracepoint(tracepoint = "sched_waking")]
+pub fn raw_sched_waking(ctx: RawTracePointContext) -> i32 {
+    if !tracing_on() {
+        return 0;
+    }
+    let p: u64 = ctx.arg(0);
+    on_waking(task_pid(p), task_cpu(p)) as i32
 }
 
 #[raw_tracepoint(tracepoint = "sched_wakeup_new")]

@@ -188,6 +188,8 @@ struct Tracked {
     /// last read.
     known: crate::processes::Reader,
     connections_read: Duration,
+    /// The CPU of the last burst's attach and detach (the budget's fixed part).
+    burst: crate::burst_cost::BurstCost,
 }
 
 impl Tracked {
@@ -288,6 +290,7 @@ impl Tracked {
             procs,
             known,
             connections_read: started.elapsed(),
+            burst: Default::default(),
         })
     }
 
@@ -398,7 +401,13 @@ impl Tracked {
 
     /// The window since the last one, with the watch's cost (`duty` and `budget` as
     /// in watch_cost) and the model, which takes that cost out of what it measured.
-    fn window(&mut self, started: Instant, budget: Option<f64>, duty: f64) -> Window {
+    fn window(
+        &mut self,
+        started: Instant,
+        budget: Option<f64>,
+        duty: f64,
+        interval: Duration,
+    ) -> Window {
         let cur = self.snapshot(started);
         let mut w = metrics::window(&self.prev, &cur, &self.ctx);
         self.prev = cur;
@@ -409,9 +418,23 @@ impl Tracked {
             w.untraced = None;
         }
         w.steal_share = self.steal.share();
-        w.watcher = watch_cost(&w, self.header.probe_cost.as_ref(), budget, duty);
+        w.watcher = watch_cost(
+            &w,
+            self.header.probe_cost.as_ref(),
+            budget,
+            duty,
+            self.burst_fixed(interval),
+        );
         w.model = self.assess(&w);
         w
+    }
+
+    /// The last burst's attach and detach CPU, per interval.
+    fn burst_fixed(&self, interval: Duration) -> BurstFixed {
+        BurstFixed {
+            ns: self.burst.ns() as f64,
+            interval,
+        }
     }
 
     /// The model runs on stock servers only: under the runtime its inputs are gone.
@@ -444,9 +467,12 @@ impl Tracked {
         let elapsed = started.elapsed();
         if self.on && elapsed >= self.on_since + burst {
             self.ledger_edge(Stretch::Traced);
-            loader::set_epoch(&mut self.a.bpf, None)?;
+            let sink = self.burst.detach_sink();
+            crate::burst_cost::booked(&sink, || loader::set_epoch(&mut self.a.bpf, None))?;
             self.rt_view.paused(self.runtime_now());
-            loader::detach_burst(&mut self.a.bpf, &mut self.a.links);
+            crate::burst_cost::booked(&sink, || {
+                loader::detach_burst(&mut self.a.bpf, &mut self.a.links, &sink)
+            });
             self.traced += elapsed.saturating_sub(self.on_since);
             self.on = false;
             self.settling_until =
@@ -488,11 +514,15 @@ impl Tracked {
         self.ledger_edge(self.stretch());
         self.settling_until = None;
         self.epoch += 1;
-        let (_, links) = loader::attach_tracepoints(&mut self.a.bpf, self.a.raw_sched, true)?;
-        self.a.links.extend(links);
-        loader::reattach_uprobes(&mut self.a.bpf, &self.a.probes, &mut self.a.links)?;
-        // After the tracepoints, so an offload is never timed without them.
-        loader::set_epoch(&mut self.a.bpf, Some(self.epoch))?;
+        let epoch = self.epoch;
+        let (a, burst) = (&mut self.a, &self.burst);
+        burst.attach(|| -> Result<(), WatchError> {
+            let (_, links) = loader::attach_tracepoints(&mut a.bpf, a.raw_sched, true)?;
+            a.links.extend(links);
+            loader::reattach_uprobes(&mut a.bpf, &a.probes, &mut a.links)?;
+            // After the tracepoints, so an offload is never timed without them.
+            loader::set_epoch(&mut a.bpf, Some(epoch))
+        })?;
         self.rt_view.resumed(self.runtime_now());
         self.on = true;
         self.on_since = started.elapsed();
@@ -509,7 +539,13 @@ impl Tracked {
             last.live_threads = self.prev.live_threads;
         }
         let mut total = metrics::window(&self.baseline, &last, &self.ctx);
-        total.watcher = watch_cost(&total, self.header.probe_cost.as_ref(), None, 1.0);
+        total.watcher = watch_cost(
+            &total,
+            self.header.probe_cost.as_ref(),
+            None,
+            1.0,
+            BurstFixed::NONE,
+        );
         total.model = self.assess(&total);
         let mut threads: Vec<ThreadRow> = last
             .threads
@@ -740,7 +776,8 @@ impl<'a> WatchSession<'a> {
             self.looked += 1;
             let w = self.tr.peek(self.started);
             let cost = self.calib.probe_cost.as_ref();
-            if let Some(c) = watch_cost(&w, cost, Some(budget), self.duty) {
+            let fixed = self.tr.burst_fixed(self.opts.interval);
+            if let Some(c) = watch_cost(&w, cost, Some(budget), self.duty, fixed) {
                 self.duty = c.duty;
             }
         }
@@ -805,9 +842,12 @@ impl<'a> WatchSession<'a> {
         self.next_window += self.opts.interval;
         self.looked = 0;
         let deciding = self.deciding();
-        let mut w = self
-            .tr
-            .window(self.started, self.opts.overhead_budget, self.duty);
+        let mut w = self.tr.window(
+            self.started,
+            self.opts.overhead_budget,
+            self.duty,
+            self.opts.interval,
+        );
         if let Some(c) = &mut w.watcher {
             if deciding {
                 c.duty = 1.0;
@@ -1232,14 +1272,32 @@ impl Calibration {
     }
 }
 
+/// A burst's fixed cost: the CPU of its attach and detach (burst_cost.rs), once per
+/// interval while sampled.
+#[derive(Clone, Copy, Debug)]
+pub struct BurstFixed {
+    pub ns: f64,
+    pub interval: Duration,
+}
+
+impl BurstFixed {
+    pub const NONE: BurstFixed = BurstFixed {
+        ns: 0.0,
+        interval: Duration::from_secs(1),
+    };
+}
+
 /// The window's watch cost, and the share of the next interval to trace: all of it
-/// when the cost is within the budget, else budget / cost (at least MIN_DUTY), so that
-/// the cost averaged over the interval stays near the budget.
+/// when the per-event cost is within the budget (no burst, so no attach or detach),
+/// else what the budget leaves after a burst's fixed cost, over the per-event cost
+/// (at least MIN_DUTY), so that the cost averaged over the interval stays near the
+/// budget.
 pub fn watch_cost(
     w: &Window,
     cost: Option<&ProbeCost>,
     budget: Option<f64>,
     duty: f64,
+    fixed: BurstFixed,
 ) -> Option<metrics::WatcherCost> {
     let cost = cost?;
     let added = cost.added_ns(&probe_cost::Events {
@@ -1253,20 +1311,29 @@ pub fn watch_cost(
     } else {
         0.0
     };
+    // The target's CPU over an interval, at the rate it ran at while traced.
+    let interval_ns = on_ns / w.secs.max(1e-9) * fixed.interval.as_secs_f64();
+    let burst_share = if interval_ns > 0.0 {
+        (fixed.ns / interval_ns).min(1.0)
+    } else {
+        0.0
+    };
     Some(metrics::WatcherCost {
         us_per_request: (w.requests > 0).then(|| added / w.requests as f64 / 1e3),
         share_traced: share,
-        duty: next_duty((on_ns > 0.0).then_some(share), budget, duty),
+        burst_share,
+        duty: next_duty((on_ns > 0.0).then_some(share), burst_share, budget, duty),
         budget,
     })
 }
 
 /// The share of the next interval to trace, from the cost's share of the target's CPU
-/// while tracing (None: the target did not run, which says nothing about its cost).
-pub fn next_duty(share: Option<f64>, budget: Option<f64>, duty: f64) -> f64 {
+/// while tracing (None: the target did not run, which says nothing about its cost)
+/// and a burst's fixed share of it over the interval.
+pub fn next_duty(share: Option<f64>, fixed: f64, budget: Option<f64>, duty: f64) -> f64 {
     match (budget, share) {
         (Some(b), Some(s)) if s <= b => 1.0,
-        (Some(b), Some(s)) => (b / s).clamp(MIN_DUTY, 1.0),
+        (Some(b), Some(s)) => ((b - fixed) / s).clamp(MIN_DUTY, 1.0),
         _ => duty,
     }
 }
@@ -1308,14 +1375,19 @@ mod tests {
     #[test]
     fn the_duty_follows_the_budget() {
         // Within the budget: trace everything.
-        assert_eq!(next_duty(Some(0.01), Some(0.02), 0.1), 1.0);
+        assert_eq!(next_duty(Some(0.01), 0.0, Some(0.02), 0.1), 1.0);
+        // ... whatever a burst would cost: tracing everything needs none.
+        assert_eq!(next_duty(Some(0.01), 0.05, Some(0.02), 0.1), 1.0);
         // Ten times the budget: a tenth of each interval.
-        assert!((next_duty(Some(0.2), Some(0.02), 1.0) - 0.1).abs() < 1e-12);
-        // Never below the floor, however costly.
-        assert_eq!(next_duty(Some(1.0), Some(0.001), 1.0), MIN_DUTY);
+        assert!((next_duty(Some(0.2), 0.0, Some(0.02), 1.0) - 0.1).abs() < 1e-12);
+        // A burst's attach and detach take their share of the budget first.
+        assert!((next_duty(Some(0.2), 0.005, Some(0.02), 1.0) - 0.075).abs() < 1e-12);
+        // Never below the floor, however costly, the fixed part included.
+        assert_eq!(next_duty(Some(1.0), 0.0, Some(0.001), 1.0), MIN_DUTY);
+        assert_eq!(next_duty(Some(0.2), 0.03, Some(0.02), 1.0), MIN_DUTY);
         // No budget (--sample): the fixed share stays.
-        assert_eq!(next_duty(Some(0.5), None, 0.3), 0.3);
+        assert_eq!(next_duty(Some(0.5), 0.0, None, 0.3), 0.3);
         // An idle window keeps the last duty.
-        assert_eq!(next_duty(None, Some(0.02), 0.25), 0.25);
+        assert_eq!(next_duty(None, 0.0, Some(0.02), 0.25), 0.25);
     }
 }

@@ -153,7 +153,8 @@ fn stall_try(wait: &str, lat: u32, server_cpu: Option<usize>) -> Result<(), Stri
 }
 
 /// A program making exactly K raw futex calls, K context switches and K offloads;
-/// with the classic scheduler tracepoints (the default) and the raw ones (BTF).
+/// with the raw scheduler tracepoints (the default, where BTF gives the layout) and
+/// the classic ones.
 #[test]
 fn counts_k_futex_switches_offloads() {
     let _s = serial();
@@ -173,8 +174,8 @@ fn count_k(raw_sched: bool) {
         .arg((K as u32).to_string())
         .env("TOFFLOAD_WAIT", "spin")
         .env("TOFFLOAD_EMU_LAT_US", "20");
-    if raw_sched {
-        c.env("TOFFLOAD_WATCH_RAW_SCHED", "1");
+    if !raw_sched {
+        c.env("TOFFLOAD_WATCH_RAW_SCHED", "0");
     }
     let w = Watcher::start(c);
     let (code, lines, err) = w.finish();

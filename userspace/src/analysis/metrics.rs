@@ -244,6 +244,10 @@ pub struct WatcherCost {
     pub us_per_request: Option<f64>,
     /// Their share of the target's on-CPU time while tracing.
     pub share_traced: f64,
+    /// The last burst's attach and detach (the watcher's CPU for them) as a share of
+    /// the target's CPU over an interval: what each sampled interval pays besides the
+    /// events (0 before any burst).
+    pub burst_share: f64,
     /// Share of the next interval that will be traced.
     pub duty: f64,
     /// The budget the duty keeps the average share under (None: fixed --sample).

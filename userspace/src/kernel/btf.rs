@@ -1,6 +1,6 @@
 //! Just enough of the kernel's BTF (/sys/kernel/btf/vmlinux) to find a struct
-//! member's offset: task_struct's `pid`, which the raw scheduler tracepoints read from
-//! the task pointers the kernel hands them.
+//! member's offset: task_struct's `pid` and CPU, which the raw scheduler tracepoints
+//! read from the task pointers the kernel hands them.
 
 const BTF_MAGIC: u16 = 0xeb9f;
 
@@ -52,10 +52,23 @@ pub fn member_offset(data: &[u8], name: &str, member: &str) -> Option<u32> {
     None
 }
 
-/// task_struct's `pid` offset on the running kernel.
-pub fn task_pid_offset() -> Option<u32> {
+/// task_struct's `pid` offset and the offset of the CPU it last ran on (task_cpu():
+/// `thread_info.cpu` since 5.16 where thread_info lives in the task, `cpu` in the
+/// task before), on the running kernel.
+pub fn task_offsets() -> Option<(u32, u32)> {
     let data = std::fs::read("/sys/kernel/btf/vmlinux").ok()?;
-    member_offset(&data, "task_struct", "pid").filter(|&o| o > 0)
+    offsets_in(&data)
+}
+
+fn offsets_in(data: &[u8]) -> Option<(u32, u32)> {
+    let pid = member_offset(data, "task_struct", "pid").filter(|&o| o > 0)?;
+    let cpu = member_offset(data, "task_struct", "cpu").or_else(|| {
+        Some(
+            member_offset(data, "task_struct", "thread_info")?
+                + member_offset(data, "thread_info", "cpu")?,
+        )
+    })?;
+    Some((pid, cpu)).filter(|&(_, c)| c > 0)
 }
 
 #[cfg(test)]
@@ -75,6 +88,18 @@ mod tests {
             super::member_offset(&data, "task_struct", "no_such_member"),
             None
         );
+    }
+
+    #[test]
+    fn finds_the_task_cpu_on_this_kernel() {
+        let Ok(data) = std::fs::read("/sys/kernel/btf/vmlinux") else {
+            toffload_tests::harness::skip("no /sys/kernel/btf/vmlinux");
+            return;
+        };
+        let (pid, cpu) = super::offsets_in(&data).expect("offsets");
+        assert_eq!(Some(pid), super::member_offset(&data, "task_struct", "pid"));
+        // Either form, within the task and clear of pid.
+        assert!(cpu > 0 && cpu != pid, "cpu at {cpu}, pid at {pid}");
     }
 
     #[test]

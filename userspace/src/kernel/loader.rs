@@ -11,6 +11,8 @@ use aya::programs::uprobe::UProbeLinkId;
 use aya::programs::{RawTracePoint, TracePoint, UProbe};
 use aya::Ebpf;
 use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 /// The embedded object; empty when built without it (see build.rs).
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/toffload.bpf.o"));
@@ -19,6 +21,9 @@ pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 /// lacks, which exercises the degrade path with a real attach failure.
 pub const HIDE_TRACEPOINT_ENV: &str = "TOFFLOAD_WATCH_HIDE_TRACEPOINT";
 
+/// `0`: the scheduler hooks as classic tracepoints even where raw ones can be used.
+pub const RAW_SCHED_ENV: &str = "TOFFLOAD_WATCH_RAW_SCHED";
+
 /// Raw tracepoints (program = tracepoint name): cheaper on the syscall path.
 const RAW_TRACEPOINTS: &[(&str, &str)] = &[
     ("sys_enter", "syscall counts and futex origin"),
@@ -26,14 +31,18 @@ const RAW_TRACEPOINTS: &[(&str, &str)] = &[
 ];
 
 /// The scheduler hooks as raw tracepoints (program, tracepoint, metric): used when the
-/// kernel's BTF gives task_struct's pid offset, else the classic ones below.
+/// kernel's BTF gives task_struct's pid and cpu offsets, else the classic ones below.
 const RAW_SCHED: &[(&str, &str, &str)] = &[
     (
         "raw_sched_switch",
         "sched_switch",
         "on/off-CPU time, context switches, spin share",
     ),
-    ("raw_sched_wakeup", "sched_wakeup", "wake-up latency"),
+    (
+        "raw_sched_waking",
+        "sched_waking",
+        "wake-up latency and idle peer wake-ups",
+    ),
     (
         "raw_sched_wakeup_new",
         "sched_wakeup_new",
@@ -86,10 +95,9 @@ const TRACEPOINTS: &[(&str, &str, &str, &str)] = &[
 ];
 
 /// Whether a classic tracepoint program is used: all of them unless the scheduler
-/// hooks are raw, and sched_waking always (its raw form gives no target CPU; with raw
-/// hooks, raw_sched_wakeup finds the wake-up already dated by it).
-fn classic(raw_sched: bool, prog: &str) -> bool {
-    !raw_sched || prog == "sched_waking"
+/// hooks are raw.
+fn classic(raw_sched: bool, _prog: &str) -> bool {
+    !raw_sched
 }
 
 /// CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF bits of CapEff.
@@ -186,19 +194,20 @@ pub fn load_from(object: &[u8], pid: u32) -> Result<Loaded, WatchError> {
     };
     // SAFETY: a valid rlimit struct.
     unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
-    // TOFFLOAD_WATCH_RAW_SCHED=1: the scheduler hooks as raw tracepoints (where BTF
-    // gives task_struct's layout). Not the default: their programs run longer (a
-    // kernel read per task pointer) and, measured on this VM, the stall they add to a
-    // blocking offload was no smaller than the classic tracepoints' (224 vs 229 us
-    // p50 at 200 us, within noise), so the simpler path stays the default.
-    let pid_off = if std::env::var("TOFFLOAD_WATCH_RAW_SCHED").is_ok_and(|v| v == "1") {
-        crate::btf::task_pid_offset().unwrap_or(0)
+    // The scheduler hooks are raw tracepoints where the kernel's BTF gives
+    // task_struct's layout: a sampled watch detaches them after every burst, and a
+    // raw link goes at once, where each classic one (a perf event) takes an RCU grace
+    // period, one after the other, building a record per event until it is gone.
+    // TOFFLOAD_WATCH_RAW_SCHED=0 keeps the classic ones.
+    let (pid_off, cpu_off) = if std::env::var(RAW_SCHED_ENV).is_ok_and(|v| v == "0") {
+        (0, 0)
     } else {
-        0
+        crate::btf::task_offsets().unwrap_or((0, 0))
     };
     let mut bpf = aya::EbpfLoader::new()
         .set_global("WATCHED_TGID", &pid, true)
         .set_global("TASK_PID_OFF", &pid_off, true)
+        .set_global("TASK_CPU_OFF", &cpu_off, true)
         .load(object)
         .map_err(|e| WatchError::BpfUnavailable(format!("loading the eBPF object: {e}")))?;
     let raw_sched = pid_off != 0;
@@ -262,23 +271,25 @@ impl Link {
 }
 
 /// Detaches all but the KEPT programs: the end of a burst.
-pub fn detach_burst(bpf: &mut Ebpf, links: &mut Vec<Link>) {
+/// The release threads add their CPU to `cost` (burst_cost.rs).
+pub fn detach_burst(bpf: &mut Ebpf, links: &mut Vec<Link>, cost: &Arc<AtomicU64>) {
     let (kept, mut rest): (Vec<Link>, Vec<Link>) =
         links.drain(..).partition(|l| KEPT.contains(&l.program()));
-    detach(bpf, &mut rest);
+    detach(bpf, &mut rest, cost);
     *links = kept;
 }
 
 /// Detaches everything in `links` (a detached program costs the target nothing).
 /// Call set_epoch(None) first: every program then does nothing while the rest is
-/// detached. Releasing a link waits for the kernel: an offload probe ~0.1 s (an RCU
-/// tasks-trace grace period), a tracepoint ~40-80 ms, the tracepoints one at a time
-/// whatever the threads. So nothing here waits: each offload probe is released on a
-/// thread of its own, all at once (the breakpoint leaves the target's code when the
-/// last probe on it is gone, and each probed call traps until then, program or
-/// not), and the tracepoints on one more thread, most frequent first. One after the
-/// other on the watch's thread, they stayed attached ~0.4 s after every burst.
-pub fn detach(bpf: &mut Ebpf, links: &mut Vec<Link>) {
+/// detached. Releasing a link may wait for the kernel: an offload probe ~0.1 s (an
+/// RCU tasks-trace grace period), a classic tracepoint ~80 ms, one at a time whatever
+/// the threads (a raw one goes at once). So nothing here waits: each offload probe is
+/// released on a thread of its own, all at once (the breakpoint leaves the target's
+/// code when the last probe on it is gone, and each probed call traps until then,
+/// program or not), and the tracepoints on one more thread, most frequent first. One
+/// after the other on the watch's thread, they stayed attached ~0.4 s after every
+/// burst.
+pub fn detach(bpf: &mut Ebpf, links: &mut Vec<Link>, cost: &Arc<AtomicU64>) {
     let mut tracepoints: Vec<Box<dyn Send>> = Vec::new();
     for l in links.drain(..) {
         match l {
@@ -287,7 +298,7 @@ pub fn detach(bpf: &mut Ebpf, links: &mut Vec<Link>) {
                     .ok()
                     .and_then(|p| p.take_link(id).ok())
                 {
-                    release(vec![Box::new(link)]);
+                    release(vec![Box::new(link)], cost.clone());
                 }
             }
             Link::Raw(name, id) => tracepoints.extend(
@@ -304,16 +315,16 @@ pub fn detach(bpf: &mut Ebpf, links: &mut Vec<Link>) {
             ),
         }
     }
-    release(tracepoints);
+    release(tracepoints, cost.clone());
 }
 
-/// Drops owned links in order on a thread of their own (dropping one detaches it).
-/// Should the thread not start, the refused closure is dropped here, and the links
-/// with it.
-fn release(links: Vec<Box<dyn Send>>) {
+/// Drops owned links in order on a thread of their own (dropping one detaches it),
+/// adding that thread's CPU to `cost`. Should the thread not start, the refused
+/// closure is dropped here, and the links with it.
+fn release(links: Vec<Box<dyn Send>>, cost: Arc<AtomicU64>) {
     let _ = std::thread::Builder::new()
         .name("detach".into())
-        .spawn(move || drop(links));
+        .spawn(move || crate::burst_cost::booked(&cost, || drop(links)));
 }
 
 /// Starts a new attach epoch (thread timestamps from before are reset in the kernel)

@@ -1,10 +1,12 @@
 //! The kernel side of a watch: the eBPF object's layouts (abi), the kernel's BTF, loading
 //! and attaching the programs (loader), reading their maps into snapshots (collector,
 //! percpu, hist), and what the probes and a context switch cost (calibrate, probe_cost, the
-//! boot's calibration_cache), and the priority the start runs at (start_priority).
+//! boot's calibration_cache), what a burst's attach and detach cost (burst_cost), and the
+//! priority the start runs at (start_priority).
 
 pub mod abi;
 pub mod btf;
+pub mod burst_cost;
 pub mod calibrate;
 pub mod calibration_cache;
 pub mod collector;

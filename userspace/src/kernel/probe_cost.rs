@@ -479,7 +479,7 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
     }
     drop(child);
     std::thread::spawn(move || {
-        loader::detach(&mut bpf, &mut links);
+        loader::detach(&mut bpf, &mut links, &Default::default());
         drop(bpf);
     });
     let added = |k: usize| (best[k][1] - best[k][0]).max(0.0);

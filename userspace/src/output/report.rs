@@ -415,10 +415,15 @@ fn watch_lines(s: &mut String, w: &Window) {
             .budget
             .map(|b| format!(" (budget {:.1}%)", b * 100.0))
             .unwrap_or_default();
+        let burst = if w.secs < w.wall_secs && c.burst_share > 0.0 {
+            format!(", attach and detach {:.2}% a burst", c.burst_share * 100.0)
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             s,
-            "  watch cost: {} per request, {:.1}% of the target's CPU while tracing; tracing {:.0}% of \
-             the next interval{budget}",
+            "  watch cost: {} per request, {:.1}% of the target's CPU while tracing{burst}; tracing \
+             {:.0}% of the next interval{budget}",
             opt(c.us_per_request, " us"),
             c.share_traced * 100.0,
             c.duty * 100.0
@@ -556,11 +561,11 @@ fn latency_text(p: &crate::runtime_counters::LatencyPercentiles) -> String {
 /// Raised whenever a line type or a key is added, renamed or removed, or a value
 /// changes its unit or meaning: tests/json_keys.txt pins the keys, and the test
 /// below fails until this and KEYS_FINGERPRINT are raised with it.
-pub const SCHEMA: u32 = 4;
+pub const SCHEMA: u32 = 5;
 
 /// FNV-1a of the key lines of tests/json_keys.txt at this SCHEMA.
 #[cfg(test)]
-const KEYS_FINGERPRINT: u64 = 0x2e5f_fc16_a262_1e70;
+const KEYS_FINGERPRINT: u64 = 0xd3b0_3a84_23b8_a2f2;
 
 /// The kind of a JSON line: its one key besides the envelope's (`ts`, `schema`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -630,6 +635,7 @@ mod tests {
         w.watcher = Some(crate::metrics::WatcherCost {
             us_per_request: Some(1.0),
             share_traced: 0.01,
+            burst_share: 0.001,
             duty: 1.0,
             budget: None,
         });

@@ -249,7 +249,11 @@ fn target(f: &Families, t: &TargetState) {
         } else {
             1.0
         };
-        f.overhead.get_or_create(&l).set(c.share_traced * traced);
+        // A sampled window also paid its burst's attach and detach.
+        let fixed = if traced < 1.0 { c.burst_share } else { 0.0 };
+        f.overhead
+            .get_or_create(&l)
+            .set(c.share_traced * traced + fixed);
         if let Some(b) = c.budget {
             f.budget.get_or_create(&l).set(b);
         }
