@@ -51,7 +51,7 @@ pub fn missing(kind: Kind) -> Option<String> {
 }
 
 /// A process killed (and reaped) on drop.
-struct Proc(Child);
+pub struct Proc(pub Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -71,7 +71,7 @@ fn pinned(cpu: Option<usize>, prog: &Path) -> Command {
     }
 }
 
-fn start_server(kind: Kind, port: u16, dir: &Path, cpu: Option<usize>) -> Proc {
+pub fn start_server(kind: Kind, port: u16, dir: &Path, cpu: Option<usize>) -> Proc {
     let child = match kind {
         Kind::Redis => pinned(cpu, &which("redis-server").expect("redis-server"))
             .args(["--port", &port.to_string(), "--save", "", "--appendonly", "no"])
@@ -108,7 +108,7 @@ fn start_server(kind: Kind, port: u16, dir: &Path, cpu: Option<usize>) -> Proc {
     Proc(child)
 }
 
-fn start_load(kind: Kind, port: u16, secs: f64) -> Proc {
+pub fn start_load(kind: Kind, port: u16, secs: f64) -> Proc {
     let child = match kind {
         // -n far beyond the run: it is killed at the end.
         Kind::Redis => Command::new("redis-benchmark")
@@ -140,7 +140,7 @@ fn start_load(kind: Kind, port: u16, secs: f64) -> Proc {
 }
 
 /// The server's own count of requests served so far.
-fn served(kind: Kind, port: u16) -> Option<u64> {
+pub fn served(kind: Kind, port: u16) -> Option<u64> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     let mut text = String::new();

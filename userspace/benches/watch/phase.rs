@@ -1,0 +1,150 @@
+//! The steady watch's cost on a stock server, folded by phase within the watch's
+//! interval: the server's own count every 25 ms through one long watched run, each
+//! sample placed at its time since the last window line (where the next burst
+//! attaches). The phases far from the burst and the window's close are the same run
+//! untraced, so the loss is measured within the run, where the host's drift between
+//! runs (10-20% here, for seconds at a time) is far larger than the 1% target. An
+//! unwatched run folded on the same 1 s clock is the method's own noise floor. What
+//! this misses: the watcher's cost that falls evenly over the interval (its polls and
+//! connection readings), which the watcher CPU column of the main table holds.
+
+use crate::real::{self, Kind};
+use std::io::{BufRead, BufReader};
+use std::process::Child;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Bin width.
+pub const BIN: f64 = 0.05;
+pub const BINS: usize = 20;
+/// The bins that stand for the untraced rate: after the burst and its release, before
+/// the window's close.
+const QUIET: std::ops::Range<usize> = 6..18;
+/// Windows skipped at the start: the first interval is traced in full until the
+/// budget's early look.
+const SKIP_WINDOWS: usize = 2;
+
+pub struct Folded {
+    /// Each bin's rate over the quiet bins' median.
+    pub rel: Vec<f64>,
+    /// 1 - the mean over all bins of the rate over the quiet level.
+    pub loss: f64,
+    /// Intervals folded.
+    pub intervals: usize,
+    /// Median of the windows' duty and burst share (watched runs).
+    pub duty: Option<f64>,
+    pub burst_share: Option<f64>,
+}
+
+/// When a window line came (s since the run's start), with its duty and burst share.
+type WindowLine = (f64, Option<(f64, f64)>);
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied()
+}
+
+/// Folds `(time, count)` samples on `edges` (the interval's phase zeroes).
+pub fn fold(samples: &[(f64, u64)], edges: &[f64]) -> Option<Folded> {
+    let mut sum = [(0.0f64, 0.0f64); BINS];
+    for w in samples.windows(2) {
+        let ((ta, na), (tb, nb)) = (w[0], w[1]);
+        let mid = (ta + tb) / 2.0;
+        let Some(&edge) = edges.iter().rev().find(|&&e| e <= mid) else {
+            continue;
+        };
+        let bin = ((mid - edge) / BIN) as usize;
+        if bin < BINS {
+            sum[bin].0 += nb.saturating_sub(na) as f64;
+            sum[bin].1 += tb - ta;
+        }
+    }
+    let rates: Vec<f64> = sum
+        .iter()
+        .map(|&(n, t)| if t > 0.0 { n / t } else { f64::NAN })
+        .collect();
+    if rates.iter().any(|r| !r.is_finite()) {
+        return None;
+    }
+    let quiet = median(rates[QUIET].to_vec())?;
+    let rel: Vec<f64> = rates.iter().map(|r| r / quiet).collect();
+    let loss = 1.0 - rel.iter().sum::<f64>() / BINS as f64;
+    Some(Folded {
+        rel,
+        loss,
+        intervals: edges.len().saturating_sub(1),
+        duty: None,
+        burst_share: None,
+    })
+}
+
+/// One run of `secs` s under load: watched by `watch` (its stdout the JSON lines,
+/// piped) or unwatched, folded on a 1 s clock from the same moment.
+pub fn run(
+    kind: Kind,
+    secs: f64,
+    server_cpu: Option<usize>,
+    watch: Option<&dyn Fn(u32) -> Child>,
+) -> Option<Folded> {
+    let port = toffload_tests::harness::free_port().expect("port");
+    let dir = std::env::temp_dir().join(format!("toffload-wphase-{port}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let srv = real::start_server(kind, port, &dir, server_cpu);
+    let load = real::start_load(kind, port, secs + 3.0);
+    std::thread::sleep(Duration::from_secs(1));
+    let t0 = Instant::now();
+    let windows: Arc<Mutex<Vec<WindowLine>>> = Arc::default();
+    let mut w = watch.map(|f| f(srv.0.id()));
+    if let Some(c) = w.as_mut() {
+        let out = c.stdout.take().expect("the watcher's stdout piped");
+        let windows = windows.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let at = t0.elapsed().as_secs_f64();
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                    continue;
+                };
+                if let Some(win) = v.get("window") {
+                    let wc = &win["watcher"];
+                    let cost = wc["duty"].as_f64().zip(wc["burst_share"].as_f64());
+                    windows.lock().unwrap().push((at, cost));
+                }
+            }
+        });
+    }
+    let mut samples = Vec::new();
+    let mut next = Instant::now();
+    while t0.elapsed().as_secs_f64() < secs {
+        if let Some(n) = real::served(kind, port) {
+            samples.push((t0.elapsed().as_secs_f64(), n));
+        }
+        next += Duration::from_millis(25);
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+    if let Some(mut c) = w {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
+        let _ = c.wait();
+    }
+    drop(load);
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&dir);
+    let wins = windows.lock().unwrap().clone();
+    let (edges, costs): (Vec<f64>, Vec<Option<(f64, f64)>>) = if watch.is_some() {
+        wins.into_iter().skip(SKIP_WINDOWS).unzip()
+    } else {
+        // The same clock as a watch that attached now, whose first windows are skipped.
+        (
+            (SKIP_WINDOWS + 1..secs as usize)
+                .map(|s| s as f64)
+                .collect(),
+            vec![],
+        )
+    };
+    let mut f = fold(&samples, &edges)?;
+    let costs: Vec<(f64, f64)> = costs.into_iter().flatten().collect();
+    f.duty = median(costs.iter().map(|c| c.0).collect());
+    f.burst_share = median(costs.iter().map(|c| c.1).collect());
+    Some(f)
+}
