@@ -226,6 +226,7 @@ impl Tracked {
             runtime: target::runtime(pid),
             probes: a.probes.clone(),
             missing: a.missing.clone(),
+            sched_hooks: loader::SchedHooks::of(a.raw_sched),
             context_switch_us: calib.switch_us,
             probe_cost: calib.probe_cost,
             probe_cost_source: calib.probe_cost_source,

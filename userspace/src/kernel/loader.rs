@@ -24,6 +24,33 @@ pub const HIDE_TRACEPOINT_ENV: &str = "TOFFLOAD_WATCH_HIDE_TRACEPOINT";
 /// `0`: the scheduler hooks as classic tracepoints even where raw ones can be used.
 pub const RAW_SCHED_ENV: &str = "TOFFLOAD_WATCH_RAW_SCHED";
 
+/// Which form the scheduler hooks took (the header's `sched_hooks`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SchedHooks {
+    /// Raw tracepoints: released at once after a burst.
+    Raw,
+    /// Classic tracepoints (perf events): where BTF lacks the layout, or asked for.
+    Classic,
+}
+
+impl SchedHooks {
+    pub fn of(raw_sched: bool) -> SchedHooks {
+        if raw_sched {
+            SchedHooks::Raw
+        } else {
+            SchedHooks::Classic
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            SchedHooks::Raw => "raw tracepoints",
+            SchedHooks::Classic => "classic tracepoints",
+        }
+    }
+}
+
 /// Raw tracepoints (program = tracepoint name): cheaper on the syscall path.
 const RAW_TRACEPOINTS: &[(&str, &str)] = &[
     ("sys_enter", "syscall counts and futex origin"),

@@ -21,6 +21,8 @@ pub struct Header {
     pub probes: Probes,
     /// Metrics lost to tracepoints the kernel lacks.
     pub missing: Vec<String>,
+    /// Raw or classic scheduler tracepoints (loader.rs).
+    pub sched_hooks: crate::loader::SchedHooks,
     /// Measured at start (pipe ping-pong on one CPU).
     pub context_switch_us: Option<f64>,
     /// What each traced event costs the target, measured at start (probe_cost.rs).
@@ -183,6 +185,7 @@ pub fn header_text(h: &Header) -> String {
             }
         );
     }
+    let _ = writeln!(s, "  scheduler hooks: {}", h.sched_hooks.label());
     for m in &h.missing {
         let _ = writeln!(s, "  MISSING metric: {m}");
     }
@@ -565,7 +568,7 @@ pub const SCHEMA: u32 = 5;
 
 /// FNV-1a of the key lines of tests/json_keys.txt at this SCHEMA.
 #[cfg(test)]
-const KEYS_FINGERPRINT: u64 = 0xd3b0_3a84_23b8_a2f2;
+const KEYS_FINGERPRINT: u64 = 0x3a3f_6bd5_3de4_e541;
 
 /// The kind of a JSON line: its one key besides the envelope's (`ts`, `schema`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
