@@ -121,12 +121,6 @@ const TRACEPOINTS: &[(&str, &str, &str, &str)] = &[
     ),
 ];
 
-/// Whether a classic tracepoint program is used: all of them unless the scheduler
-/// hooks are raw.
-fn classic(raw_sched: bool, _prog: &str) -> bool {
-    !raw_sched
-}
-
 /// CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF bits of CapEff.
 const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
@@ -248,7 +242,7 @@ pub fn load_from(object: &[u8], pid: u32) -> Result<Loaded, WatchError> {
         p.load()
             .map_err(|e| WatchError::BpfUnavailable(format!("loading program {name}: {e:#}")))?;
     }
-    for (name, _, _, _) in TRACEPOINTS.iter().filter(|t| classic(raw_sched, t.0)) {
+    for (name, _, _, _) in TRACEPOINTS.iter().filter(|_| !raw_sched) {
         let p: &mut TracePoint = program(&mut bpf, name)?;
         p.load()
             .map_err(|e| WatchError::BpfUnavailable(format!("loading program {name}: {e:#}")))?;
@@ -417,10 +411,7 @@ pub fn attach_tracepoints(
             Err(e) => missing.push(format!("{metric} (raw tracepoint {name}: {e})")),
         }
     }
-    for (prog, cat, tp, metric) in TRACEPOINTS
-        .iter()
-        .filter(|r| classic(raw_sched, r.0) && !skip(r.0))
-    {
+    for (prog, cat, tp, metric) in TRACEPOINTS.iter().filter(|r| !raw_sched && !skip(r.0)) {
         let name = if hidden == format!("{cat}:{tp}") {
             format!("{tp}_hidden_for_test")
         } else {
