@@ -13,6 +13,7 @@ use std::io::{BufRead, BufReader};
 use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use toffload_watch::inject_flow::median;
 
 /// Bin width.
 pub const BIN: f64 = 0.05;
@@ -39,11 +40,6 @@ pub struct Folded {
 /// When a window line came (s since the run's start), with its duty and burst share.
 type WindowLine = (f64, Option<(f64, f64)>);
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied()
-}
-
 /// Folds `(time, count)` samples on `edges` (the interval's phase zeroes).
 pub fn fold(samples: &[(f64, u64)], edges: &[f64]) -> Option<Folded> {
     let mut sum = [(0.0f64, 0.0f64); BINS];
@@ -66,7 +62,7 @@ pub fn fold(samples: &[(f64, u64)], edges: &[f64]) -> Option<Folded> {
     if rates.iter().any(|r| !r.is_finite()) {
         return None;
     }
-    let quiet = median(rates[QUIET].to_vec())?;
+    let quiet = median(&rates[QUIET])?;
     let rel: Vec<f64> = rates.iter().map(|r| r / quiet).collect();
     let loss = 1.0 - rel.iter().sum::<f64>() / BINS as f64;
     Some(Folded {
@@ -144,7 +140,7 @@ pub fn run(
     };
     let mut f = fold(&samples, &edges)?;
     let costs: Vec<(f64, f64)> = costs.into_iter().flatten().collect();
-    f.duty = median(costs.iter().map(|c| c.0).collect());
-    f.burst_share = median(costs.iter().map(|c| c.1).collect());
+    f.duty = median(&costs.iter().map(|c| c.0).collect::<Vec<_>>());
+    f.burst_share = median(&costs.iter().map(|c| c.1).collect::<Vec<_>>());
     Some(f)
 }
