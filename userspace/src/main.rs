@@ -267,7 +267,9 @@ async fn watch_command(
     let nicer = StartPriority::lower();
     let calib = calibrate(&nicer, None, fresh);
     let mut a = session::attach(held.pid(), &[], &opts.offloads, true)?;
-    a.probe_files(&target::planned_files(&held.exe.to_string_lossy()))?;
+    for prog in spawn::programs(&argv) {
+        a.probe_files(&target::planned_files(&prog.to_string_lossy()))?;
+    }
     drop(nicer);
     held.release();
     // Until the exec is done, /proc shows the watcher's own fork.

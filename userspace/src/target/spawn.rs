@@ -1,6 +1,7 @@
 //! `toffload-watch run -- CMD ARGS...`: the command is forked and held before exec
 //! until its pid is in the kernel filter and its offload entry points are probed (by
-//! the files its dynamic loader will map), so nothing it does is missed. A bare
+//! the files its dynamic loader will map, and those of the programs a wrapper in
+//! front of it will exec: `programs`), so nothing it does is missed. A bare
 //! fork + execv: std's Command::spawn waits for the exec, which a held child never
 //! reaches.
 
@@ -36,6 +37,44 @@ pub fn resolve(prog: &str) -> Result<PathBuf, WatchError> {
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The programs a command line may run: the command itself and every later word
+/// that names an executable file (as given with a slash, else on PATH). A wrapper
+/// (taskset, env, nice, numactl, chrt, timeout, stdbuf...) execs the program it
+/// names, and that program's offload calls begin before the watch next reads the
+/// process's mappings; naming a program that is never run only scans its files.
+/// A program started through a shell string (`sh -c "..."`) is not seen here; the
+/// mappings bring it in at the next read.
+pub fn programs(argv: &[String]) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = Vec::new();
+    for (i, word) in argv.iter().enumerate() {
+        let found = if i == 0 {
+            resolve(word).ok()
+        } else if word.starts_with('-') || word.contains('=') {
+            None
+        } else {
+            resolve(word).ok().filter(|p| is_executable(p) && is_elf(p))
+        };
+        if let Some(p) = found {
+            let p = std::fs::canonicalize(&p).unwrap_or(p);
+            if !v.contains(&p) {
+                v.push(p);
+            }
+        }
+    }
+    v
+}
+
+/// A later word is taken for a program only when its file is an ELF object: an
+/// executable data file or script named as an argument is not run by a wrapper.
+fn is_elf(p: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(p)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && magic == *b"\x7fELF"
 }
 
 pub fn start(argv: &[String]) -> Result<Held, WatchError> {
@@ -159,5 +198,28 @@ impl Drop for Held {
         if !self.reaped {
             let _ = self.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn a_wrappers_program_is_planned_with_it() {
+        let sh = std::fs::canonicalize(resolve("sh").unwrap()).unwrap();
+        let cat = std::fs::canonicalize(resolve("cat").unwrap()).unwrap();
+        let env = std::fs::canonicalize(resolve("env").unwrap()).unwrap();
+        // Flags, assignments, numbers and files that are no ELF objects (executable
+        // or not) are no programs.
+        let v = programs(&words("env -i A=1 sh 0 /etc/hostname cat -c"));
+        assert_eq!(v, vec![env, sh, cat.clone()]);
+        // Named twice, planned once.
+        assert_eq!(programs(&words("cat cat")), vec![cat]);
+        assert!(programs(&words("no-such-program-here")).is_empty());
     }
 }
