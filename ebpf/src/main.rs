@@ -258,7 +258,13 @@ fn current_thread(tid: u32, tgid: u32, now: u64) -> Option<*mut ThreadInfo> {
 pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     let id = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((id >> 32) as u32, id as u32);
-    if !watched(tgid) || !tracing_on() {
+    if !watched(tgid) {
+        if tracing_on() {
+            add(C_HOST_SYSCALLS, 1);
+        }
+        return 0;
+    }
+    if !tracing_on() {
         return 0;
     }
     // sys_enter(struct pt_regs *regs, long id)

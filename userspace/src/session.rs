@@ -1289,7 +1289,8 @@ impl BurstFixed {
 }
 
 /// The window's watch cost, and the share of the next interval to trace: all of it
-/// when the per-event cost is within the budget (no burst, so no attach or detach),
+/// when the per-event cost (the target's and the host's other processes') is within
+/// the budget (no burst, so no attach or detach),
 /// else what the budget leaves after a burst's fixed cost, over the per-event cost
 /// (at least MIN_DUTY), so that the cost averaged over the interval stays near the
 /// budget.
@@ -1312,6 +1313,11 @@ pub fn watch_cost(
     } else {
         0.0
     };
+    let host_share = if on_ns > 0.0 {
+        (w.host_syscalls as f64 * cost.host_syscall_ns / on_ns).min(1.0)
+    } else {
+        0.0
+    };
     // The target's CPU over an interval, at the rate it ran at while traced.
     let interval_ns = on_ns / w.secs.max(1e-9) * fixed.interval.as_secs_f64();
     let burst_share = if interval_ns > 0.0 {
@@ -1322,8 +1328,14 @@ pub fn watch_cost(
     Some(metrics::WatcherCost {
         us_per_request: (w.requests > 0).then(|| added / w.requests as f64 / 1e3),
         share_traced: share,
+        host_share,
         burst_share,
-        duty: next_duty((on_ns > 0.0).then_some(share), burst_share, budget, duty),
+        duty: next_duty(
+            (on_ns > 0.0).then_some(share + host_share),
+            burst_share,
+            budget,
+            duty,
+        ),
         budget,
     })
 }
@@ -1390,5 +1402,42 @@ mod tests {
         assert_eq!(next_duty(Some(0.5), 0.0, None, 0.3), 0.3);
         // An idle window keeps the last duty.
         assert_eq!(next_duty(None, 0.0, Some(0.02), 0.25), 0.25);
+    }
+
+    /// The host's other syscalls are paid from the budget beside the target's own.
+    #[test]
+    fn the_hosts_syscalls_cost_the_budget() {
+        use crate::abi;
+        use crate::collector::Snapshot;
+        use crate::probe_cost::ProbeCost;
+        let prev = Snapshot::zero();
+        let mut cur = Snapshot::zero();
+        cur.t = 1.0;
+        cur.wall = 1.0;
+        // 100 ms of the target's CPU, 100k of its own syscalls (getppid, nr 110) and
+        // 200k of other processes'.
+        cur.counters[abi::C_ON_NS as usize] = 100_000_000;
+        cur.counters[abi::C_HOST_SYSCALLS as usize] = 200_000;
+        cur.syscalls[110 * 2] = 100_000;
+        let w = crate::metrics::window(&prev, &cur, &crate::metrics::tests::ctx());
+        assert_eq!((w.syscalls, w.host_syscalls), (100_000, 200_000));
+        let cost = ProbeCost {
+            syscall_ns: 100.0,
+            host_syscall_ns: 25.0,
+            ..Default::default()
+        };
+        let c = super::watch_cost(&w, Some(&cost), Some(0.02), 1.0, super::BurstFixed::NONE)
+            .expect("a cost");
+        // 10 ms and 5 ms of 100 ms.
+        assert!((c.share_traced - 0.10).abs() < 1e-9, "{c:?}");
+        assert!((c.host_share - 0.05).abs() < 1e-9, "{c:?}");
+        // 2% over 15%, where the target's own cost alone would give 20%.
+        assert!((c.duty - 0.02 / 0.15).abs() < 1e-9, "{c:?}");
+        // Without neighbours the target's cost alone sets it.
+        cur.counters[abi::C_HOST_SYSCALLS as usize] = 0;
+        let w = crate::metrics::window(&prev, &cur, &crate::metrics::tests::ctx());
+        let c = super::watch_cost(&w, Some(&cost), Some(0.02), 1.0, super::BurstFixed::NONE)
+            .expect("a cost");
+        assert!((c.duty - 0.2).abs() < 1e-9, "{c:?}");
     }
 }

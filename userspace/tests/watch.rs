@@ -845,6 +845,82 @@ fn overhead_budget_traces_part_of_each_interval() {
     }
 }
 
+/// The syscall hooks run for every process: a target that makes no syscalls (a shell
+/// spinning on a builtin) costs the watch almost nothing of its own, so its budget
+/// alone would trace it in full. A neighbour making K syscalls meanwhile (this test's
+/// thread, outside the watch) is counted (`host_syscalls` >= K with every event
+/// traced, none of them the target's), and under the default budget its cost takes
+/// the budget, so the rest of the interval is traced in part.
+#[test]
+fn the_hosts_syscalls_cost_the_budget() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    const K: u64 = 400_000;
+    for sampled in [true, false] {
+        let mut target = Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .expect("sh");
+        let mut c = watch_cmd();
+        c.args(["--json", "--interval", "1s", "--duration", "1.5s"]);
+        if sampled {
+            c.args(["--sample", "100"]);
+        }
+        c.arg("--pid").arg(target.id().to_string());
+        let w = Watcher::start(c);
+        for _ in 0..K {
+            // SAFETY: getppid has no arguments and cannot fail.
+            unsafe { libc::syscall(libc::SYS_getppid) };
+        }
+        let (code, lines, err) = w.finish();
+        let _ = target.kill();
+        let _ = target.wait();
+        assert_eq!(code, 0, "{err:?}");
+        let host_ns = get(&lines, "header")["probe_cost"]["host_syscall_ns"]
+            .as_f64()
+            .expect("host syscall cost measured");
+        assert!(host_ns > 0.0 && host_ns < 1e6, "{host_ns}");
+        let w = &get(&lines, "window");
+        let wc = &w["watcher"];
+        let f =
+            |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {v}"));
+        let (host, own, secs) = (f(w, "host_syscalls"), f(w, "syscalls"), f(w, "secs"));
+        let (share, host_share, burst, duty) = (
+            f(wc, "share_traced"),
+            f(wc, "host_share"),
+            f(wc, "burst_share"),
+            f(wc, "duty"),
+        );
+        println!(
+            "every event {sampled}: traced {secs:.3} s, {host} host syscalls ({host_ns:.0} ns \
+             each), {own} of the target's; cost {:.2}% own, {:.2}% host; next duty {duty:.3}",
+            share * 100.0,
+            host_share * 100.0
+        );
+        assert!(own < 100.0, "{w}");
+        // The host's share: its syscalls at the calibrated cost, over the target's CPU.
+        let want = (host * host_ns / (f(w, "on_cpu_ms") * 1e6)).min(1.0);
+        assert!(
+            (host_share / want - 1.0).abs() < 1e-6,
+            "{host_share} vs {want}"
+        );
+        assert!(host_share > 0.005, "{wc}");
+        if sampled {
+            assert!(host >= K as f64, "{w}");
+            assert_eq!(duty, 1.0, "{wc}");
+        } else {
+            // The target's own cost would trace it in full; the host's takes the
+            // budget (cut back within the interval, at its first look).
+            assert!(share < 0.005, "{wc}");
+            let want = ((0.005 - burst) / (share + host_share)).clamp(0.02, 1.0);
+            assert!((duty - want).abs() < 1e-9, "{duty} vs {want}: {wc}");
+            assert!(duty < 1.0 && secs < 0.5, "{w}");
+        }
+    }
+}
+
 /// Per-request CPU above the offload: behind the wall.
 #[test]
 fn verdict_cpu_heavy_conn_server_behind() {

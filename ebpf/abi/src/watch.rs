@@ -69,6 +69,11 @@ pub const C_SLEPT_SYSCALL_BLOCKED_NS: u32 = 25;
 /// which a server answering a busy client does not pay.
 pub const C_PEER_WAKES: u32 = 26;
 pub const C_PEER_IDLE_WAKES: u32 = 27;
+/// Syscalls of processes outside the watch while tracing: the syscall hooks run for
+/// every task on the host, so each of these pays the hooks' entry and filter too,
+/// a cost the watch owes its neighbours (a local load tool, a sidecar) as well as
+/// the target.
+pub const C_HOST_SYSCALLS: u32 = 28;
 /// Entries of CPU_IDLE (CPUs whose idle state is tracked).
 pub const MAX_CPUS: u32 = 1024;
 

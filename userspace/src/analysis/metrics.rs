@@ -195,6 +195,9 @@ pub struct Window {
     /// All syscalls of the window (the uretprobe trampoline's, which are the
     /// watcher's own, left out here as in the profile).
     pub syscalls: u64,
+    /// Syscalls of every other process on the host while tracing (the hooks' cost to
+    /// them is part of the watch's: WatcherCost::host_share).
+    pub host_syscalls: u64,
     pub threads: usize,
     pub threads_created: u64,
     pub accepts: u64,
@@ -244,6 +247,10 @@ pub struct WatcherCost {
     pub us_per_request: Option<f64>,
     /// Their share of the target's on-CPU time while tracing.
     pub share_traced: f64,
+    /// What the syscall hooks cost the host's other processes while tracing (their
+    /// syscalls pay the hooks' entry and filter), as a share of the target's on-CPU
+    /// time: the budget pays it beside share_traced.
+    pub host_share: f64,
     /// The last burst's attach and detach (the watcher's CPU for them) as a share of
     /// the target's CPU over an interval: what each sampled interval pays besides the
     /// events (0 before any burst).
@@ -652,6 +659,7 @@ pub fn window(prev: &Snapshot, cur: &Snapshot, ctx: &Context) -> Window {
         wakeup_p99_us: wake.quantile(0.99).map(|v| v / 1e3),
         syscalls_top,
         syscalls,
+        host_syscalls: d.d(abi::C_HOST_SYSCALLS),
         threads: cur.live_threads,
         threads_created: n.threads_created,
         accepts: n.accepts,

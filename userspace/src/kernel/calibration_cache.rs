@@ -141,6 +141,7 @@ mod tests {
                 offload_ns: 1500.0,
                 handoff_ns: 2500.0,
                 idle_wake_ns: 0.0,
+                host_syscall_ns: 0.0,
             },
             switch_us: Some(2.5),
         }

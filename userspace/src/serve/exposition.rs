@@ -121,7 +121,7 @@ impl Families {
             threads: gauge(r, "toffload_threads", "Threads of the target's processes in the window"),
             verdict: gauge(r, "toffload_verdict", "The verdict: 1 for the window's kind"),
             speedup: gauge(r, "toffload_predicted_speedup", "The model's predicted zero-edit speedup"),
-            overhead: gauge(r, "toffload_watcher_overhead_share", "The watch's cost as a share of the target's CPU, averaged over the window"),
+            overhead: gauge(r, "toffload_watcher_overhead_share", "The watch's cost (to the target, and through the syscall hooks to the host's other processes) as a share of the target's CPU, averaged over the window"),
             budget: gauge(r, "toffload_watcher_overhead_budget_share", "The overhead budget the tracing duty follows"),
             rt_fibers: gauge(r, "toffload_runtime_fibers_live", "Injected runtime: live fibers"),
             rt_carriers: gauge(r, "toffload_runtime_carriers", "Injected runtime: carrier threads"),
@@ -253,7 +253,7 @@ fn target(f: &Families, t: &TargetState) {
         let fixed = if traced < 1.0 { c.burst_share } else { 0.0 };
         f.overhead
             .get_or_create(&l)
-            .set(c.share_traced * traced + fixed);
+            .set((c.share_traced + c.host_share) * traced + fixed);
         if let Some(b) = c.budget {
             f.budget.get_or_create(&l).set(b);
         }

@@ -388,6 +388,7 @@ mod tests {
             offload_ns: 2000.0,
             handoff_ns: 2000.0,
             idle_wake_ns: 0.0,
+            host_syscall_ns: 0.0,
         };
         // 100 calls, 80 slept: per sleep-or-call unit, 80 x 1 us + 100 x 1 us over 100.
         assert!((sleep_cost_unwatched(5.0, 100.0, 80.0, Some(&c)) - 3.2).abs() < 1e-9);
@@ -404,6 +405,7 @@ mod tests {
             offload_ns: 2000.0,
             handoff_ns: 2000.0,
             idle_wake_ns: 0.0,
+            host_syscall_ns: 0.0,
         };
         // 2 x 0.2 + 1.0 + 1.5 x 0.8 us.
         assert!((spin_watch_outside_us(&c, 1.5) - 2.6).abs() < 1e-9);
@@ -485,6 +487,7 @@ mod tests {
             offload_ns: 1800.0,
             handoff_ns: 2700.0,
             idle_wake_ns: 0.0,
+            host_syscall_ns: 0.0,
         };
         let w = window_with_a_backend();
         // The loop: 3 syscalls x 0.3 + 1 offload x 1.8 us a request.
@@ -540,6 +543,7 @@ mod tests {
             offload_ns: 2000.0,
             handoff_ns: 2000.0,
             idle_wake_ns: 0.0,
+            host_syscall_ns: 0.0,
         };
         assert!((slept_syscall_unwatched(12.0, Some(&c)) - 11.0).abs() < 1e-9);
         assert_eq!(slept_syscall_unwatched(0.5, Some(&c)), 0.0);
