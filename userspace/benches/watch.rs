@@ -392,7 +392,7 @@ fn phase_row(kind: real::Kind, secs: f64, server_cpu: Option<usize>) -> String {
     let watched = phase::run(kind, secs, server_cpu, Some(&w as &dyn Fn(u32) -> Child));
     let (Some(c), Some(f)) = (control, watched) else {
         return format!(
-            "| {} | too few samples to fold | | | | | | | |",
+            "| {} | too few samples to fold | | | | | | | | |",
             kind.name()
         );
     };
@@ -406,11 +406,12 @@ fn phase_row(kind: real::Kind, secs: f64, server_cpu: Option<usize>) -> String {
         c.rel.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>()
     );
     format!(
-        "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}% | {:.2}% |",
+        "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}% | {:.2}% |",
         kind.name(),
         f.intervals,
         pct(f.duty),
         pct(f.burst_share),
+        pct(f.host_share),
         bin(0),
         bin(1),
         mid_min,
@@ -435,9 +436,10 @@ fn phase_table(rows: &[String], secs: f64) -> String {
          between runs does not move. The unwatched run, folded on the same 1 s clock, is the \
          method's noise floor. Not in it: what the watcher costs evenly over the interval \
          (its polls), in the watcher CPU column above.\n\n\
-         | server | intervals | duty | burst share | 0-50 ms | 50-100 ms | 100-300 ms (lowest) \
-         | 950-1000 ms | steady loss, watched | unwatched, folded the same |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n",
+         | server | intervals | duty | burst share | host share | 0-50 ms | 50-100 ms \
+         | 100-300 ms (lowest) | 950-1000 ms | steady loss, watched | unwatched, folded the \
+         same |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n",
         phase::BIN * 1e3,
         rows.join("\n")
     )

@@ -67,8 +67,9 @@ struct Common {
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=100))]
     sample: Option<u8>,
     /// Keep the watch's own cost under this percent of the target's CPU: the cost of
-    /// each traced event is measured at start, and when a window's events cost more,
-    /// less of each interval is traced. The default is half a percent because that
+    /// each traced event is measured at start, and when a window's events cost more
+    /// (the target's, and the syscalls of the host's other processes, which the hooks
+    /// slow too), less of each interval is traced. The default is half a percent because that
     /// measured cost is a floor (a busy server's cold caches add to it, and each burst
     /// has fixed costs): the benchmark measures about twice it.
     #[arg(long, default_value_t = 0.5, value_parser = parse_budget, conflicts_with = "sample")]

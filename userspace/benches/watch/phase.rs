@@ -32,13 +32,15 @@ pub struct Folded {
     pub loss: f64,
     /// Intervals folded.
     pub intervals: usize,
-    /// Median of the windows' duty and burst share (watched runs).
+    /// Median of the windows' duty, burst share and host share (watched runs).
     pub duty: Option<f64>,
     pub burst_share: Option<f64>,
+    pub host_share: Option<f64>,
 }
 
-/// When a window line came (s since the run's start), with its duty and burst share.
-type WindowLine = (f64, Option<(f64, f64)>);
+/// When a window line came (s since the run's start), with its duty, burst share and
+/// host share.
+type WindowLine = (f64, Option<[f64; 3]>);
 
 /// Folds `(time, count)` samples on `edges` (the interval's phase zeroes).
 pub fn fold(samples: &[(f64, u64)], edges: &[f64]) -> Option<Folded> {
@@ -71,6 +73,7 @@ pub fn fold(samples: &[(f64, u64)], edges: &[f64]) -> Option<Folded> {
         intervals: edges.len().saturating_sub(1),
         duty: None,
         burst_share: None,
+        host_share: None,
     })
 }
 
@@ -103,7 +106,12 @@ pub fn run(
                 };
                 if let Some(win) = v.get("window") {
                     let wc = &win["watcher"];
-                    let cost = wc["duty"].as_f64().zip(wc["burst_share"].as_f64());
+                    let cost = ["duty", "burst_share", "host_share"]
+                        .map(|k| wc[k].as_f64())
+                        .iter()
+                        .copied()
+                        .collect::<Option<Vec<f64>>>()
+                        .map(|v| [v[0], v[1], v[2]]);
                     windows.lock().unwrap().push((at, cost));
                 }
             }
@@ -127,7 +135,7 @@ pub fn run(
     drop(srv);
     let _ = std::fs::remove_dir_all(&dir);
     let wins = windows.lock().unwrap().clone();
-    let (edges, costs): (Vec<f64>, Vec<Option<(f64, f64)>>) = if watch.is_some() {
+    let (edges, costs): (Vec<f64>, Vec<Option<[f64; 3]>>) = if watch.is_some() {
         wins.into_iter().skip(SKIP_WINDOWS).unzip()
     } else {
         // The same clock as a watch that attached now, whose first windows are skipped.
@@ -139,8 +147,8 @@ pub fn run(
         )
     };
     let mut f = fold(&samples, &edges)?;
-    let costs: Vec<(f64, f64)> = costs.into_iter().flatten().collect();
-    f.duty = median(&costs.iter().map(|c| c.0).collect::<Vec<_>>());
-    f.burst_share = median(&costs.iter().map(|c| c.1).collect::<Vec<_>>());
+    let costs: Vec<[f64; 3]> = costs.into_iter().flatten().collect();
+    let med = |i: usize| median(&costs.iter().map(|c| c[i]).collect::<Vec<_>>());
+    (f.duty, f.burst_share, f.host_share) = (med(0), med(1), med(2));
     Some(f)
 }
