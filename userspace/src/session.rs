@@ -61,12 +61,16 @@ pub struct Attached {
     pub links: Vec<loader::Link>,
     /// Scheduler hooks as raw tracepoints (else classic ones).
     pub raw_sched: bool,
+    /// The hot programs (syscalls, switches, wake-ups) are attached: from the start
+    /// for a held command, else once the session begins.
+    pub hot: bool,
 }
 
 /// Privileges, tracefs, load, tracepoints, and the pid into the filter. Uprobes
 /// follow (attach_uprobes) once the files to probe are known. `from_now`: trace from
 /// here (a command held before its exec, whose first instructions must be seen);
-/// otherwise the programs stay idle until the session starts reading (Tracked::new):
+/// otherwise only fork and exit are attached, and the hot programs are attached and
+/// turned on when the session starts reading (Tracked::new):
 /// the start's remaining work (symbols, uprobes, /proc) takes a few hundred ms on a
 /// busy host, and traced in full that long, stock redis-server lost a third of its
 /// requests for half a second.
@@ -87,7 +91,14 @@ pub fn attach(
     let also: Vec<u32> = also.iter().copied().filter(|&p| p != pid).collect();
     loader::watch_also(&mut bpf, &also)?;
     loader::set_epoch(&mut bpf, from_now.then_some(1))?;
-    let (missing, links) = loader::attach_tracepoints(&mut bpf, raw_sched, false)?;
+    // A held command's first instructions are traced; otherwise the hot programs wait
+    // for the session (Tracked::new).
+    let hooks = if from_now {
+        loader::Hooks::All
+    } else {
+        loader::Hooks::Kept
+    };
+    let (missing, links) = loader::attach_tracepoints(&mut bpf, raw_sched, hooks)?;
     Ok(Attached {
         bpf,
         pid,
@@ -99,6 +110,7 @@ pub fn attach(
         missing,
         links,
         raw_sched,
+        hot: from_now,
     })
 }
 
@@ -216,7 +228,7 @@ impl Tracked {
             }
         }
         let mut collector = Collector::new(&mut a.bpf)?;
-        let header = Header {
+        let mut header = Header {
             pid,
             also: a.also.clone(),
             comm: target::comm(pid),
@@ -261,6 +273,14 @@ impl Tracked {
         };
         let facts = model::inputs::TargetFacts::read(pid);
         let first_offloads = first.runtime.map(|c| c.offloads);
+        if !a.hot {
+            let (missing, links) =
+                loader::attach_tracepoints(&mut a.bpf, a.raw_sched, loader::Hooks::Hot)?;
+            header.missing.extend(missing.iter().cloned());
+            a.missing.extend(missing);
+            a.links.extend(links);
+            a.hot = true;
+        }
         // Idle until here unless the command's start was traced (attach).
         loader::set_epoch(&mut a.bpf, Some(1))?;
         Ok(Tracked {
@@ -518,7 +538,8 @@ impl Tracked {
         let epoch = self.epoch;
         let (a, burst) = (&mut self.a, &self.burst);
         burst.attach(|| -> Result<(), WatchError> {
-            let (_, links) = loader::attach_tracepoints(&mut a.bpf, a.raw_sched, true)?;
+            let (_, links) =
+                loader::attach_tracepoints(&mut a.bpf, a.raw_sched, loader::Hooks::Hot)?;
             a.links.extend(links);
             loader::reattach_uprobes(&mut a.bpf, &a.probes, &mut a.links)?;
             // After the tracepoints, so an offload is never timed without them.

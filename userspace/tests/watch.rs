@@ -859,8 +859,11 @@ fn the_hosts_syscalls_cost_the_budget() {
     }
     const K: u64 = 400_000;
     for sampled in [true, false] {
-        let mut target = Command::new("sh")
-            .args(["-c", "while :; do :; done"])
+        // Target and neighbour share CPU 0: the scheduler switches between them, and
+        // the target's CPU is measured at its switches (a spinner alone on a CPU is
+        // never switched out, and its CPU would read 0).
+        let mut target = Command::new("taskset")
+            .args(["-c", "0", "sh", "-c", "while :; do :; done"])
             .spawn()
             .expect("sh");
         let mut c = watch_cmd();
@@ -870,18 +873,28 @@ fn the_hosts_syscalls_cost_the_budget() {
         }
         c.arg("--pid").arg(target.id().to_string());
         let w = Watcher::start(c);
-        for _ in 0..K {
-            // SAFETY: getppid has no arguments and cannot fail.
-            unsafe { libc::syscall(libc::SYS_getppid) };
-        }
+        std::thread::spawn(|| {
+            harness::pin_current_thread(0).expect("pinning the neighbour");
+            for _ in 0..K {
+                // SAFETY: getppid has no arguments and cannot fail.
+                unsafe { libc::syscall(libc::SYS_getppid) };
+            }
+        })
+        .join()
+        .expect("the neighbour's loop");
         let (code, lines, err) = w.finish();
         let _ = target.kill();
         let _ = target.wait();
         assert_eq!(code, 0, "{err:?}");
-        let host_ns = get(&lines, "header")["probe_cost"]["host_syscall_ns"]
+        let cost = &get(&lines, "header")["probe_cost"];
+        let host_ns = cost["host_syscall_ns"]
             .as_f64()
             .expect("host syscall cost measured");
-        assert!(host_ns > 0.0 && host_ns < 1e6, "{host_ns}");
+        // A neighbour's syscall runs the hooks' entry and filter, a watched one all of
+        // it and more: a neighbour's timing above that is the host's noise (a loop
+        // timed at the start's SCHED_IDLE once read 1055 ns against 265).
+        let own_ns = cost["syscall_ns"].as_f64().expect("syscall cost");
+        assert!(host_ns > 0.0 && host_ns < 1.5 * own_ns, "{cost}");
         let w = &get(&lines, "window");
         let wc = &w["watcher"];
         let f =
@@ -900,6 +913,7 @@ fn the_hosts_syscalls_cost_the_budget() {
             host_share * 100.0
         );
         assert!(own < 100.0, "{w}");
+        assert!(f(w, "on_cpu_ms") > 0.0, "{w}");
         // The host's share: its syscalls at the calibrated cost, over the target's CPU.
         let want = (host * host_ns / (f(w, "on_cpu_ms") * 1e6)).min(1.0);
         assert!(
@@ -912,11 +926,12 @@ fn the_hosts_syscalls_cost_the_budget() {
             assert_eq!(duty, 1.0, "{wc}");
         } else {
             // The target's own cost would trace it in full; the host's takes the
-            // budget (cut back within the interval, at its first look).
+            // budget (within the interval, at an early look, when the neighbour's
+            // loop came early enough).
             assert!(share < 0.005, "{wc}");
             let want = ((0.005 - burst) / (share + host_share)).clamp(0.02, 1.0);
             assert!((duty - want).abs() < 1e-9, "{duty} vs {want}: {wc}");
-            assert!(duty < 1.0 && secs < 0.5, "{w}");
+            assert!(duty < 1.0, "{w}");
         }
     }
 }

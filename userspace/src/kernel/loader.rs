@@ -369,18 +369,41 @@ pub fn set_epoch(bpf: &mut Ebpf, epoch: Option<u64>) -> Result<(), WatchError> {
     }
 }
 
-/// Attaches every tracepoint it can: the metrics lost to those that failed, and the
-/// links. `again`: a burst after the first, the KEPT programs still attached.
+/// Which programs attach_tracepoints attaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hooks {
+    All,
+    /// The KEPT ones alone (fork and exit): a watch's start, whose hot programs wait
+    /// until it begins to read. Attached but idle they still cost every syscall on
+    /// the host the kernel's traced path (most of what tracing it costs), and the
+    /// start's own work (symbols, uprobes, /proc) takes a few hundred ms on a busy host.
+    Kept,
+    /// All but the KEPT ones: the start of a burst.
+    Hot,
+}
+
+impl Hooks {
+    fn wants(self, prog: &str) -> bool {
+        match self {
+            Hooks::All => true,
+            Hooks::Kept => KEPT.contains(&prog),
+            Hooks::Hot => !KEPT.contains(&prog),
+        }
+    }
+}
+
+/// Attaches every tracepoint of `which` it can: the metrics lost to those that failed,
+/// and the links.
 pub fn attach_tracepoints(
     bpf: &mut Ebpf,
     raw_sched: bool,
-    again: bool,
+    which: Hooks,
 ) -> Result<(Vec<String>, Vec<Link>), WatchError> {
     let hidden = std::env::var(HIDE_TRACEPOINT_ENV).unwrap_or_default();
     let mut missing = Vec::new();
     let mut links = Vec::new();
     let mut attached = 0;
-    for (tp, metric) in RAW_TRACEPOINTS {
+    for (tp, metric) in RAW_TRACEPOINTS.iter().filter(|r| which.wants(r.0)) {
         let name = if hidden == format!("raw_syscalls:{tp}") {
             format!("{tp}_hidden_for_test")
         } else {
@@ -395,8 +418,7 @@ pub fn attach_tracepoints(
             Err(e) => missing.push(format!("{metric} (raw tracepoint {name}: {e})")),
         }
     }
-    let skip = |prog: &str| again && KEPT.contains(&prog);
-    for (prog, tp, metric) in RAW_SCHED.iter().filter(|r| raw_sched && !skip(r.0)) {
+    for (prog, tp, metric) in RAW_SCHED.iter().filter(|r| raw_sched && which.wants(r.0)) {
         let name = if hidden == format!("sched:{tp}") {
             format!("{tp}_hidden_for_test")
         } else {
@@ -411,7 +433,10 @@ pub fn attach_tracepoints(
             Err(e) => missing.push(format!("{metric} (raw tracepoint {name}: {e})")),
         }
     }
-    for (prog, cat, tp, metric) in TRACEPOINTS.iter().filter(|r| !raw_sched && !skip(r.0)) {
+    for (prog, cat, tp, metric) in TRACEPOINTS
+        .iter()
+        .filter(|r| !raw_sched && which.wants(r.0))
+    {
         let name = if hidden == format!("{cat}:{tp}") {
             format!("{tp}_hidden_for_test")
         } else {
