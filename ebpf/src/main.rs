@@ -239,6 +239,14 @@ fn current_thread(tid: u32, tgid: u32, now: u64) -> Option<*mut ThreadInfo> {
         if t.tgid != tgid {
             t.tgid = tgid;
         }
+        // It runs now: with no on-CPU stretch open, its switch-in came before this
+        // burst (the epoch reset it), and a thread that keeps its CPU (a busy loop,
+        // an event loop under load) would count none of its time until it next
+        // sleeps. Its stretch starts here.
+        if t.on_since == 0 {
+            t.on_since = now;
+            t.off_since = 0;
+        }
         return Some(p);
     }
     if THREADS

@@ -936,6 +936,62 @@ fn the_hosts_syscalls_cost_the_budget() {
     }
 }
 
+/// A thread that keeps its CPU through a burst (a syscall loop alone on a CPU, never
+/// switched out) counts its time in each burst: its stretch opens at its first
+/// syscall in the burst (its switch-in came before it) and closes when the burst ends
+/// (its switch-out comes after). Counted at switches only, it read 0 CPU after the
+/// first burst; now one CPU over the traced seconds, in 20 ms bursts (--sample 2).
+#[test]
+fn a_busy_threads_cpu_counts_from_the_bursts_start() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    if harness::which("python3").is_none() {
+        harness::skip("python3 is not installed: no syscall loop to watch");
+        return;
+    }
+    let cpu = (harness::cpus() - 1).to_string();
+    let mut spin = Command::new("taskset")
+        .args([
+            "-c",
+            &cpu,
+            "python3",
+            "-c",
+            "import os\nwhile True: os.getppid()",
+        ])
+        .spawn()
+        .expect("python3");
+    std::thread::sleep(Duration::from_millis(300));
+    let mut c = watch_cmd();
+    c.args([
+        "--json",
+        "--sample",
+        "2",
+        "--interval",
+        "1s",
+        "--duration",
+        "4.5s",
+    ])
+    .arg("--pid")
+    .arg(spin.id().to_string());
+    let (code, lines, err) = Watcher::start(c).finish();
+    let _ = spin.kill();
+    let _ = spin.wait();
+    assert_eq!(code, 0, "{err:?}");
+    let shares: Vec<f64> = lines
+        .iter()
+        .filter(|(k, _)| k == "window")
+        .skip(1)
+        .map(|(_, w)| w["on_cpu_ms"].as_f64().unwrap() / 1e3 / w["secs"].as_f64().unwrap())
+        .collect();
+    println!("CPU over traced seconds, windows 2 on: {shares:.2?}");
+    assert!(shares.len() >= 2, "{lines:?}");
+    for s in shares {
+        assert!((0.85..1.1).contains(&s), "{s:.2} of a CPU the loop keeps");
+    }
+}
+
 /// Per-request CPU above the offload: behind the wall.
 #[test]
 fn verdict_cpu_heavy_conn_server_behind() {

@@ -95,6 +95,11 @@ pub struct Collector {
     backend_threads: BTreeSet<u32>,
     sys_hists: BTreeMap<usize, Hist>,
     last_calls: Vec<u64>,
+    /// On-CPU time of stretches still open when a burst ended (close_open_stretches),
+    /// per thread and split at the offload probes: added to every later snapshot.
+    closed: BTreeMap<u32, u64>,
+    closed_in: u64,
+    closed_out: u64,
 }
 
 fn take<T: TryFrom<aya::maps::Map>>(bpf: &mut Ebpf, name: &str) -> Result<T, WatchError>
@@ -136,14 +141,53 @@ impl Collector {
             backend_threads: BTreeSet::new(),
             sys_hists: BTreeMap::new(),
             last_calls: vec![0; abi::NR_MAX as usize],
+            closed: BTreeMap::new(),
+            closed_in: 0,
+            closed_out: 0,
         })
+    }
+
+    /// Books the on-CPU stretches open as a burst ends, up to now: the programs add a
+    /// thread's stretch at its switch-out, and a thread that keeps its CPU past the
+    /// end of a burst (a busy loop, an event loop under load) is switched out while
+    /// they are off, so its time since its last switch-in (or, past a burst's start,
+    /// its first event) would never count. Called once tracing is off (no stretch
+    /// moves meanwhile); `epoch` is the burst's (an older epoch's stretch was cut by
+    /// the reset that began this one).
+    pub fn close_open_stretches(&mut self, epoch: u64) {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid out-pointer; CLOCK_MONOTONIC is bpf_ktime_get_ns's clock.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+        for (tid, t) in self.threads.iter().flatten() {
+            if t.epoch != epoch || t.on_since == 0 || t.flags & abi::F_EXITED != 0 {
+                continue;
+            }
+            let d = now.saturating_sub(t.on_since);
+            *self.closed.entry(tid).or_default() += d;
+            if t.offload_depth > 0 {
+                self.closed_in += d;
+            } else {
+                self.closed_out += d;
+            }
+        }
     }
 
     /// Reads everything. `pids` are the watched processes (for their live thread
     /// count: every thread in the kernel's table belongs to one of them, or to one
     /// forked since); `layout` judges futex sites.
     pub fn snapshot(&mut self, t: f64, pids: &[u32], layout: &Layout) -> Snapshot {
-        let counters = self.counters.sums(0, 1);
+        let mut counters = self.counters.sums(0, 1);
+        for (i, d) in [
+            (abi::C_ON_NS, self.closed_in + self.closed_out),
+            (abi::C_ON_IN_NS, self.closed_in),
+            (abi::C_ON_OUT_NS, self.closed_out),
+        ] {
+            counters[i as usize] += d;
+        }
         let syscalls = self.syscalls.sums(0, 1);
         // Histograms only of syscalls called since the last read: the others are
         // unchanged, and reading all 512 rows every window would cost.
@@ -236,7 +280,15 @@ impl Collector {
             spin_tenths,
             wake,
             futex,
-            threads: self.seen_threads.clone(),
+            threads: self
+                .seen_threads
+                .iter()
+                .map(|(&tid, t)| {
+                    let mut t = *t;
+                    t.on_ns += self.closed.get(&tid).copied().unwrap_or(0);
+                    (tid, t)
+                })
+                .collect(),
             backend_threads: self.backend_threads.clone(),
             live_threads,
             futex_stacks,
