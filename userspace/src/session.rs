@@ -490,7 +490,8 @@ impl Tracked {
             self.ledger_edge(Stretch::Traced);
             let sink = self.burst.detach_sink();
             crate::burst_cost::booked(&sink, || loader::set_epoch(&mut self.a.bpf, None))?;
-            self.collector.close_open_stretches(self.epoch);
+            // Reading the thread table is part of what a burst costs.
+            crate::burst_cost::booked(&sink, || self.collector.close_open_stretches(self.epoch));
             self.rt_view.paused(self.runtime_now());
             crate::burst_cost::booked(&sink, || {
                 loader::detach_burst(&mut self.a.bpf, &mut self.a.links, &sink)

@@ -502,7 +502,12 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
         offload_ns: added(2),
         handoff_ns: best[1][0] / 2.0,
         idle_wake_ns,
-        host_syscall_ns: added(3),
+        // Either loop cut off by the deadline: the default, not an infinity or a 0.
+        host_syscall_ns: if best[3].iter().all(|v| v.is_finite()) {
+            added(3)
+        } else {
+            DEFAULT_COST.host_syscall_ns
+        },
     })
 }
 
