@@ -1353,8 +1353,13 @@ pub fn watch_cost(
         share_traced: share,
         host_share,
         burst_share,
+        // The neighbours' part is paid up to the target's own: a load tool on the host
+        // makes about as many syscalls as the server it drives, so that much slows the
+        // target's own traffic; beyond it is unrelated work, which charged in full
+        // against a light target's CPU held it at the floor duty, where bursts too
+        // short for its requests counted a quarter fewer of them (serve's test).
         duty: next_duty(
-            (on_ns > 0.0).then_some(share + host_share),
+            (on_ns > 0.0).then_some(share + host_share.min(share)),
             burst_share,
             budget,
             duty,
@@ -1456,6 +1461,15 @@ mod tests {
         assert!((c.host_share - 0.05).abs() < 1e-9, "{c:?}");
         // 2% over 15%, where the target's own cost alone would give 20%.
         assert!((c.duty - 0.02 / 0.15).abs() < 1e-9, "{c:?}");
+        // A busy host beside a light target: its part is paid up to the target's own
+        // (here 1% of 100 ms: 10k syscalls), not the whole of it (200k).
+        cur.syscalls[110 * 2] = 10_000;
+        let w = crate::metrics::window(&prev, &cur, &crate::metrics::tests::ctx());
+        let c = super::watch_cost(&w, Some(&cost), Some(0.015), 1.0, super::BurstFixed::NONE)
+            .expect("a cost");
+        assert!((c.host_share - 0.05).abs() < 1e-9, "{c:?}");
+        assert!((c.duty - 0.015 / 0.02).abs() < 1e-9, "{c:?}");
+        cur.syscalls[110 * 2] = 100_000;
         // Without neighbours the target's cost alone sets it.
         cur.counters[abi::C_HOST_SYSCALLS as usize] = 0;
         let w = crate::metrics::window(&prev, &cur, &crate::metrics::tests::ctx());

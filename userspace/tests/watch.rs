@@ -845,12 +845,15 @@ fn overhead_budget_traces_part_of_each_interval() {
     }
 }
 
-/// The syscall hooks run for every process: a target that makes no syscalls (a shell
-/// spinning on a builtin) costs the watch almost nothing of its own, so its budget
-/// alone would trace it in full. A neighbour making K syscalls meanwhile (this test's
-/// thread, outside the watch) is counted (`host_syscalls` >= K with every event
-/// traced, none of them the target's), and under the default budget its cost takes
-/// the budget, so the rest of the interval is traced in part.
+/// The syscall hooks run for every process: a neighbour making K syscalls while a
+/// target is watched (this test's thread, outside the watch, beside a shell spinning
+/// on a builtin, which makes none) is counted (`host_syscalls` >= K with every event
+/// traced, none of them the target's) and priced (`watcher.host_share`). The budget
+/// pays that part up to the target's own cost (a load tool's share of the target's
+/// traffic), not beyond: this light target, whose own cost is far under the budget,
+/// stays traced in full though its neighbour's cost alone is over it (charged in
+/// full, it fell to the 2% floor, where serve's test counted a quarter too few
+/// requests of a light server).
 #[test]
 fn the_hosts_syscalls_cost_the_budget() {
     let _s = serial();
@@ -923,16 +926,10 @@ fn the_hosts_syscalls_cost_the_budget() {
         assert!(host_share > 0.005, "{wc}");
         if sampled {
             assert!(host >= K as f64, "{w}");
-            assert_eq!(duty, 1.0, "{wc}");
         } else {
-            // The target's own cost would trace it in full; the host's takes the
-            // budget (within the interval, at an early look, when the neighbour's
-            // loop came early enough).
-            assert!(share < 0.005, "{wc}");
-            let want = ((0.005 - burst) / (share + host_share)).clamp(0.02, 1.0);
-            assert!((duty - want).abs() < 1e-9, "{duty} vs {want}: {wc}");
-            assert!(duty < 1.0, "{w}");
+            assert!(share < 0.0025 && burst == 0.0, "{wc}");
         }
+        assert_eq!(duty, 1.0, "{wc}");
     }
 }
 
