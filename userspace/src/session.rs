@@ -276,8 +276,7 @@ impl Tracked {
         if !a.hot {
             let (missing, links) =
                 loader::attach_tracepoints(&mut a.bpf, a.raw_sched, loader::Hooks::Hot)?;
-            header.missing.extend(missing.iter().cloned());
-            a.missing.extend(missing);
+            header.missing.extend(missing);
             a.links.extend(links);
             a.hot = true;
         }

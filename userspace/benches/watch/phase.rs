@@ -106,12 +106,8 @@ pub fn run(
                 };
                 if let Some(win) = v.get("window") {
                     let wc = &win["watcher"];
-                    let cost = ["duty", "burst_share", "host_share"]
-                        .map(|k| wc[k].as_f64())
-                        .iter()
-                        .copied()
-                        .collect::<Option<Vec<f64>>>()
-                        .map(|v| [v[0], v[1], v[2]]);
+                    let [d, b, h] = ["duty", "burst_share", "host_share"].map(|k| wc[k].as_f64());
+                    let cost = d.zip(b).zip(h).map(|((d, b), h)| [d, b, h]);
                     windows.lock().unwrap().push((at, cost));
                 }
             }
