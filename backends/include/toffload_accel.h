@@ -36,6 +36,14 @@ long accel_submit(unsigned char *buf, int n);
 /* 1 done, 0 pending, -EBADF unknown or released handle, -EIO the operation failed. */
 int accel_done(long id);
 
+/* As accel_submit, for a caller that polls: the device raises no completion signal
+ * (accel_completion_fd) for this operation and spends no wake-up on it; accel_done
+ * at or after its due time finds it done. *due_ns (if not null) gets that time,
+ * CLOCK_MONOTONIC nanoseconds, so that a poller with nothing else to do can sleep
+ * until then. accel_wait-style blocking (accel_run) is unaffected. -EOPNOTSUPP where
+ * the backend only signals completions (cuda, remote): use accel_submit. */
+long accel_submit_polled(unsigned char *buf, int n, int64_t *due_ns);
+
 /* Free the handle. A pending operation is cancelled: its buffer is left as it was
  * or fully transformed, never half. 0, or -EBADF for an unknown handle or a
  * second release. */

@@ -186,6 +186,25 @@ pub unsafe extern "C" fn accel_submit(buf: *mut u8, n: c_int) -> c_long {
     ) as c_long
 }
 
+/// # Safety
+/// As accel_submit; `due_ns` is null or points to a writable i64.
+#[no_mangle]
+pub unsafe extern "C" fn accel_submit_polled(buf: *mut u8, n: c_int, due_ns: *mut i64) -> c_long {
+    guarded(
+        || {
+            let len = length(n)?;
+            // SAFETY: forwarded caller contract.
+            let (id, due) = unsafe { device()?.submit_polled(buf, len)? };
+            if !due_ns.is_null() {
+                // SAFETY: caller contract: null or writable.
+                unsafe { *due_ns = due.min(i64::MAX as u64) as i64 };
+            }
+            Ok(id)
+        },
+        |id| id.0,
+    ) as c_long
+}
+
 #[no_mangle]
 pub extern "C" fn accel_done(id: c_long) -> c_int {
     guarded(|| device()?.done(OpId(id)), |s| (s == OpState::Done) as i64) as c_int

@@ -26,6 +26,9 @@ pub enum AccelError {
     /// The remote daemon refused the operation without running it: its client had
     /// too much in flight there (ENOBUFS; the remote backend).
     OverLimit,
+    /// The backend has no such mode (EOPNOTSUPP: `submit_polled` where completions
+    /// are only signalled).
+    NotSupported,
 }
 
 impl AccelError {
@@ -42,6 +45,7 @@ impl AccelError {
             AccelError::OutOfMemory => libc::ENOMEM,
             AccelError::TimedOut => libc::ETIMEDOUT,
             AccelError::OverLimit => libc::ENOBUFS,
+            AccelError::NotSupported => libc::EOPNOTSUPP,
         }
     }
 }
@@ -67,6 +71,7 @@ impl fmt::Display for AccelError {
                 f,
                 "the remote daemon refused the op: past its per-client in-flight bound"
             ),
+            AccelError::NotSupported => write!(f, "not supported by this backend"),
         }
     }
 }

@@ -52,6 +52,20 @@ pub trait Accelerator: Send + Sync {
     /// done or released.
     unsafe fn submit(&self, buf: *mut u8, len: usize) -> Result<OpId, AccelError>;
 
+    /// Starts an operation whose caller will find it done by polling (`done`), as a
+    /// real device's completion record is found: the device raises no completion
+    /// signal for it (`completion_fd`) and spends no wake-up on it. Returns the handle
+    /// and when the operation will be done (CLOCK_MONOTONIC ns), so that a poller
+    /// that has nothing else to do sleeps until then. `wait` works on it too.
+    /// Backends that only signal completions return `NotSupported`.
+    ///
+    /// # Safety
+    /// As `submit`.
+    unsafe fn submit_polled(&self, buf: *mut u8, len: usize) -> Result<(OpId, u64), AccelError> {
+        let _ = (buf, len);
+        Err(AccelError::NotSupported)
+    }
+
     /// Polls an operation without blocking.
     fn done(&self, id: OpId) -> Result<OpState, AccelError>;
 

@@ -203,6 +203,21 @@ impl<T: Copy> Slot<T> {
         }
     }
 
+    /// Device side: RUNNING -> PENDING again, for an op taken by mistake (its slot was
+    /// reused under a stale handle).
+    pub fn unstart(&self) {
+        let mut s = self.state.load(Acquire);
+        while s & !WAITER == RUNNING {
+            match self
+                .state
+                .compare_exchange_weak(s, PENDING | (s & WAITER), AcqRel, Acquire)
+            {
+                Ok(_) => return,
+                Err(now) => s = now,
+            }
+        }
+    }
+
     /// Device side: RUNNING -> DONE/FAILED, waking sleepers.
     pub fn finish(&self, ok: bool) {
         let old = self.state.swap(if ok { DONE } else { FAILED }, AcqRel);

@@ -25,7 +25,7 @@ fn c_program_exercises_the_abi() {
     print!("{stdout}");
     assert!(out.status.success(), "abi_test failed:\n{stdout}");
     assert!(stdout.contains("0 failures"));
-    assert!(stdout.lines().filter(|l| l.starts_with("ok ")).count() >= 17);
+    assert!(stdout.lines().filter(|l| l.starts_with("ok ")).count() >= 21);
     for mode in ["spin", "block"] {
         let out = Command::new(&bin)
             .env("TOFFLOAD_WAIT", mode)
@@ -136,7 +136,7 @@ fn cuda_backend_on_the_fake_driver() {
     let (ok, stdout, stderr) = on_fake(&bin, &fake, &["normal"], &[]);
     assert!(ok && stdout.contains("0 failures"), "{stdout}");
     // Every check of the emulated run but the forked child (CUDA does not survive fork).
-    assert_eq!(stdout.lines().filter(|l| l.starts_with("ok ")).count(), 16);
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("ok ")).count(), 17);
     assert!(stderr.is_empty(), "no message when all is well: {stderr}");
     // A CUBIN the driver rejects falls back to PTX.
     let (ok, _, stderr) = on_fake(&bin, &fake, &["normal"], &[("FAKE_CUDA_NO_CUBIN", "1")]);

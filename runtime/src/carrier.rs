@@ -410,6 +410,8 @@ impl Carrier {
         // Between fibers: where the sampled guard may turn on or off.
         crate::guard::tick(now);
         if busy && now.saturating_sub(self.last_poll.get()) < POLL_EVERY_NS {
+            // Polled offloads that are due resume now, not at the next full poll.
+            crate::offload::scan_due(self, now);
             return;
         }
         let timeout = if busy {
@@ -543,6 +545,10 @@ extern "C" fn carrier_main(arg: *mut libc::c_void) -> *mut libc::c_void {
         w.adopt(unsafe { &*(arg as *const Carrier) });
     }
     crate::stack::install_altstack();
+    // A carrier's timed sleeps end at an offload's due time or a fiber's deadline;
+    // the default 50 us of slack would be added to each.
+    // SAFETY: prctl on the calling thread only.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
     calibrate();
     // Decided here, on the carrier's own stack: under auto it reads sysfs, which an
     // offload on a fiber should not be the first to do.

@@ -49,6 +49,17 @@ pub enum IdlePoll {
     Off,
 }
 
+/// TOFFLOAD_COMPLETIONS: how a parked offload on the built-in row learns that it is
+/// done (offload.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completions {
+    /// The backend's polled mode where it has one (accel_submit_polled): the carrier
+    /// looks between fibers and sleeps until the due time; the device never wakes.
+    Poll,
+    /// The backend's completion fd, in each carrier's epoll.
+    Signal,
+}
+
 /// TOFFLOAD_FIBER_TLS: whether each fiber gets its own copy of the application's
 /// `__thread` variables (tls.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,6 +135,7 @@ pub struct Config {
     /// it, exact). Enforce ignores it (it must see every access).
     pub guard_sample: u8,
     pub idle_poll: IdlePoll,
+    pub completions: Completions,
     /// TOFFLOAD_HANDOFF_US: how long a carrier may stay in application code, with
     /// other fibers waiting for it, before its fibers move to a spare thread.
     pub handoff_us: u64,
@@ -157,6 +169,7 @@ impl Default for Config {
             guard_regions: Vec::new(),
             guard_sample: DEFAULT_GUARD_SAMPLE,
             idle_poll: IdlePoll::Off,
+            completions: Completions::Poll,
             handoff_us: DEFAULT_HANDOFF_US,
             handoff_max_spares: 64,
             fiber_tls: FiberTls::Auto,
@@ -396,6 +409,20 @@ pub const KNOBS: &[Knob] = &[
                 ("debug", crate::log::DEBUG),
             ];
             one_of(v.trim(), &m).map(|x| c.log = x).is_some()
+        },
+    },
+    Knob {
+        var: "TOFFLOAD_COMPLETIONS",
+        default: "poll",
+        form: "`poll` or `signal`",
+        doc: "how a parked offload of accel_run learns it is done: poll (the backend's polled \
+              mode, where it has one: the carrier looks between fibers and sleeps until the \
+              due time, and the device spends no wake-up) or signal (the backend's completion \
+              fd)",
+        section: Section::Runtime,
+        set: |c, v| {
+            let m = [("poll", Completions::Poll), ("signal", Completions::Signal)];
+            one_of(v.trim(), &m).map(|x| c.completions = x).is_some()
         },
     },
     Knob {
@@ -678,6 +705,7 @@ mod tests {
             ("TOFFLOAD_GUARD_SAMPLE", "-5"),
             ("TOFFLOAD_GUARD_REGIONS", "0x2000-0x1000"),
             ("TOFFLOAD_GUARD_REGIONS", "not a symbol"),
+            ("TOFFLOAD_COMPLETIONS", "interrupt"),
             ("TOFFLOAD_IDLE_POLL", "yes"),
             ("TOFFLOAD_IDLE_POLL", "1"),
             ("TOFFLOAD_FIBER_TLS", "on"),
@@ -725,6 +753,20 @@ mod tests {
                 .guard_mech,
             GuardMech::UffdAsync
         );
+    }
+
+    #[test]
+    fn completions_knob() {
+        assert_eq!(cfg(&[]).unwrap().completions, Completions::Poll);
+        for (v, want) in [
+            ("poll", Completions::Poll),
+            (" signal ", Completions::Signal),
+        ] {
+            assert_eq!(
+                cfg(&[("TOFFLOAD_COMPLETIONS", v)]).unwrap().completions,
+                want
+            );
+        }
     }
 
     #[test]

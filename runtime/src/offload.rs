@@ -7,13 +7,20 @@
 //! fires; otherwise a carrier with offload waiters polls them at a short interval.
 //! Short offloads must not lose: when a row's observed latency is below what a park and
 //! resume costs, the fiber waits inline.
+//!
+//! Polled completions (TOFFLOAD_COMPLETIONS=poll, the default): where the backend has
+//! accel_submit_polled, the built-in row submits that way and its waiters are looked
+//! at by due time, by a busy carrier between fibers and by an idle one that sleeps
+//! until the earliest is due. The device then never wakes for them: on a VM a device
+//! wake-up (timer interrupt, two context switches, the eventfd) costs the server's
+//! core tens of microseconds, several times a request's own CPU.
 
 use crate::carrier::Carrier;
 use crate::fiber::{self, Fiber};
 use crate::{real, stats, time};
 use libc::{c_int, c_long, c_void};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::OnceLock;
 
 pub type Args = [usize; 6];
@@ -25,6 +32,8 @@ type DoneFn = unsafe extern "C" fn(c_long) -> c_int;
 /// rows: a synchronize returns the stream's own status, which is not an errno).
 const DONE_ASK_BLOCKING: c_int = 2;
 type ReleaseFn = unsafe extern "C" fn(c_long) -> c_int;
+/// accel_submit_polled(buf, n, *due_ns): the built-in row's polled submit.
+type SubmitPolledFn = unsafe extern "C" fn(usize, usize, *mut i64) -> c_long;
 type BlockingFn = unsafe extern "C" fn(usize, usize, usize, usize, usize, usize) -> c_long;
 
 pub const MAX_ROWS: usize = 1 + crate::config::MAX_TABLE_ROWS;
@@ -36,17 +45,30 @@ pub struct Row {
     submit: usize,
     done: usize,
     release: usize,
+    /// accel_submit_polled, on the built-in row where the backend library has it.
+    submit_polled: usize,
+    /// Whether submit_polled works: UNKNOWN until the first offload, NO after an
+    /// EOPNOTSUPP (a backend that only signals completions).
+    polled: AtomicU8,
     /// EWMA of observed latency, ns (0 = nothing observed yet).
     pub lat_ns: AtomicU64,
     /// Completion eventfd, or -1 when the backend has none (then waiters are polled).
     completion_fd: AtomicI32,
 }
 
+const UNKNOWN: u8 = 0;
+const YES: u8 = 1;
+const NO: u8 = 2;
+
 pub struct OffloadWait {
     pub fiber: *const Fiber,
     pub row: usize,
     pub handle: c_long,
     pub submitted: u64,
+    /// No completion fd: carriers must look (a polled submit, or a row without one).
+    pub polled: bool,
+    /// When the backend said it will be done (CLOCK_MONOTONIC ns); 0 = not known.
+    pub due: u64,
     /// Set by the scan: done(handle)'s result (1 or -errno).
     pub result: *const Cell<c_int>,
 }
@@ -56,6 +78,9 @@ static ROWS: OnceLock<Vec<Row>> = OnceLock::new();
 pub static PARK_COST_NS: AtomicU64 = AtomicU64::new(0);
 /// Offloads in flight on polled rows (no completion fd), across carriers.
 static POLLED_INFLIGHT: AtomicUsize = AtomicUsize::new(0);
+/// Parked offloads submitted polled (in the stats JSON only: the exported counter
+/// block's layout stays as toffload-watch reads it).
+pub static OFFLOADS_POLLED: AtomicUsize = AtomicUsize::new(0);
 
 fn sym(handle: *mut c_void, name: &str) -> usize {
     let Ok(c) = std::ffi::CString::new(name) else {
@@ -83,6 +108,12 @@ pub fn rows() -> &'static [Row] {
                 submit: sym(libc::RTLD_DEFAULT, &r.submit),
                 done: sym(libc::RTLD_DEFAULT, &r.done),
                 release: sym(libc::RTLD_DEFAULT, &r.release),
+                submit_polled: if i == 0 && cfg.completions == crate::config::Completions::Poll {
+                    sym(libc::RTLD_DEFAULT, "accel_submit_polled")
+                } else {
+                    0
+                },
+                polled: AtomicU8::new(UNKNOWN),
                 lat_ns: AtomicU64::new(0),
                 completion_fd: AtomicI32::new(-2),
             };
@@ -186,9 +217,28 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
     };
     stats::COUNTERS.offloads.fetch_add(1, Relaxed);
     let t0 = time::now_ns();
+    let mut polled = r.submit_polled != 0 && r.polled.load(Relaxed) != NO;
+    let mut due: i64 = 0;
     let h = loop {
-        // SAFETY: submit takes the blocking function's arguments, the caller's.
-        let h = unsafe { submit(a[0], a[1], a[2], a[3], a[4], a[5]) };
+        let h = if polled {
+            // SAFETY: resolved as accel_submit_polled; row 0's arguments are
+            // accel_run's (buf, n), and `due` is a local.
+            unsafe {
+                let f: SubmitPolledFn = std::mem::transmute(r.submit_polled);
+                f(a[0], a[1], &mut due)
+            }
+        } else {
+            // SAFETY: submit takes the blocking function's arguments, the caller's.
+            unsafe { submit(a[0], a[1], a[2], a[3], a[4], a[5]) }
+        };
+        if polled && r.polled.load(Relaxed) == UNKNOWN {
+            let works = h != -(libc::EOPNOTSUPP as c_long);
+            r.polled.store(if works { YES } else { NO }, Relaxed);
+        }
+        if polled && h == -(libc::EOPNOTSUPP as c_long) {
+            polled = false;
+            continue;
+        }
         if h == -(libc::EAGAIN as c_long) {
             // The device is full: let the others finish something first.
             fiber::yield_now(f);
@@ -218,7 +268,10 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
         result.set(unsafe { done(h) });
         if result.get() == 0 {
             let c = f.carrier();
-            let fd = r.completion_fd(row);
+            let fd = if polled { -1 } else { r.completion_fd(row) };
+            if polled {
+                OFFLOADS_POLLED.fetch_add(1, Relaxed);
+            }
             if fd >= 0 {
                 c.watch_completion(row, fd);
             } else {
@@ -232,6 +285,8 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
                     row,
                     handle: h,
                     submitted: t0,
+                    polled: fd < 0,
+                    due: if polled { due.max(1) as u64 } else { 0 },
                     result: &result,
                 })
             };
@@ -267,16 +322,37 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
 }
 
 /// Carrier side: completes the waiters whose operation is done. Called every turn;
-/// does the work only when a completion fd fired or a polled row has waiters.
+/// does the work only when a completion fd fired or a polled row has waiters. A
+/// waiter whose due time is known is looked at only from then on.
 pub fn scan(c: &Carrier, completion_seen: bool) {
+    if !(completion_seen || POLLED_INFLIGHT.load(Relaxed) > 0) {
+        return;
+    }
+    scan_where(c, |_| true);
+}
+
+/// Between fibers on a busy carrier: completes the waiters that are due by now (the
+/// polled submits), without the syscalls of a full poll.
+pub fn scan_due(c: &Carrier, now: u64) {
+    if POLLED_INFLIGHT.load(Relaxed) == 0 {
+        return;
+    }
+    scan_where(c, |w| w.due != 0 && w.due <= now);
+}
+
+fn scan_where(c: &Carrier, look: impl Fn(&OffloadWait) -> bool) {
     // SAFETY: carrier-local list.
     let list = unsafe { &mut *c.offloads.get() };
-    if list.is_empty() || !(completion_seen || POLLED_INFLIGHT.load(Relaxed) > 0) {
+    if list.is_empty() {
         return;
     }
     let rows = rows();
+    let now = time::now_ns();
     let before = list.len();
     list.retain(|w| {
+        if !look(w) || w.due > now {
+            return true;
+        }
         // SAFETY: only usable rows park waiters, and their done is this type.
         let done: DoneFn = unsafe { std::mem::transmute(rows[w.row].done) };
         // SAFETY: the handle is live until its fiber releases it, after this wake.
@@ -316,8 +392,12 @@ pub fn poll_interval(c: &Carrier, now: u64) -> Option<u64> {
     let list = unsafe { &*c.offloads.get() };
     let rows = rows();
     list.iter()
-        .filter(|w| rows[w.row].completion_fd.load(Relaxed) < 0)
+        .filter(|w| w.polled)
         .map(|w| {
+            if w.due != 0 {
+                // The backend said when: sleep until then, not a guess before it.
+                return w.due.saturating_sub(now);
+            }
             let lat = rows[w.row].lat_ns.load(Relaxed).max(10_000);
             // At half the expected latency, then every 1/8 of it. Not at the whole:
             // the latency observed is from submit to the fiber's resumption, so a

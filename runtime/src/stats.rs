@@ -43,7 +43,7 @@ fn sum() -> usize {
 
 pub fn json() -> String {
     format!(
-        "{{\"pid\":{},\"engaged\":{},\"carriers\":{},\"fibers_created\":{},\"fibers_live\":{},\"parks\":{},\"offloads\":{},\"offloads_parked\":{},\"offloads_inline\":{},\"io_parks\":{},\"park_cost_ns\":{},\"guard\":\"{}\",\"guard_pages\":{},\"guard_faults\":{},\"guard_conflicts\":{},\"guard_serialized\":{},\"guard_released\":{},\"guard_released_by_thread\":{},\"guard_sample\":{},\"guard_watched_ms\":{},\"handoffs\":{}}}\n",
+        "{{\"pid\":{},\"engaged\":{},\"carriers\":{},\"fibers_created\":{},\"fibers_live\":{},\"parks\":{},\"offloads\":{},\"offloads_parked\":{},\"offloads_inline\":{},\"offloads_polled\":{},\"io_parks\":{},\"park_cost_ns\":{},\"guard\":\"{}\",\"guard_pages\":{},\"guard_faults\":{},\"guard_conflicts\":{},\"guard_serialized\":{},\"guard_released\":{},\"guard_released_by_thread\":{},\"guard_sample\":{},\"guard_watched_ms\":{},\"handoffs\":{}}}\n",
         // SAFETY: getpid cannot fail.
         unsafe { libc::getpid() },
         crate::engaged(),
@@ -54,6 +54,7 @@ pub fn json() -> String {
         COUNTERS.offloads.load(Relaxed),
         COUNTERS.offloads_parked.load(Relaxed),
         COUNTERS.offloads_inline.load(Relaxed),
+        crate::offload::OFFLOADS_POLLED.load(Relaxed),
         COUNTERS.io_parks.load(Relaxed),
         crate::offload::PARK_COST_NS.load(Relaxed),
         crate::guard::mechanism(),

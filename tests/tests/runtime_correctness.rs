@@ -1095,8 +1095,16 @@ fn conn_server_zero_wrong_answers_under_runtime() {
         return;
     }
     let dir = TempDir::new("conn");
-    for (carriers, wait) in [("1", "block"), ("2", "spin"), ("2", "block")] {
-        let stats = dir.join(&format!("stats-{carriers}-{wait}.json"));
+    // Completions polled (the default: the device never signals) and signalled (the
+    // completion fd in each carrier's epoll).
+    for (carriers, wait, completions) in [
+        ("1", "block", "poll"),
+        ("2", "spin", "poll"),
+        ("2", "block", "poll"),
+        ("1", "block", "signal"),
+        ("2", "block", "signal"),
+    ] {
+        let stats = dir.join(&format!("stats-{carriers}-{wait}-{completions}.json"));
         let mut s = start(preload::server_under_runtime(
             ServerSpec::new("conn_server")
                 .arg("--cpu-us")
@@ -1104,28 +1112,28 @@ fn conn_server_zero_wrong_answers_under_runtime() {
                 .env("TOFFLOAD_EMU_LAT_US", "200")
                 .env("TOFFLOAD_WAIT", wait)
                 .env("TOFFLOAD_CARRIERS", carriers)
+                .env("TOFFLOAD_COMPLETIONS", completions)
                 .env("TOFFLOAD_STATS", stats.display().to_string()),
         ));
+        let what = format!("runtime carriers={carriers} wait={wait} completions={completions}");
         let r = load::run(&load_cfg(s.port, 64, 1.0)).expect("load run");
-        assert_served(
-            &mut s,
-            &format!("runtime carriers={carriers} wait={wait}"),
-            &r,
-        );
+        assert_served(&mut s, &what, &r);
         let mut open = load_cfg(s.port, 32, 1.0);
         open.rate = Some(3000.0);
         let r = load::run(&open).expect("open-loop run");
-        assert_served(
-            &mut s,
-            &format!("runtime carriers={carriers} wait={wait} open loop 3000/s"),
-            &r,
-        );
+        assert_served(&mut s, &format!("{what} open loop 3000/s"), &r);
         std::thread::sleep(Duration::from_millis(150));
         let st = read_stats(&stats);
         println!("stats: {st}");
         // Engaged: the connection threads were fibers and the offloads parked them.
         assert!(stat(&st, "fibers_created") >= 64, "{st}");
         assert!(stat(&st, "offloads_parked") > 0, "{st}");
+        // Every parked offload went the way asked.
+        let polled = stat(&st, "offloads_polled");
+        match completions {
+            "poll" => assert_eq!(polled, stat(&st, "offloads_parked"), "{st}"),
+            _ => assert_eq!(polled, 0, "{st}"),
+        }
         assert_eq!(
             stat(&st, "carriers"),
             carriers.parse::<u64>().unwrap(),

@@ -1,11 +1,18 @@
 //! The device thread. Submitters book a lane and push the completion time onto a
 //! heap, arming a timerfd when theirs is the earliest; the device thread sleeps in
 //! read(timerfd), transforms whatever is due, and signals the eventfd. No spinning.
+//!
+//! Polled operations (`schedule_polled`) take no timer and no signal: whoever polls
+//! one at or after its due time completes it (`complete_if_due`). On a VM each
+//! wake-up of the device thread costs the server's core tens of microseconds (a
+//! timer reprogram and an interrupt each exit to the hypervisor, plus two context
+//! switches), which a poller that looks between requests does not pay.
 
 use super::aes::CtrEngine;
 use super::lanes::Lanes;
 use super::{DeviceStats, EmuConfig};
-use crate::slots::{Slots, CANCELLED, WAITER};
+use crate::slots::{Slots, CANCELLED, PENDING, RUNNING, WAITER};
+use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::io;
@@ -31,11 +38,17 @@ struct Sched {
     armed: u64,
     /// How early the timer is armed (EWMA of observed wake-up lateness), ns.
     early_ns: u64,
+    /// Polled ops by due time: kept only so that a cancelled one is freed (the
+    /// timer never fires for them); pruned by every submitter and wake-up.
+    polled: BinaryHeap<Reverse<(u64, u32, u32)>>,
 }
 
 pub(super) struct Engine {
     pub cfg: EmuConfig,
     pub slots: Slots,
+    /// Per slot: when its op is done (CLOCK_MONOTONIC ns), and whether it is polled.
+    due: Box<[AtomicU64]>,
+    polled: Box<[AtomicBool]>,
     sched: Mutex<Sched>,
     timer: OwnedFd,
     event: OwnedFd,
@@ -87,11 +100,16 @@ impl Engine {
         };
         let engine = Arc::new(Engine {
             slots: Slots::new(cfg.max_inflight),
+            due: (0..cfg.max_inflight).map(|_| AtomicU64::new(0)).collect(),
+            polled: (0..cfg.max_inflight)
+                .map(|_| AtomicBool::new(false))
+                .collect(),
             sched: Mutex::new(Sched {
                 lanes: Lanes::new(cfg.lanes),
                 due: BinaryHeap::with_capacity(cfg.max_inflight),
                 armed: 0,
                 early_ns: 0,
+                polled: BinaryHeap::new(),
             }),
             cfg,
             timer,
@@ -130,10 +148,66 @@ impl Engine {
     pub fn schedule(&self, index: u32, generation: u32, service_ns: u64) {
         let mut s = self.sched.lock().unwrap_or_else(|p| p.into_inner());
         let finish = s.lanes.book(now_ns(), service_ns);
+        self.due[index as usize].store(finish, Relaxed);
+        self.polled[index as usize].store(false, Relaxed);
         s.due.push(Reverse((finish, index, generation)));
         if s.armed == 0 || finish < s.armed {
             self.arm(&mut s, finish);
         }
+    }
+
+    /// Books a lane for a polled op; returns when it is done. No timer is armed.
+    pub fn schedule_polled(&self, index: u32, generation: u32, service_ns: u64) -> u64 {
+        let mut s = self.sched.lock().unwrap_or_else(|p| p.into_inner());
+        let now = now_ns();
+        let finish = s.lanes.book(now, service_ns);
+        self.due[index as usize].store(finish, Relaxed);
+        self.polled[index as usize].store(true, Relaxed);
+        s.polled.push(Reverse((finish, index, generation)));
+        self.prune_polled(&mut s, now);
+        finish
+    }
+
+    /// When the op in slot `index` is done, and whether it is polled. Read only for a
+    /// live handle: written before the submitter returned it.
+    pub fn due_of(&self, index: u32) -> (u64, bool) {
+        (
+            self.due[index as usize].load(Relaxed),
+            self.polled[index as usize].load(Relaxed),
+        )
+    }
+
+    /// Drops polled ops that are no longer pending from the heap, freeing the
+    /// cancelled ones; stops at the first still pending (its poller will come).
+    fn prune_polled(&self, s: &mut Sched, now: u64) {
+        while let Some(&Reverse((finish, index, generation))) = s.polled.peek() {
+            if self.slots.generation_of(index) == generation {
+                match self.slots.get(index).state.load(Acquire) & !WAITER {
+                    CANCELLED if finish <= now => self.slots.free(index),
+                    CANCELLED | PENDING | RUNNING => return,
+                    _ => {}
+                }
+            }
+            s.polled.pop();
+        }
+    }
+
+    /// Polled completion: an op past its due time is done for whoever looks, who
+    /// does its transform. False while it is not due (or another thread has it).
+    pub fn complete_if_due(&self, index: u32, generation: u32) -> bool {
+        if self.due[index as usize].load(Relaxed) > now_ns() {
+            return false;
+        }
+        thread_local! {
+            static AES: RefCell<Option<CtrEngine>> = const { RefCell::new(None) };
+        }
+        AES.with(|aes| {
+            let mut aes = aes.borrow_mut();
+            if aes.is_none() {
+                *aes = CtrEngine::new().ok();
+            }
+            self.complete(index, generation, aes.as_mut())
+        })
     }
 
     fn arm(&self, s: &mut Sched, finish: u64) {
@@ -236,6 +310,7 @@ impl Engine {
                 s.early_ns = (s.early_ns * 7 + late) / 8;
             }
         }
+        self.prune_polled(&mut s, now);
         let coalesce = (self.cfg.service_ns(0) / COALESCE_SHARE).min(COALESCE_MAX_NS);
         let horizon = now + s.early_ns + coalesce;
         while let Some(&Reverse((finish, index, generation))) = s.due.peek() {
@@ -251,16 +326,25 @@ impl Engine {
         }
     }
 
-    fn complete(&self, index: u32, generation: u32, aes: Option<&mut CtrEngine>) {
+    /// Transforms the op in slot `index` if it is still that generation's and
+    /// pending; true if this call completed it.
+    fn complete(&self, index: u32, generation: u32, aes: Option<&mut CtrEngine>) -> bool {
         if self.slots.generation_of(index) != generation {
-            return;
+            return false;
         }
         let slot = self.slots.get(index);
         if !slot.start() {
-            if slot.state.load(Acquire) & !WAITER == CANCELLED {
+            if slot.state.load(Acquire) & !WAITER == CANCELLED
+                && !self.polled[index as usize].load(Relaxed)
+            {
                 self.slots.free(index);
             }
-            return;
+            return false;
+        }
+        // Released and reused between the check and start(): that op is not ours.
+        if self.slots.generation_of(index) != generation {
+            slot.unstart();
+            return false;
         }
         let (buf, len) = slot.op();
         let ok = match aes {
@@ -276,5 +360,6 @@ impl Engine {
         // Count before publishing, so a caller that saw its op done sees it counted.
         self.completed.fetch_add(1, Release);
         slot.finish(ok);
+        true
     }
 }

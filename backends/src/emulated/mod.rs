@@ -149,6 +149,24 @@ impl Accelerator for Emulated {
         Ok(OpId(id))
     }
 
+    unsafe fn submit_polled(&self, buf: *mut u8, len: usize) -> Result<(OpId, u64), AccelError> {
+        if buf.is_null() && len > 0 {
+            return Err(AccelError::NullBuffer);
+        }
+        let max = self.engine.cfg.max_bytes;
+        if len > max {
+            return Err(AccelError::TooLarge { len, max });
+        }
+        let claimed = self.slots().allocate((buf as usize, len))?;
+        let id = Slots::handle(&claimed);
+        let due = self.engine.schedule_polled(
+            claimed.index,
+            claimed.generation,
+            self.engine.cfg.service_ns(len),
+        );
+        Ok((OpId(id), due))
+    }
+
     fn done(&self, id: OpId) -> Result<OpState, AccelError> {
         let c = self.slots().lookup(id.0)?;
         let state = c.slot.state.load(Acquire) & !WAITER;
@@ -156,6 +174,13 @@ impl Accelerator for Emulated {
         if self.slots().generation_of(c.index) != c.generation {
             return Err(AccelError::BadHandle);
         }
+        let state = match state {
+            PENDING if self.engine.due_of(c.index).1 => {
+                self.engine.complete_if_due(c.index, c.generation);
+                c.slot.state.load(Acquire) & !WAITER
+            }
+            s => s,
+        };
         match state {
             PENDING | RUNNING => Ok(OpState::Pending),
             DONE => Ok(OpState::Done),
@@ -166,6 +191,18 @@ impl Accelerator for Emulated {
 
     fn wait(&self, id: OpId) -> Result<(), AccelError> {
         let c = self.slots().lookup(id.0)?;
+        let (due, polled) = self.engine.due_of(c.index);
+        if polled {
+            // No device thread will come: sleep until it is due, then complete it.
+            loop {
+                match self.done(id)? {
+                    OpState::Done => return Ok(()),
+                    OpState::Pending if engine::now_ns() < due => sleep_until(due),
+                    // Another poller is transforming it.
+                    OpState::Pending => std::thread::yield_now(),
+                }
+            }
+        }
         match c.slot.wait_terminal() {
             DONE => Ok(()),
             FAILED => Err(AccelError::DeviceFault),
@@ -181,6 +218,24 @@ impl Accelerator for Emulated {
     fn completion_fd(&self) -> RawFd {
         self.engine.event_fd()
     }
+}
+
+/// Sleeps until CLOCK_MONOTONIC `at` ns.
+fn sleep_until(at: u64) {
+    let ts = libc::timespec {
+        tv_sec: (at / 1_000_000_000) as libc::time_t,
+        tv_nsec: (at % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: a valid timespec; an interruption only returns early, and the caller
+    // loops.
+    unsafe {
+        libc::clock_nanosleep(
+            libc::CLOCK_MONOTONIC,
+            libc::TIMER_ABSTIME,
+            &ts,
+            std::ptr::null_mut(),
+        )
+    };
 }
 
 #[cfg(test)]

@@ -91,18 +91,28 @@ enum Mode {
     Block,
     /// Stock, accel_run polling the device.
     Spin,
-    /// Under libtoffload.so: accel_run parks the fiber.
+    /// Under libtoffload.so: accel_run parks the fiber, and the carrier polls for the
+    /// completion (the default, TOFFLOAD_COMPLETIONS=poll).
     Runtime,
+    /// The same with the device's completion signal (TOFFLOAD_COMPLETIONS=signal):
+    /// what polling saves.
+    RuntimeSignalled,
 }
 
 impl Mode {
-    const ALL: [Mode; 3] = [Mode::Block, Mode::Spin, Mode::Runtime];
+    const ALL: [Mode; 4] = [
+        Mode::Block,
+        Mode::Spin,
+        Mode::Runtime,
+        Mode::RuntimeSignalled,
+    ];
 
     fn label(self) -> &'static str {
         match self {
             Mode::Block => "stock block",
             Mode::Spin => "stock spin",
             Mode::Runtime => "runtime",
+            Mode::RuntimeSignalled => "runtime signalled",
         }
     }
 
@@ -110,7 +120,16 @@ impl Mode {
         match self {
             Mode::Spin => "spin",
             // The runtime replaces the wait, so its setting does not matter there.
-            Mode::Block | Mode::Runtime => "block",
+            Mode::Block | Mode::Runtime | Mode::RuntimeSignalled => "block",
+        }
+    }
+
+    /// TOFFLOAD_COMPLETIONS under the runtime; None for the stock server.
+    fn completions(self) -> Option<&'static str> {
+        match self {
+            Mode::Runtime => Some("poll"),
+            Mode::RuntimeSignalled => Some("signal"),
+            Mode::Block | Mode::Spin => None,
         }
     }
 }
@@ -199,8 +218,9 @@ fn run_once(a: &Args, mode: Mode, lat: u32, rate: f64) -> Result<Run, String> {
         .env("TOFFLOAD_EMU_LANES", a.lanes.to_string())
         .env("TOFFLOAD_WAIT", mode.wait())
         .cpu((harness::cpus() >= 2).then_some(0));
-    if mode == Mode::Runtime {
+    if let Some(completions) = mode.completions() {
         spec = spec
+            .env("TOFFLOAD_COMPLETIONS", completions)
             .env("LD_PRELOAD", runtime_lib()?.display().to_string())
             .env("TOFFLOAD_STATS", stats.display().to_string());
     }
@@ -224,7 +244,7 @@ fn run_once(a: &Args, mode: Mode, lat: u32, rate: f64) -> Result<Run, String> {
         ));
     }
     let engaged = match mode {
-        Mode::Runtime => {
+        Mode::Runtime | Mode::RuntimeSignalled => {
             std::thread::sleep(Duration::from_millis(120));
             let n = fibers_created(&stats);
             let _ = std::fs::remove_file(&stats);
@@ -320,7 +340,7 @@ fn sweep(a: &Args) -> Result<(Vec<Sweep>, GenLoad), String> {
                 phase: Phase::Coarse(
                     match mode {
                         Mode::Spin => a.spin_start,
-                        Mode::Block | Mode::Runtime => a.start,
+                        Mode::Block | Mode::Runtime | Mode::RuntimeSignalled => a.start,
                     },
                     0,
                 ),
@@ -500,7 +520,12 @@ fn report(a: &Args, sweeps: &[Sweep], gen: &GenLoad, cond: Conditions) -> String
          configurations interleaved at each step. Knee: the lowest offered load from \
          which on every point has p99 above {}x its value at the lowest load, or achieved \
          below {:.0}% of offered (one such point below a load that holds again was \
-         disturbed by other work, not the knee).\n",
+         disturbed by other work, not the knee). \"runtime\" finds completions by \
+         polling (TOFFLOAD_COMPLETIONS=poll, the default: accel_submit_polled, looked at \
+         between fibers, the device never woken); \"runtime signalled\" waits for the \
+         device's completion fd as before (TOFFLOAD_COMPLETIONS=signal); the stock \
+         server's accel_run always waits for the signal (block) or spins on accel_done \
+         (spin).\n",
         a.lanes,
         a.conns,
         a.size,
