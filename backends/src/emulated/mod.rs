@@ -130,8 +130,10 @@ impl Drop for Emulated {
     }
 }
 
-impl Accelerator for Emulated {
-    unsafe fn submit(&self, buf: *mut u8, len: usize) -> Result<OpId, AccelError> {
+impl Emulated {
+    /// Checks an operation and takes a slot for it: (index, generation, handle,
+    /// service time ns).
+    fn claim(&self, buf: *mut u8, len: usize) -> Result<(u32, u32, OpId, u64), AccelError> {
         if buf.is_null() && len > 0 {
             return Err(AccelError::NullBuffer);
         }
@@ -139,32 +141,22 @@ impl Accelerator for Emulated {
         if len > max {
             return Err(AccelError::TooLarge { len, max });
         }
-        let claimed = self.slots().allocate((buf as usize, len))?;
-        let id = Slots::handle(&claimed);
-        self.engine.schedule(
-            claimed.index,
-            claimed.generation,
-            self.engine.cfg.service_ns(len),
-        );
-        Ok(OpId(id))
+        let c = self.slots().allocate((buf as usize, len))?;
+        let id = OpId(Slots::handle(&c));
+        Ok((c.index, c.generation, id, self.engine.cfg.service_ns(len)))
+    }
+}
+
+impl Accelerator for Emulated {
+    unsafe fn submit(&self, buf: *mut u8, len: usize) -> Result<OpId, AccelError> {
+        let (index, generation, id, service) = self.claim(buf, len)?;
+        self.engine.schedule(index, generation, service);
+        Ok(id)
     }
 
     unsafe fn submit_polled(&self, buf: *mut u8, len: usize) -> Result<(OpId, u64), AccelError> {
-        if buf.is_null() && len > 0 {
-            return Err(AccelError::NullBuffer);
-        }
-        let max = self.engine.cfg.max_bytes;
-        if len > max {
-            return Err(AccelError::TooLarge { len, max });
-        }
-        let claimed = self.slots().allocate((buf as usize, len))?;
-        let id = Slots::handle(&claimed);
-        let due = self.engine.schedule_polled(
-            claimed.index,
-            claimed.generation,
-            self.engine.cfg.service_ns(len),
-        );
-        Ok((OpId(id), due))
+        let (index, generation, id, service) = self.claim(buf, len)?;
+        Ok((id, self.engine.schedule_polled(index, generation, service)))
     }
 
     fn done(&self, id: OpId) -> Result<OpState, AccelError> {
