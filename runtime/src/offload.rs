@@ -264,8 +264,11 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
         }
     } else {
         stats::COUNTERS.offloads_parked.fetch_add(1, Relaxed);
-        // SAFETY: h is live: submitted above and not yet released.
-        result.set(unsafe { done(h) });
+        // A polled op is not done before its due time: no need to ask.
+        if !(polled && due as u64 > t0) {
+            // SAFETY: h is live: submitted above and not yet released.
+            result.set(unsafe { done(h) });
+        }
         if result.get() == 0 {
             let c = f.carrier();
             let fd = if polled { -1 } else { r.completion_fd(row) };
@@ -328,7 +331,7 @@ pub fn scan(c: &Carrier, completion_seen: bool) {
     if !(completion_seen || POLLED_INFLIGHT.load(Relaxed) > 0) {
         return;
     }
-    scan_where(c, |_| true);
+    scan_where(c, time::now_ns(), |_| true);
 }
 
 /// Between fibers on a busy carrier: completes the waiters that are due by now (the
@@ -337,17 +340,17 @@ pub fn scan_due(c: &Carrier, now: u64) {
     if POLLED_INFLIGHT.load(Relaxed) == 0 {
         return;
     }
-    scan_where(c, |w| w.due != 0 && w.due <= now);
+    scan_where(c, now, |w| w.due != 0);
 }
 
-fn scan_where(c: &Carrier, look: impl Fn(&OffloadWait) -> bool) {
+/// Asks `done` of the waiters `look` picks, from their due time on (`now`).
+fn scan_where(c: &Carrier, now: u64, look: impl Fn(&OffloadWait) -> bool) {
     // SAFETY: carrier-local list.
     let list = unsafe { &mut *c.offloads.get() };
     if list.is_empty() {
         return;
     }
     let rows = rows();
-    let now = time::now_ns();
     let before = list.len();
     list.retain(|w| {
         if !look(w) || w.due > now {
