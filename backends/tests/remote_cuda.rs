@@ -251,7 +251,7 @@ fn the_cuda_backend_runs_remoted() {
         "{stdout}{}",
         text(&out.stderr)
     );
-    assert_eq!(stdout.lines().filter(|l| l.starts_with("ok ")).count(), 16);
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("ok ")).count(), 17);
     assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
 }
 
