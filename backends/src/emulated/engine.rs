@@ -64,6 +64,14 @@ pub(super) fn now_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
 }
 
+/// `ns` as a timespec.
+pub(super) fn timespec(ns: u64) -> libc::timespec {
+    libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    }
+}
+
 fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -214,14 +222,8 @@ impl Engine {
         s.armed = finish;
         let at = finish.saturating_sub(s.early_ns).max(1);
         let spec = libc::itimerspec {
-            it_interval: libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            },
-            it_value: libc::timespec {
-                tv_sec: (at / 1_000_000_000) as libc::time_t,
-                tv_nsec: (at % 1_000_000_000) as libc::c_long,
-            },
+            it_interval: timespec(0),
+            it_value: timespec(at),
         };
         // SAFETY: valid fd and spec. Cannot fail for a valid absolute time.
         unsafe {

@@ -214,10 +214,7 @@ impl Accelerator for Emulated {
 
 /// Sleeps until CLOCK_MONOTONIC `at` ns.
 fn sleep_until(at: u64) {
-    let ts = libc::timespec {
-        tv_sec: (at / 1_000_000_000) as libc::time_t,
-        tv_nsec: (at % 1_000_000_000) as libc::c_long,
-    };
+    let ts = engine::timespec(at);
     // SAFETY: a valid timespec; an interruption only returns early, and the caller
     // loops.
     unsafe {
