@@ -7,11 +7,15 @@
  * driver's wait is an ioctl or a spin the interposer never sees). The driver API's
  * cuStream and cuEvent calls are the same objects under their own names, as in
  * CUDA. Errors are sticky per stream like CUDA's: FAKECUDA_FAIL=1 makes every
- * operation end in cudaErrorIllegalAddress (700).
+ * operation end in cudaErrorIllegalAddress (700). Operations are submitted polled
+ * where the backend can (a query reads the completion the device wrote, as a GPU's
+ * does; no host thread wakes per operation).
  */
 #define _GNU_SOURCE
 #include "toffload_accel.h"
 
+#include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -46,10 +50,24 @@ int cudaStreamDestroy(cudaStream_t s)
     return cudaSuccess;
 }
 
+/* Set once the backend has answered -EOPNOTSUPP (cuda, remote): signalled from then. */
+static atomic_int signalled_only;
+
+static long submit(unsigned char *buf, int n)
+{
+    if (!atomic_load_explicit(&signalled_only, memory_order_relaxed)) {
+        long op = accel_submit_polled(buf, n, NULL);
+        if (op != -EOPNOTSUPP)
+            return op;
+        atomic_store_explicit(&signalled_only, 1, memory_order_relaxed);
+    }
+    return accel_submit(buf, n);
+}
+
 /* Queues the device's transform of buf[0..n) on the stream. */
 int fake_launch(cudaStream_t s, unsigned char *buf, int n)
 {
-    long op = accel_submit(buf, n);
+    long op = submit(buf, n);
     if (op < 0)
         return cudaErrorIllegalAddress;
     s->op = op;
