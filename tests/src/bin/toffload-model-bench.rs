@@ -227,6 +227,10 @@ const HELD_OUT: &[Point] = &[
     mutex(h(1000, 8, 0, "block", 1024)),
     on(h(300, 64, 0, "block", 1024), Shape::Hsm),
     on(h(300, 64, 0, "block", 1024), Shape::Gpu),
+    // Added with the request-work estimate of c_f, which the two above prompted: these
+    // two were not run before it was written.
+    on(h(150, 64, 10, "block", 1024), Shape::Hsm),
+    on(h(600, 512, 0, "block", 4096), Shape::Gpu),
 ];
 
 /// conn_server's busy-loop rate (iterations per us), the best of three start-up

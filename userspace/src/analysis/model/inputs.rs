@@ -168,9 +168,15 @@ pub fn from_window(
                 sleep_cost_unwatched(us, calls, sleeps, cost)
             })
         },
+        sleeps_per_call: if spin {
+            0.0
+        } else {
+            w.offload.sleeps_per_call.unwrap_or(0.0)
+        },
+        outside_cpu_warm_us: outside_cpu_warm_us(spin, w, cost),
         device_rps: facts.device_rps(),
         watch_us_per_request: if spin {
-            cost.map(|c| spin_watch_outside_us(c, w.blocking_switches_per_request.unwrap_or(0.0)))
+            cost.map(|c| watch_outside_us(c, w.blocking_switches_per_request.unwrap_or(0.0)))
         } else {
             None
         }
@@ -201,6 +207,24 @@ pub fn from_window(
         peer_idle_wakes_per_request: w.peer_idle_wakes_per_request.unwrap_or(0.0),
         idle_wake_us: cost.map_or(0.0, |c| c.idle_wake_ns / 1e3),
     })
+}
+
+/// A blocking request's warm quartile of CPU outside its offload, without the watch's
+/// probes there: the work it does whichever way it waits, on the requests that the
+/// threads' sleeps' interrupts and cold caches missed. None for a spinning wait (its
+/// c is this already) or with too few requests timed whole.
+fn outside_cpu_warm_us(spin: bool, w: &Window, cost: Option<&ProbeCost>) -> Option<f64> {
+    let o = w
+        .outside_cpu
+        .as_ref()
+        .filter(|o| o.requests >= WARM_MIN_REQUESTS)?;
+    if spin {
+        return None;
+    }
+    let watch = cost.map_or(0.0, |c| {
+        watch_outside_us(c, w.slept_syscalls_per_request.unwrap_or(0.0))
+    });
+    Some((o.p25_us - watch).max(0.0))
 }
 
 /// The loop's CPU per request as a reroute pays it, without the watch's own cost to
@@ -237,7 +261,7 @@ fn reroute_cpu_us(
 /// CPU the reroute keeps from them: a blocking loop's on-CPU time holds all of their
 /// syscalls, switches and offload probes, at the calibrated costs; a spinning loop's
 /// kept CPU is the part outside its offloads, which holds only what lands there
-/// (spin_watch_outside_us: the preemptions, the submit's syscalls and half of each
+/// (watch_outside_us: the preemptions, the submit's syscalls and half of each
 /// offload probe's trap fall inside the spin). Taking the whole out of a spinner's
 /// outside CPU took 2.5-3 us of redis-server's ~10 a command (ACCEL.SYNC at 50 us:
 /// one preemption by the device's thread a command, 1.5 us traced), and the reroute
@@ -245,7 +269,7 @@ fn reroute_cpu_us(
 fn loop_watch_us(w: &Window, spin: bool, cost: Option<&ProbeCost>) -> f64 {
     let Some(c) = cost else { return 0.0 };
     if spin {
-        return spin_watch_outside_us(c, w.blocking_switches_per_request.unwrap_or(0.0));
+        return watch_outside_us(c, w.blocking_switches_per_request.unwrap_or(0.0));
     }
     let r = w.requests.max(1) as f64;
     let switches = (w.blocking_switches_per_request.unwrap_or(0.0)
@@ -334,12 +358,13 @@ fn slept_syscall_unwatched(measured_us: f64, cost: Option<&ProbeCost>) -> f64 {
     (measured_us - (c.syscall_ns + c.switch_ns) / 1e3).max(0.0)
 }
 
-/// The watch's cost inside a spinning request's c, the part outside its offload: the
-/// request's read and write, the half of the offload probes' trap that falls outside
-/// the call's timestamps, and its sleeps there (waiting for the next request). The
-/// rest of the window's events (the spinners' preemptions, the helper threads') land
-/// inside the spin or outside c.
-fn spin_watch_outside_us(c: &ProbeCost, sleeps_per_request: f64) -> f64 {
+/// The watch's cost in a request's CPU outside its offload (a spinning request's c,
+/// a blocking one's warm quartile): the request's read and write, the half of the
+/// offload probes' trap that falls outside the call's timestamps, and its sleeps
+/// there (waiting for the next request). The rest of the window's events (the
+/// spinners' preemptions, the helper threads', a blocking wait's sleeps) land inside
+/// the offload or outside the request.
+fn watch_outside_us(c: &ProbeCost, sleeps_per_request: f64) -> f64 {
     (2.0 * c.syscall_ns + c.offload_ns / 2.0 + sleeps_per_request.max(0.0) * c.switch_ns) / 1e3
 }
 
@@ -408,7 +433,7 @@ mod tests {
             host_syscall_ns: 0.0,
         };
         // 2 x 0.2 + 1.0 + 1.5 x 0.8 us.
-        assert!((spin_watch_outside_us(&c, 1.5) - 2.6).abs() < 1e-9);
+        assert!((watch_outside_us(&c, 1.5) - 2.6).abs() < 1e-9);
     }
 
     fn outside(requests: u64) -> OutsideCpu {
@@ -500,6 +525,31 @@ mod tests {
         // Unknown costs: nothing taken out.
         assert_eq!(loop_watch_us(&w, false, None), 0.0);
         assert!((backend_cpu_us(&w, None) - 6.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_blocking_requests_warm_work_leaves_the_watchs_out() {
+        let c = ProbeCost {
+            syscall_ns: 300.0,
+            switch_ns: 1400.0,
+            offload_ns: 1800.0,
+            handoff_ns: 2700.0,
+            idle_wake_ns: 0.0,
+            host_syscall_ns: 0.0,
+        };
+        let mut w = window_with_a_backend();
+        w.outside_cpu = Some(outside(250));
+        w.slept_syscalls_per_request = Some(1.0);
+        // 24 us, less a read and a write (0.6), half the offload probe (0.9) and the
+        // read's switch (1.4).
+        let warm = outside_cpu_warm_us(false, &w, Some(&c)).unwrap();
+        assert!((warm - (24.0 - 2.9)).abs() < 1e-9, "{warm}");
+        // Unknown costs: as timed.
+        assert_eq!(outside_cpu_warm_us(false, &w, None), Some(24.0));
+        // A spinning wait's c is this already; too few requests timed whole say nothing.
+        assert_eq!(outside_cpu_warm_us(true, &w, Some(&c)), None);
+        w.outside_cpu = Some(outside(5));
+        assert_eq!(outside_cpu_warm_us(false, &w, Some(&c)), None);
     }
 
     #[test]

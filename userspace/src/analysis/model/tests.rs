@@ -21,6 +21,8 @@ fn base() -> Inputs {
         blocking_switches_per_request: 2.0,
         preemptions_per_request: 0.0,
         sleep_cost_us: None,
+        sleeps_per_call: 1.0,
+        outside_cpu_warm_us: None,
         device_rps: None,
         watch_us_per_request: 0.0,
         stock_rps_untraced: None,
@@ -638,4 +640,104 @@ fn a_reroute_takes_out_each_sleep_at_what_it_cost_the_server() {
     // A spinning wait has no sleep in its c to take out.
     i.spin = true;
     assert!(close(kept(&i), 50.0), "{}", kept(&i));
+}
+
+/// hsm_server-like: 64 threads whose vendor call sleeps in 20 us slices, 1.4 times a
+/// call; the stock core pays 23 us a request, far more than 2.45 switches at X.
+fn vendor_sleeper() -> Inputs {
+    Inputs {
+        stock_rps: 43_000.0,
+        latency_us: 300.0,
+        cpu_per_request_us: 23.0,
+        switch_us: 3.4,
+        blocking_switches_per_request: 2.45,
+        sleep_cost_us: Some(2.4),
+        sleeps_per_call: 1.4,
+        outside_cpu_warm_us: Some(5.2),
+        ..base()
+    }
+}
+
+#[test]
+fn c_f_is_the_requests_own_work_where_the_sleeps_cost_more_than_switches() {
+    let i = vendor_sleeper();
+    let p = predict(&i);
+    // Less blocking: 23 - 2.45 x 3.4 + 2 yields. From the work: 5.2 outside, and the
+    // offload's calls (2.4 x 1.4 on CPU, all of it its sleeps at X) at one yield.
+    let stock = 23.0 - 2.45 * 3.4 + runtime_overhead_us(YIELDS_PER_REQUEST);
+    let work = 5.2 + runtime_overhead_us(1.0);
+    assert!(
+        close(p.fiber_cpu_stock_us, stock),
+        "{}",
+        p.fiber_cpu_stock_us
+    );
+    assert!(close(p.fiber_cpu_us, work), "{}", p.fiber_cpu_us);
+    assert_eq!(p.fiber_cpu_source, FiberCpuSource::RequestWork);
+    // Without the warm quartile the model is what it was: c less blocking.
+    let q = predict(&Inputs {
+        outside_cpu_warm_us: None,
+        ..i.clone()
+    });
+    assert!(close(q.fiber_cpu_us, stock));
+    assert_eq!(q.fiber_cpu_source, FiberCpuSource::StockLessBlocking);
+    assert!(
+        p.speedup > 2.0 * q.speedup,
+        "{} vs {}",
+        p.speedup,
+        q.speedup
+    );
+}
+
+#[test]
+fn request_work_keeps_what_the_offload_call_itself_computes() {
+    // A vendor call that works 10 us on the CPU around its one sleep: the fibers do
+    // that work too (not at X, which here is that whole CPU per sleep).
+    let i = Inputs {
+        cpu_per_request_us: 60.0,
+        sleep_cost_us: Some(13.4),
+        sleeps_per_call: 1.0,
+        ..vendor_sleeper()
+    };
+    let p = predict(&i);
+    assert!(
+        close(p.fiber_cpu_us, 5.2 + (13.4 - 3.4)),
+        "{}",
+        p.fiber_cpu_us
+    );
+    assert_eq!(p.fiber_cpu_source, FiberCpuSource::RequestWork);
+}
+
+#[test]
+fn c_less_blocking_stays_unless_the_work_is_clearly_lower() {
+    // conn_server-like: c less blocking is 12 - 3 + 2.5 = 11.5 us. Work above it, or
+    // below it by less than a quarter (the two estimates' noise), leaves it; a spinning
+    // wait never takes the other.
+    let stock = predict(&base()).fiber_cpu_us;
+    for warm in [11.0, 0.8 * stock - runtime_overhead_us(1.0)] {
+        let p = predict(&Inputs {
+            outside_cpu_warm_us: Some(warm),
+            sleep_cost_us: Some(1.5),
+            ..base()
+        });
+        assert_eq!(
+            p.fiber_cpu_source,
+            FiberCpuSource::StockLessBlocking,
+            "{warm}"
+        );
+        assert!(close(p.fiber_cpu_us, stock));
+    }
+    let p = predict(&Inputs {
+        outside_cpu_warm_us: Some(0.7 * stock - runtime_overhead_us(1.0)),
+        sleep_cost_us: Some(1.5),
+        ..base()
+    });
+    assert_eq!(p.fiber_cpu_source, FiberCpuSource::RequestWork);
+    assert!(close(p.fiber_cpu_us, 0.7 * stock));
+    let s = predict(&Inputs {
+        spin: true,
+        outside_cpu_warm_us: Some(0.5),
+        sleep_cost_us: Some(0.5),
+        ..base()
+    });
+    assert_eq!(s.fiber_cpu_source, FiberCpuSource::StockLessBlocking);
 }
