@@ -19,7 +19,6 @@
 
 #include <errno.h>
 #include <stdatomic.h>
-#include <stdint.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
