@@ -269,7 +269,7 @@ async fn watch_command(
     let calib = calibrate(&nicer, None, fresh);
     let mut a = session::attach(held.pid(), &[], &opts.offloads, true)?;
     for prog in spawn::programs(&argv) {
-        a.probe_files(&target::planned_files(&prog.to_string_lossy()))?;
+        a.probe_files(held.pid(), &target::planned_files(&prog.to_string_lossy()))?;
     }
     drop(nicer);
     held.release();

@@ -115,8 +115,16 @@ pub fn attach(
 }
 
 impl Attached {
-    pub fn probe_files(&mut self, files: &[String]) -> Result<(), WatchError> {
-        loader::attach_uprobes(&mut self.bpf, files, &mut self.probes, &mut self.links)
+    /// Probes the offload entry points in `files`, which process `pid` maps or will.
+    pub fn probe_files(&mut self, pid: u32, files: &[String]) -> Result<(), WatchError> {
+        loader::attach_uprobes(
+            &mut self.bpf,
+            pid,
+            files,
+            &mut self.probes,
+            &mut self.links,
+            true,
+        )
     }
 }
 
@@ -137,7 +145,7 @@ fn unroutable_stop(names: &[String]) -> Option<String> {
 /// synchronize or a synchronous copy: no handle to poll). Their wait is measured; an
 /// injected runtime would block a carrier in it.
 fn unroutable(p: &Probes) -> Vec<String> {
-    let probed = |sym: &str| p.targets.iter().any(|t| t.1 == sym);
+    let probed = |sym: &str| p.probes(sym);
     let named = p
         .named
         .iter()
@@ -209,14 +217,14 @@ impl Tracked {
         let pid = a.pid;
         let procs: Vec<u32> = std::iter::once(pid).chain(a.also.iter().copied()).collect();
         let maps = target::maps(pid);
-        a.probe_files(&loader::mapped_files(&maps))?;
-        // The other processes' files too (a worker that loaded an offload library
-        // the master never did).
+        a.probe_files(pid, &loader::mapped_files(&maps))?;
+        // The other processes too (a worker that loaded an offload library the
+        // master never did; each probe is filtered on its process).
         for p in a.also.clone() {
-            a.probe_files(&loader::mapped_files(&target::maps(p)))?;
+            a.probe_files(p, &loader::mapped_files(&target::maps(p)))?;
         }
         for n in &a.probes.named {
-            if !a.probes.targets.iter().any(|t| t.1 == n.symbol) {
+            if !a.probes.probes(&n.symbol) {
                 a.probes.failed.push(format!(
                     "--offload {}: not found in the files the target maps{}",
                     n.symbol,
@@ -329,6 +337,7 @@ impl Tracked {
             for c in crate::service::children(&self.procs) {
                 if !self.procs.contains(&c) {
                     self.procs.push(c);
+                    self.probe_joined(c);
                 }
             }
             self.known.read(&self.procs, false);
@@ -348,7 +357,30 @@ impl Tracked {
                 procs.push(p);
             }
         }
+        let joined: Vec<u32> = procs
+            .iter()
+            .copied()
+            .filter(|p| !self.procs.contains(p))
+            .collect();
         self.procs = procs;
+        for p in joined {
+            self.probe_joined(p);
+        }
+    }
+
+    /// Probes a process that joined the service since the start (its probes are its
+    /// own: attach_uprobes).
+    fn probe_joined(&mut self, pid: u32) {
+        // Between bursts only recorded: the next resume attaches every target.
+        let files = loader::mapped_files(&target::maps(pid));
+        let (a, on) = (&mut self.a, self.on);
+        if let Err(e) =
+            loader::attach_uprobes(&mut a.bpf, pid, &files, &mut a.probes, &mut a.links, on)
+        {
+            eprintln!("toffload-watch: {e}");
+        }
+        self.ctx.offload_probed = !self.a.probes.offload.is_empty();
+        self.ctx.unroutable = unroutable(&self.a.probes);
     }
 
     fn traced_now(&self, started: Instant) -> Duration {
@@ -369,7 +401,7 @@ impl Tracked {
         let maps = target::maps(self.pid());
         if !maps.is_empty() && maps.len() != self.maps_len {
             self.maps_len = maps.len();
-            if let Err(e) = self.a.probe_files(&loader::mapped_files(&maps)) {
+            if let Err(e) = self.a.probe_files(self.pid(), &loader::mapped_files(&maps)) {
                 eprintln!("toffload-watch: {e}");
             }
             self.ctx.offload_probed = !self.a.probes.offload.is_empty();
@@ -542,7 +574,7 @@ impl Tracked {
             let (_, links) =
                 loader::attach_tracepoints(&mut a.bpf, a.raw_sched, loader::Hooks::Hot)?;
             a.links.extend(links);
-            loader::reattach_uprobes(&mut a.bpf, &a.probes, &mut a.links)?;
+            loader::reattach_uprobes(&mut a.bpf, &mut a.probes, &mut a.links)?;
             // After the tracepoints, so an offload is never timed without them.
             loader::set_epoch(&mut a.bpf, Some(epoch))
         })?;
@@ -1381,13 +1413,20 @@ pub fn next_duty(share: Option<f64>, fixed: f64, budget: Option<f64>, duty: f64)
 #[cfg(test)]
 mod tests {
     use super::{next_duty, unroutable, MIN_DUTY};
-    use crate::loader::Probes;
+    use crate::loader::{ProbeTarget, Probes};
     use crate::offload_spec::OffloadSpec;
 
     #[test]
     fn gpu_waits_without_a_row_are_unroutable() {
         let mut p = Probes::default();
-        let probe = |p: &mut Probes, s: &str| p.targets.push(("libcudart.so".into(), s.into(), 0));
+        let probe = |p: &mut Probes, s: &str| {
+            p.targets.push(ProbeTarget {
+                pid: 1,
+                path: "libcudart.so".into(),
+                symbol: s.into(),
+                offset: 0,
+            })
+        };
         probe(&mut p, "cudaStreamSynchronize");
         probe(&mut p, "cuEventSynchronize");
         probe(&mut p, "accel_run");

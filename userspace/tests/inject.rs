@@ -487,12 +487,28 @@ fn a_gpu_synchronize_is_hidden_once_injected() {
     let (code, lines, err) = inject_watch(old, &[], 8).finish();
     let during = during.join().expect("load thread");
     assert_eq!(code, 0, "stderr {err:?}");
+    let headers: Vec<&Value> = lines
+        .iter()
+        .filter(|(k, _)| k == "header")
+        .map(|(_, v)| v)
+        .collect();
     assert!(
-        get(&lines, "header")["probes"]["offload"]
+        headers[0]["probes"]["offload"]
             .to_string()
             .contains("cudaStreamSynchronize in "),
         "not probed: {}",
-        get(&lines, "header")
+        headers[0]
+    );
+    // The relaunch runs the fiber runtime: never probed (a return probe there would
+    // kill it), and the header says so.
+    let last = headers[headers.len() - 1];
+    assert!(
+        headers.len() >= 2
+            && last["probes"]["offload"] == serde_json::json!([])
+            && last["probes"]["skipped"]
+                .to_string()
+                .contains("fiber runtime"),
+        "the injected server's header: {last}"
     );
     let ev = inject_event(&lines);
     // Injected, then it served through its health window.

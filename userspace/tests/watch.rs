@@ -1449,3 +1449,149 @@ fn runtime_latency_tracks_the_load_generator() {
     );
     assert!(f("request", "p99_us") >= req && f("request", "p999_us") >= f("request", "p99_us"));
 }
+
+/// An offload probe reaches only the process it watches. A return probe takes over the
+/// return address of each call it sees, and fibers return out of order (one parks
+/// inside the call, another enters it on the same thread), which the kernel answers
+/// with SIGILL. A: hsm_server under the fiber runtime, its hsm_sign rerouted, so 64
+/// fibers park inside its `offload` function. B: stock hsm_server, the same binary,
+/// watched with `--offload offload`. The hazard first: with the probes on every
+/// process that maps the file (a test switch, as they once were), watching B kills A.
+/// Then, filtered on B, A serves on with every answer right while B's offloads are
+/// measured; and watching A itself leaves it unprobed, saying why.
+#[test]
+fn offload_probes_never_reach_a_process_on_the_fiber_runtime() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let rt = harness::dist().join("lib/libtoffload.so");
+    let (cpu_a, cpu_b) = if harness::cpus() >= 2 {
+        (Some(0), Some(1))
+    } else {
+        (None, None)
+    };
+    let start_a = || {
+        Server::start(
+            &ServerSpec::new("hsm_server")
+                .env("TOFFLOAD_EMU_LAT_US", "200")
+                .env("LD_PRELOAD", rt.display().to_string())
+                .env("TOFFLOAD_OFFLOAD", "hsm_sign:hsm_submit:hsm_poll:hsm_free")
+                .cpu(cpu_a),
+        )
+        .expect("hsm_server under the runtime")
+    };
+    let start_b = || {
+        Server::start(
+            &ServerSpec::new("hsm_server")
+                .env("TOFFLOAD_EMU_LAT_US", "200")
+                .cpu(cpu_b),
+        )
+        .expect("stock hsm_server")
+    };
+    let watch_b = |b: &Server, unfiltered: bool| {
+        let mut c = watch_cmd();
+        c.args(["--json", "--interval", "1s", "--duration", "4s"])
+            .args(["--offload", "offload@hsm_server", "--pid"])
+            .arg(b.pid().to_string())
+            .env(
+                "TOFFLOAD_TEST_UPROBES_UNFILTERED",
+                if unfiltered { "1" } else { "0" },
+            );
+        Watcher::start(c)
+    };
+    // Load on both while B is watched; A's report.
+    let load_both = |a: &Server, b: &Server| {
+        let bport = b.port;
+        let bg = std::thread::spawn(move || {
+            let mut c = Config::new(bport);
+            c.conns = 4;
+            c.duration = Duration::from_millis(2500);
+            c.warmup = Duration::from_millis(100);
+            load::run(&c)
+        });
+        let mut c = Config::new(a.port);
+        c.conns = 64;
+        c.duration = Duration::from_millis(2500);
+        c.warmup = Duration::from_millis(100);
+        let ra = load::run(&c);
+        (ra, bg.join().expect("load thread"))
+    };
+
+    // 1. The hazard: unfiltered, A dies (up to three tries: it takes two fibers
+    // interleaving inside the probed call at the wrong moment).
+    let mut killed = None;
+    for attempt in 1..=3 {
+        let (mut a, b) = (start_a(), start_b());
+        let w = watch_b(&b, true);
+        std::thread::sleep(Duration::from_millis(500));
+        let _ = load_both(&a, &b);
+        let _ = w.finish();
+        std::thread::sleep(Duration::from_millis(200));
+        if !a.alive() {
+            killed = Some(attempt);
+            break;
+        }
+    }
+    println!("unfiltered: A died in watch {killed:?} of at most 3");
+    assert!(
+        killed.is_some(),
+        "the hazard did not show: A survived three unfiltered watches of B"
+    );
+
+    // 2. Filtered on B: A is never touched, B is measured.
+    let (mut a, b) = (start_a(), start_b());
+    let w = watch_b(&b, false);
+    std::thread::sleep(Duration::from_millis(500));
+    let (ra, rb) = load_both(&a, &b);
+    let (code, lines, err) = w.finish();
+    assert_eq!(code, 0, "{err:?}");
+    let (ra, rb) = (ra.expect("load on A"), rb.expect("load on B"));
+    println!(
+        "filtered: A {:.0} req/s ({} wrong, {} errors), B {:.0} req/s",
+        ra.requests_per_sec, ra.wrong, ra.errors, rb.requests_per_sec
+    );
+    assert!(a.alive(), "A died while B was watched");
+    assert_eq!((ra.wrong, rb.wrong), (0, 0), "wrong answers");
+    assert!(ra.completed > 0 && rb.completed > 0);
+    let header = get(&lines, "header");
+    assert!(
+        header["probes"]["offload"]
+            .to_string()
+            .contains("offload in "),
+        "B's offload not probed: {header}"
+    );
+    let calls = &get(&lines, "final")["total"]["offload"]["calls"];
+    assert!(
+        calls.as_f64().unwrap_or(0.0) > 0.0,
+        "no offload of B's measured: {calls}"
+    );
+    drop(b);
+
+    // 3. Watching A itself: unprobed, with the reason, and A lives.
+    let mut c = watch_cmd();
+    c.args(["--json", "--interval", "1s", "--duration", "3s"])
+        .args(["--offload", "offload@hsm_server", "--pid"])
+        .arg(a.pid().to_string());
+    let w = Watcher::start(c);
+    let mut cfg = Config::new(a.port);
+    cfg.conns = 64;
+    cfg.duration = Duration::from_secs(2);
+    let r = load::run(&cfg).expect("load on A");
+    let (code, lines, err) = w.finish();
+    assert_eq!(code, 0, "{err:?}");
+    let header = get(&lines, "header");
+    assert_eq!(
+        header["probes"]["offload"],
+        serde_json::json!([]),
+        "{header}"
+    );
+    assert!(
+        header["probes"]["skipped"]
+            .to_string()
+            .contains(&format!("pid {}: runs toffload's fiber runtime", a.pid())),
+        "{header}"
+    );
+    assert!(a.alive(), "A died while watched");
+    assert_eq!(r.wrong, 0);
+}

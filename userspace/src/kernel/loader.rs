@@ -469,86 +469,173 @@ pub struct Probes {
     pub offload_modules: Vec<String>,
     /// Probes that failed, with why.
     pub failed: Vec<String>,
-    /// Files already looked at.
+    /// Processes whose offload entry points were left unprobed on purpose, with why.
+    pub skipped: Vec<String>,
+    /// (pid, file) pairs already looked at.
     #[serde(skip)]
-    pub scanned: Vec<String>,
-    /// (file, symbol, file offset) of each probed entry point.
+    pub scanned: Vec<(u32, String)>,
+    /// Each file's offload entry points, resolved once (file, [(symbol, offset)]).
     #[serde(skip)]
-    pub targets: Vec<(String, String, u64)>,
+    pub symbols: Vec<(String, Vec<(String, u64)>)>,
+    /// Each probed entry point, per process.
+    #[serde(skip)]
+    pub targets: Vec<ProbeTarget>,
     /// The user's offload symbols (--offload), looked for besides the known ones.
     pub named: Vec<crate::offload_spec::OffloadSpec>,
 }
 
-/// Probes the offload entry points in `files` (the target's
-/// mapped executables and libraries), skipping files probed before. The probes are
-/// not filtered on a pid: a watched service's processes, those it forks later
-/// included, share the files, and the programs' own tgid filter (WATCHED) decides.
-/// Another process calling the same function meanwhile traps and returns at once.
-pub fn attach_uprobes(
-    bpf: &mut Ebpf,
-    files: &[String],
-    probes: &mut Probes,
-    links: &mut Vec<Link>,
-) -> Result<(), WatchError> {
-    // Overhead experiments: the watch without the offload probes.
-    if std::env::var("TOFFLOAD_WATCH_NO_UPROBES").is_ok_and(|v| v == "1") {
-        return Ok(());
+/// One offload entry point probed in one process.
+#[derive(Clone, Debug)]
+pub struct ProbeTarget {
+    pub pid: u32,
+    pub path: String,
+    pub symbol: String,
+    pub offset: u64,
+}
+
+impl Probes {
+    /// Whether `symbol` is probed in some process.
+    pub fn probes(&self, symbol: &str) -> bool {
+        self.targets.iter().any(|t| t.symbol == symbol)
     }
-    for path in files {
-        if probes.scanned.contains(path) {
-            continue;
+
+    fn symbols_in(&mut self, path: &str) -> Vec<(String, u64)> {
+        if let Some((_, v)) = self.symbols.iter().find(|(p, _)| p == path) {
+            return v.clone();
         }
-        probes.scanned.push(path.clone());
-        let extra: Vec<&str> = probes
+        let extra: Vec<&str> = self
             .named
             .iter()
             .filter(|n| n.applies_to(path))
             .map(|n| n.symbol.as_str())
             .collect();
-        for (sym, offset) in target::offload_symbols_in(path, &extra) {
-            let mut ok = true;
-            // The return probe first: an entry seen before its return probe exists
-            // would leave the thread's nesting depth above zero for good (a busy
-            // event loop then never counts another offload).
-            for prog in ["offload_exit", "offload_enter"] {
-                let p: &mut UProbe = program(bpf, prog)?;
-                match p.attach(None, offset, path, None) {
-                    Ok(id) => links.push(Link::Up(prog, id)),
-                    Err(e) => {
-                        probes
-                            .failed
-                            .push(format!("{prog} on {sym} in {path}: {e}"));
-                        ok = false;
-                    }
+        let v = target::offload_symbols_in(path, &extra);
+        self.symbols.push((path.to_string(), v.clone()));
+        v
+    }
+}
+
+/// Probes the offload entry points in `files` (those process `pid` maps, or will),
+/// skipping files probed in it before. Each probe is filtered on the process: a uretprobe takes
+/// over the return address of every call it sees, and the kernel kills with SIGILL a
+/// thread that returns through it out of order, which fibers do (a fiber parks inside
+/// the call and another enters it on the same thread, or it resumes on another
+/// thread). Unfiltered, a probe on a shared library would trap every process that
+/// maps it, an injected relaunch of the target or another server that runs the fiber
+/// runtime among them (an injected hsm_server died so under load). A process that
+/// runs toffload's fiber runtime is not probed at all: its offloads are read from the
+/// runtime's counters (runtime_counters.rs). A process forked later is probed when
+/// the watch first sees it; until then the breakpoint it inherits traps once and is
+/// removed from it. Not `live` (between bursts), the targets are only recorded for
+/// the next reattach_uprobes.
+pub fn attach_uprobes(
+    bpf: &mut Ebpf,
+    pid: u32,
+    files: &[String],
+    probes: &mut Probes,
+    links: &mut Vec<Link>,
+    live: bool,
+) -> Result<(), WatchError> {
+    // Overhead experiments: the watch without the offload probes.
+    if std::env::var("TOFFLOAD_WATCH_NO_UPROBES").is_ok_and(|v| v == "1") {
+        return Ok(());
+    }
+    if files.iter().any(|f| is_fiber_runtime(f)) && !unfiltered_for_test() {
+        let why = format!(
+            "pid {pid}: runs toffload's fiber runtime, whose fibers return out of order \
+             (a return probe there would kill it with SIGILL); its offloads are read \
+             from the runtime's counters"
+        );
+        if !probes.skipped.contains(&why) {
+            probes.skipped.push(why);
+        }
+        return Ok(());
+    }
+    for path in files.iter().cloned() {
+        if probes.scanned.iter().any(|(p, f)| *p == pid && *f == path) {
+            continue;
+        }
+        probes.scanned.push((pid, path.clone()));
+        for (sym, offset) in probes.symbols_in(&path) {
+            let t = ProbeTarget {
+                pid,
+                path: path.clone(),
+                symbol: sym,
+                offset,
+            };
+            if live {
+                if let Err(e) = attach_target(bpf, &t, links) {
+                    probes.failed.push(e);
+                    continue;
                 }
             }
-            if ok {
-                probes.targets.push((path.clone(), sym.clone(), offset));
-                probes.offload.push(format!("{sym} in {path}"));
-                if !probes.offload_modules.contains(path) {
-                    probes.offload_modules.push(path.clone());
-                }
+            let name = format!("{} in {}", t.symbol, t.path);
+            if !probes.offload.contains(&name) {
+                probes.offload.push(name);
             }
+            if !probes.offload_modules.contains(&path) {
+                probes.offload_modules.push(path.clone());
+            }
+            probes.targets.push(t);
         }
     }
     Ok(())
 }
 
-/// Attaches the probed entry points again (sampled watching).
-pub fn reattach_uprobes(
-    bpf: &mut Ebpf,
-    probes: &Probes,
-    links: &mut Vec<Link>,
-) -> Result<(), WatchError> {
-    for (path, sym, offset) in &probes.targets {
-        for prog in ["offload_exit", "offload_enter"] {
-            let p: &mut UProbe = program(bpf, prog)?;
-            let id = p
-                .attach(None, *offset, path, None)
-                .map_err(|e| WatchError::Other(format!("re-attaching {prog} on {sym}: {e}")))?;
-            links.push(Link::Up(prog, id));
+/// The hazard, for its test: probes on every process that maps the file, as they once
+/// were (TOFFLOAD_TEST_UPROBES_UNFILTERED=1).
+fn unfiltered_for_test() -> bool {
+    std::env::var("TOFFLOAD_TEST_UPROBES_UNFILTERED").is_ok_and(|v| v == "1")
+}
+
+/// The entry and return probes of one target, both or neither.
+fn attach_target(bpf: &mut Ebpf, t: &ProbeTarget, links: &mut Vec<Link>) -> Result<(), String> {
+    let pid = (!unfiltered_for_test()).then_some(t.pid as libc::pid_t);
+    // The return probe first: an entry seen before its return probe exists would
+    // leave the thread's nesting depth above zero for good (a busy event loop then
+    // never counts another offload).
+    let mut made = Vec::new();
+    for prog in ["offload_exit", "offload_enter"] {
+        let attached = program::<UProbe>(bpf, prog)
+            .map_err(|e| e.to_string())
+            .and_then(|p| {
+                p.attach(None, t.offset, &t.path, pid)
+                    .map_err(|e| e.to_string())
+            });
+        match attached {
+            Ok(id) => made.push(Link::Up(prog, id)),
+            Err(e) => {
+                detach(bpf, &mut made, &Arc::new(AtomicU64::new(0)));
+                return Err(format!(
+                    "{prog} on {} in {} (pid {}): {e}",
+                    t.symbol, t.path, t.pid
+                ));
+            }
         }
     }
+    links.extend(made);
+    Ok(())
+}
+
+/// Attaches the probed entry points again (sampled watching). A process that has
+/// exited since is dropped from the targets.
+pub fn reattach_uprobes(
+    bpf: &mut Ebpf,
+    probes: &mut Probes,
+    links: &mut Vec<Link>,
+) -> Result<(), WatchError> {
+    let mut kept = Vec::with_capacity(probes.targets.len());
+    for t in std::mem::take(&mut probes.targets) {
+        match attach_target(bpf, &t, links) {
+            Ok(()) => kept.push(t),
+            Err(_) if !target::exists(t.pid) => {}
+            Err(e) => {
+                probes.targets = kept;
+                return Err(WatchError::Other(format!("re-attaching {e}")));
+            }
+        }
+    }
+    probes.targets = kept;
     Ok(())
 }
 
@@ -556,7 +643,7 @@ pub fn reattach_uprobes(
 pub fn mapped_files(maps: &[Mapping]) -> Vec<String> {
     let mut v: Vec<String> = maps
         .iter()
-        .filter(|m| m.exec && !is_fiber_runtime(&m.path))
+        .filter(|m| m.exec)
         .map(|m| m.path.clone())
         .collect();
     v.sort();
@@ -564,11 +651,7 @@ pub fn mapped_files(maps: &[Mapping]) -> Vec<String> {
     v
 }
 
-/// toffload's own fiber runtime is never probed. Its accel_run parks fibers inside
-/// the call, so returns come out of order on one thread: a uretprobe assumes they are
-/// LIFO per thread, and the kernel answers an out-of-order return with SIGILL (the
-/// watched server died under load when it was probed). Its numbers are read from its
-/// counters instead (runtime_counters.rs).
+/// toffload's own fiber runtime: a process that maps it is not probed (attach_uprobes).
 pub fn is_fiber_runtime(path: &str) -> bool {
     path.rsplit('/').next() == Some("libtoffload.so")
 }
@@ -578,15 +661,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_fiber_runtime_is_not_probed() {
-        let maps = crate::target::parse_maps(
+    fn a_process_with_the_fiber_runtime_is_told_apart() {
+        let with = crate::target::parse_maps(
             "7f00-7f10 r-xp 00011000 fe:00 1 /x/lib/libtoffload.so\n\
              7f20-7f30 r-xp 00011000 fe:00 2 /x/lib/libtoffload_accel.so\n",
         );
-        assert_eq!(
-            mapped_files(&maps),
-            vec!["/x/lib/libtoffload_accel.so".to_string()]
+        let files = mapped_files(&with);
+        assert_eq!(files.len(), 2);
+        assert!(files.iter().any(|f| is_fiber_runtime(f)));
+        // The backend library alone is an ordinary offload library.
+        let without = crate::target::parse_maps(
+            "7f20-7f30 r-xp 00011000 fe:00 2 /x/lib/libtoffload_accel.so\n",
         );
+        assert!(!mapped_files(&without).iter().any(|f| is_fiber_runtime(f)));
     }
 
     #[test]
