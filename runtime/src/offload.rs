@@ -52,9 +52,19 @@ pub struct Row {
     polled: AtomicU8,
     /// EWMA of observed latency, ns (0 = nothing observed yet).
     pub lat_ns: AtomicU64,
+    /// The device's own latency as far as it shows: the least observed over the
+    /// last FLOOR_EVERY operations (each observation is the device's plus how late
+    /// it was looked at, plus its fiber's wait for the carrier).
+    floor_ns: AtomicU64,
+    /// The least observed so far in this round of FLOOR_EVERY, and the count.
+    round_min: AtomicU64,
+    observed: AtomicU64,
     /// Completion eventfd, or -1 when the backend has none (then waiters are polled).
     completion_fd: AtomicI32,
 }
+
+/// Operations per round of a row's latency floor (Row::observe).
+const FLOOR_EVERY: u64 = 64;
 
 const UNKNOWN: u8 = 0;
 const YES: u8 = 1;
@@ -115,6 +125,9 @@ pub fn rows() -> &'static [Row] {
                 },
                 polled: AtomicU8::new(UNKNOWN),
                 lat_ns: AtomicU64::new(0),
+                floor_ns: AtomicU64::new(0),
+                round_min: AtomicU64::new(u64::MAX),
+                observed: AtomicU64::new(0),
                 completion_fd: AtomicI32::new(-2),
             };
             if i > 0
@@ -165,6 +178,18 @@ impl Row {
         let old = self.lat_ns.load(Relaxed);
         let new = if old == 0 { ns } else { (old * 7 + ns) / 8 };
         self.lat_ns.store(new.max(1), Relaxed);
+        // A windowed minimum, not one that creeps up: under load most fibers wait
+        // for the carrier after their wake, so most observations sit far above the
+        // device's latency, and a minimum raised by each of them settled at twice it.
+        // Rounds race between carriers harmlessly: a floor a round old is as good.
+        let least = self.round_min.fetch_min(ns, Relaxed).min(ns);
+        if self.floor_ns.load(Relaxed) == 0 {
+            self.floor_ns.store(ns.max(1), Relaxed);
+        }
+        if self.observed.fetch_add(1, Relaxed) % FLOOR_EVERY == FLOOR_EVERY - 1 {
+            self.round_min.store(u64::MAX, Relaxed);
+            self.floor_ns.store(least.max(1), Relaxed);
+        }
     }
 }
 
@@ -401,17 +426,21 @@ pub fn poll_interval(c: &Carrier, now: u64) -> Option<u64> {
                 // The backend said when: sleep until then, not a guess before it.
                 return w.due.saturating_sub(now);
             }
-            let lat = rows[w.row].lat_ns.load(Relaxed).max(10_000);
-            // At half the expected latency, then every 1/8 of it. Not at the whole:
-            // the latency observed is from submit to the fiber's resumption, so a
-            // first look at the expected completion only ever confirms it, and once
-            // raised (a burst of queueing on a busy carrier) it stayed raised: a
-            // vendor row at 1 ms settled at 8 ms a call. Looked at earlier, a
-            // latency that is too high reads lower each time until it is the
-            // device's own (plus an eighth at most).
-            (w.submitted + lat / 2)
+            let row = &rows[w.row];
+            let lat = row.lat_ns.load(Relaxed).max(10_000);
+            let floor = row.floor_ns.load(Relaxed).clamp(10_000, lat);
+            // First at 15/16 of the least latency seen lately, then every 1/16 of
+            // it. Not at the average: the latency observed is from submit to the
+            // fiber's resumption, so a first look there only ever confirms it, and
+            // once raised (a burst of queueing on a busy carrier) it stayed raised: a
+            // vendor row at 1 ms settled at 8 ms a call. Not at the least seen
+            // either: nothing would ever read below it. A little before it, the
+            // floor falls to the device's own latency plus a sixteenth at most. At
+            // half the average and every eighth after, a 1 ms GPU row was looked at
+            // ~300 us late under 64 connections.
+            (w.submitted + floor - floor / 16)
                 .saturating_sub(now)
-                .max(lat / 8)
+                .max(floor / 16)
                 .max(2_000)
         })
         .min()
