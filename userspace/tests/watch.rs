@@ -1592,6 +1592,11 @@ fn offload_probes_never_reach_a_process_on_the_fiber_runtime() {
             .contains(&format!("pid {}: runs toffload's fiber runtime", a.pid())),
         "{header}"
     );
+    assert_eq!(
+        header["probes"]["failed"],
+        serde_json::json!([]),
+        "not looked in, so not \"not found\": {header}"
+    );
     assert!(a.alive(), "A died while watched");
     assert_eq!(r.wrong, 0);
 }
