@@ -174,10 +174,15 @@ impl Row {
         fd
     }
 
-    fn observe(&self, ns: u64) {
+    /// `floor`: the op had no due time, so its waiters are looked at by the floor
+    /// (poll_interval); a polled op with one skips its shared counters.
+    fn observe(&self, ns: u64, floor: bool) {
         let old = self.lat_ns.load(Relaxed);
         let new = if old == 0 { ns } else { (old * 7 + ns) / 8 };
         self.lat_ns.store(new.max(1), Relaxed);
+        if !floor {
+            return;
+        }
         // A windowed minimum, not one that creeps up: under load most fibers wait
         // for the carrier after their wake, so most observations sit far above the
         // device's latency, and a minimum raised by each of them settled at twice it.
@@ -330,7 +335,7 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
         }
     }
     let waited = time::now_ns().saturating_sub(t0);
-    r.observe(waited);
+    r.observe(waited, !(polled && due > 0));
     crate::latency::offload_waited(waited);
     if result.get() == DONE_ASK_BLOCKING {
         // The operation is complete: the real call returns its exact result at once.
