@@ -7,7 +7,9 @@
 //! The sweep: geometric steps (x `--step`) from `--start`, all configurations in turn
 //! at each step (so the machine's drift falls on all alike), until a configuration
 //! knees at two steps in a row; then `--fine` steps between its last holding load and
-//! its knee, then its half-knee load when no point lies there yet. Writes a markdown report and a CSV
+//! its knee, then its half-knee load when no point lies there yet. Last, each
+//! configuration closed loop, with the server's CPU per answer: what bounds its knee
+//! where its core is full. Writes a markdown report and a CSV
 //! (one row per measured point) for the chart. Exits 1 on a wrong answer below a knee
 //! or when the runtime did not engage.
 
@@ -209,8 +211,9 @@ struct Run {
     capacity: f64,
 }
 
-fn run_once(a: &Args, mode: Mode, lat: u32, rate: f64) -> Result<Run, String> {
-    let stats = stats_path();
+/// conn_server in this configuration, pinned on core 0; under the runtime it writes
+/// its counters to `stats`.
+fn start_server(a: &Args, mode: Mode, lat: u32, stats: &Path) -> Result<Server, String> {
     let mut spec = ServerSpec::new("conn_server")
         .arg("--size")
         .arg(a.size.to_string())
@@ -224,7 +227,12 @@ fn run_once(a: &Args, mode: Mode, lat: u32, rate: f64) -> Result<Run, String> {
             .env("LD_PRELOAD", runtime_lib()?.display().to_string())
             .env("TOFFLOAD_STATS", stats.display().to_string());
     }
-    let mut server = Server::start(&spec)?;
+    Server::start(&spec)
+}
+
+fn run_once(a: &Args, mode: Mode, lat: u32, rate: f64) -> Result<Run, String> {
+    let stats = stats_path();
+    let mut server = start_server(a, mode, lat, &stats)?;
     let mut cfg = Config::new(server.port);
     cfg.conns = a.conns;
     cfg.size = a.size;
@@ -267,6 +275,86 @@ fn run_once(a: &Args, mode: Mode, lat: u32, rate: f64) -> Result<Run, String> {
         busy_share: r.busy_share,
         capacity: r.answers_per_busy_s,
     })
+}
+
+/// A configuration's closed-loop rate: every connection always has a request out.
+/// Where the server's efficiency does not fall with concurrency (the runtime polling
+/// its completions), that is about the most it can serve; spinning threads or
+/// signalled wakes serve less with all 64 out than open loop with fewer.
+#[derive(Clone, Copy, Debug, Default)]
+struct Capacity {
+    /// Answers per second (median of the runs).
+    rate: f64,
+    /// The server's CPU (utime + stime, all threads) per answer, microseconds: what
+    /// bounds the rate where the server's core is full.
+    cpu_us: f64,
+}
+
+fn capacity_once(a: &Args, mode: Mode, lat: u32) -> Result<Capacity, String> {
+    let stats = stats_path();
+    let mut server = start_server(a, mode, lat, &stats)?;
+    let mut cfg = Config::new(server.port);
+    cfg.conns = a.conns;
+    cfg.size = a.size;
+    cfg.duration = Duration::from_secs_f64(a.secs.max(1.0));
+    cfg.warmup = Duration::from_secs_f64(a.warmup);
+    let cpu0 = server.cpu_secs();
+    let t0 = Instant::now();
+    let r = load::run_threads(&cfg, a.load_threads).map_err(|e| e.to_string())?;
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu1 = server.cpu_secs();
+    let alive = server.alive();
+    drop(server);
+    let _ = std::fs::remove_file(&stats);
+    if !alive {
+        return Err(format!("conn_server ({}) died closed loop", mode.label()));
+    }
+    if r.wrong > 0 {
+        return Err(format!(
+            "conn_server ({}, {lat} us): {} wrong answers closed loop",
+            mode.label(),
+            r.wrong
+        ));
+    }
+    // The CPU delta spans the warm-up and the connects too: over the answers of that
+    // whole stretch, at the measured rate.
+    let cpu_us = match (cpu0, cpu1) {
+        (Some(c0), Some(c1)) if r.requests_per_sec > 0.0 => {
+            (c1 - c0) * 1e6 / (r.requests_per_sec * wall)
+        }
+        _ => f64::NAN,
+    };
+    Ok(Capacity {
+        rate: r.requests_per_sec,
+        cpu_us,
+    })
+}
+
+/// Every configuration's capacity, the configurations interleaved in each round.
+fn capacities(a: &Args, sweeps: &[Sweep]) -> Result<Vec<Capacity>, String> {
+    let mut runs: Vec<Vec<Capacity>> = vec![Vec::new(); sweeps.len()];
+    for _ in 0..a.runs {
+        for (s, out) in sweeps.iter().zip(runs.iter_mut()) {
+            out.push(capacity_once(a, s.mode, s.lat)?);
+        }
+    }
+    Ok(runs
+        .into_iter()
+        .zip(sweeps)
+        .map(|(v, s)| {
+            let c = Capacity {
+                rate: harness::median(v.iter().map(|c| c.rate).collect()),
+                cpu_us: harness::median(v.iter().map(|c| c.cpu_us).collect()),
+            };
+            eprintln!(
+                "{:<22} closed loop {:>9.0}/s  server CPU {:>6.1} us per answer",
+                s.name(),
+                c.rate,
+                c.cpu_us
+            );
+            c
+        })
+        .collect())
 }
 
 /// The load generator in the run of the sweep with the most answers per second: what
@@ -444,21 +532,40 @@ struct Target {
     value: String,
 }
 
-fn targets(sweeps: &[Sweep]) -> Vec<Target> {
-    let find = |m: Mode, lat: u32| sweeps.iter().find(|s| s.mode == m && s.lat == lat);
+fn targets(sweeps: &[Sweep], caps: &[Capacity]) -> Vec<Target> {
+    let find = |m: Mode, lat: u32| sweeps.iter().position(|s| s.mode == m && s.lat == lat);
     let mut out = Vec::new();
     if let (Some(rt), Some(bl)) = (find(Mode::Runtime, 20), find(Mode::Block, 20)) {
-        let (kr, kb) = (openloop::knee(&rt.points), openloop::knee(&bl.points));
+        let (kr, kb) = (
+            openloop::knee(&sweeps[rt].points),
+            openloop::knee(&sweeps[bl].points),
+        );
         let ratio = match (kr, kb) {
             (Some(r), Some(b)) => Some(r / b),
             _ => None,
+        };
+        // What the ratio could reach at most here: the most the runtime served in any
+        // run, open or closed loop, over the stock knee (no knee lies above it).
+        let most = sweeps[rt]
+            .points
+            .iter()
+            .map(|p| p.achieved)
+            .chain(caps.get(rt).map(|c| c.rate))
+            .fold(0.0, f64::max);
+        let bound = match (caps.get(rt), kb) {
+            (Some(c), Some(b)) if most > 0.0 => format!(
+                "; at most {:.2}x on this machine, where the most the runtime served is {most:.0}/s ({:.1} us of server CPU per answer closed loop)",
+                most / b,
+                c.cpu_us
+            ),
+            _ => String::new(),
         };
         out.push(Target {
             name: "runtime knee >= 3x stock block knee at 20 us".into(),
             pass: ratio.is_some_and(|r| r >= 3.0),
             value: ratio.map_or(
                 format!("knees {} and {}", fmt_rate(kr), fmt_rate(kb)),
-                |r| format!("{r:.2}x ({} vs {})", fmt_rate(kr), fmt_rate(kb)),
+                |r| format!("{r:.2}x ({} vs {}){bound}", fmt_rate(kr), fmt_rate(kb)),
             ),
         });
     }
@@ -508,7 +615,13 @@ struct Conditions {
     nice: i32,
 }
 
-fn report(a: &Args, sweeps: &[Sweep], gen: &GenLoad, cond: Conditions) -> String {
+fn report(
+    a: &Args,
+    sweeps: &[Sweep],
+    caps: &[Capacity],
+    gen: &GenLoad,
+    cond: Conditions,
+) -> String {
     let mut t = String::new();
     let _ = writeln!(
         t,
@@ -599,8 +712,28 @@ fn report(a: &Args, sweeps: &[Sweep], gen: &GenLoad, cond: Conditions) -> String
                 .max_by(f64::total_cmp)
         )
     );
+    t.push_str(
+        "\nClosed loop: the same servers with every connection's next request sent as its \
+         answer arrives (median of the runs, the configurations interleaved), and the \
+         server's CPU (utime + stime, all its threads) per answer. Where the server's \
+         core is full, the CPU per answer sets the most it can serve. A knee above the \
+         closed-loop rate is a server that serves less with all 64 connections waiting \
+         than open loop with fewer (spinning threads sharing one core; signalled wakes).\n\n\
+         | configuration | closed-loop req/s | server CPU us per answer | knee / closed-loop |\n\
+         |---|---:|---:|---:|\n",
+    );
+    for (s, c) in sweeps.iter().zip(caps) {
+        let _ = writeln!(
+            t,
+            "| {} | {:.0} | {:.1} | {} |",
+            s.name(),
+            c.rate,
+            c.cpu_us,
+            openloop::knee(&s.points).map_or("-".into(), |k| format!("{:.2}", k / c.rate))
+        );
+    }
     t.push_str("\nTargets:\n\n");
-    for tg in targets(sweeps) {
+    for tg in targets(sweeps, caps) {
         let _ = writeln!(
             t,
             "- [{}] {}: {}",
@@ -660,9 +793,11 @@ fn real_main(a: &Args) -> Result<(), String> {
     let started = Instant::now();
     let before = loadavg();
     let (sweeps, gen) = sweep(a)?;
+    let caps = capacities(a, &sweeps)?;
     let text = report(
         a,
         &sweeps,
+        &caps,
         &gen,
         Conditions {
             load: (before, loadavg()),
@@ -684,7 +819,7 @@ fn real_main(a: &Args) -> Result<(), String> {
             s.unengaged
         ));
     }
-    if targets(&sweeps)
+    if targets(&sweeps, &caps)
         .iter()
         .any(|t| t.name.starts_with("wrong") && !t.pass)
     {
