@@ -392,7 +392,7 @@ fn phase_row(kind: real::Kind, secs: f64, server_cpu: Option<usize>) -> String {
     let watched = phase::run(kind, secs, server_cpu, Some(&w as &dyn Fn(u32) -> Child));
     let (Some(c), Some(f)) = (control, watched) else {
         return format!(
-            "| {} | too few samples to fold | | | | | | | | |",
+            "| {} | too few samples to fold | | | | | | | | | |",
             kind.name()
         );
     };
@@ -406,7 +406,7 @@ fn phase_row(kind: real::Kind, secs: f64, server_cpu: Option<usize>) -> String {
         c.rel.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>()
     );
     format!(
-        "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}% | {:.2}% |",
+        "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}% | {:.2}% | {} |",
         kind.name(),
         f.intervals,
         pct(f.duty),
@@ -418,6 +418,7 @@ fn phase_row(kind: real::Kind, secs: f64, server_cpu: Option<usize>) -> String {
         bin(phase::BINS - 1),
         f.loss * 100.0,
         c.loss * 100.0,
+        pct(f.claimed),
     )
 }
 
@@ -435,11 +436,15 @@ fn phase_table(rows: &[String], secs: f64) -> String {
          all bins over that level: the watch's cost within one run, which the host's drift \
          between runs does not move. The unwatched run, folded on the same 1 s clock, is the \
          method's noise floor. Not in it: what the watcher costs evenly over the interval \
-         (its polls), in the watcher CPU column above.\n\n\
+         (its polls), in the watcher CPU column above. The last column is what the watch \
+         itself says it costs the target over an interval (each window's share while \
+         tracing, its cost per request measured on the target where that is higher than \
+         the calibration's, times the duty, plus a burst's attach and detach; median of \
+         the windows): the figure to set beside the steady loss.\n\n\
          | server | intervals | duty | burst share | host share | 0-50 ms | 50-100 ms \
          | 100-300 ms (lowest) | 950-1000 ms | steady loss, watched | unwatched, folded the \
-         same |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n",
+         same | the watch's own estimate |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n",
         phase::BIN * 1e3,
         rows.join("\n")
     )

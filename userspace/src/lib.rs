@@ -22,7 +22,7 @@ pub mod target;
 #[path = "../../runtime/src/cuda_rows.rs"]
 pub mod cuda_rows;
 
-pub use analysis::{classifier, futex, metrics, model};
+pub use analysis::{classifier, futex, measured_cost, metrics, model};
 pub use inject::flow as inject_flow;
 pub use kernel::{
     abi, btf, burst_cost, calibrate, calibration_cache, collector, hist, idle_wake, loader,

@@ -210,6 +210,8 @@ struct Tracked {
     connections_read: Duration,
     /// The CPU of the last burst's attach and detach (the budget's fixed part).
     burst: crate::burst_cost::BurstCost,
+    /// The watch's cost per request as measured on the target (measured_cost.rs).
+    measured: crate::measured_cost::MeasuredCost,
 }
 
 impl Tracked {
@@ -320,6 +322,7 @@ impl Tracked {
             known,
             connections_read: started.elapsed(),
             burst: Default::default(),
+            measured: Default::default(),
         })
     }
 
@@ -465,18 +468,21 @@ impl Tracked {
         let mut w = metrics::window(&self.prev, &cur, &self.ctx);
         self.prev = cur;
         self.ledger_edge(self.stretch());
+        let off_core = self.ledger.off_core_seen();
         w.untraced = self.ledger.close(w.requests, w.offload.stall_mean_us);
         if self.mixed_clock {
             // The old rate source whole: the traced rate alone, on the mixed clock.
             w.untraced = None;
         }
         w.steal_share = self.steal.share();
+        self.measured.observe(&w, off_core);
         w.watcher = watch_cost(
             &w,
             self.header.probe_cost.as_ref(),
             budget,
             duty,
             self.burst_fixed(interval),
+            self.measured.us_per_request(),
         );
         w.model = self.assess(&w);
         w
@@ -519,9 +525,11 @@ impl Tracked {
     fn maybe_pause(&mut self, started: Instant, burst: Duration) -> Result<(), WatchError> {
         let elapsed = started.elapsed();
         if self.on && elapsed >= self.on_since + burst {
-            self.ledger_edge(Stretch::Traced);
             let sink = self.burst.detach_sink();
             crate::burst_cost::booked(&sink, || loader::set_epoch(&mut self.a.bpf, None))?;
+            // Right after the programs stop counting, so the /proc counters' traced
+            // stretch spans the same requests (the untraced rate's calls per request).
+            self.ledger_edge(Stretch::Traced);
             // Reading the thread table is part of what a burst costs.
             crate::burst_cost::booked(&sink, || self.collector.close_open_stretches(self.epoch));
             self.rt_view.paused(self.runtime_now());
@@ -576,14 +584,18 @@ impl Tracked {
                 loader::attach_tracepoints(&mut a.bpf, a.raw_sched, loader::Hooks::Hot)?;
             a.links.extend(links);
             loader::reattach_uprobes(&mut a.bpf, &mut a.probes, &mut a.links)?;
-            // After the tracepoints, so an offload is never timed without them.
-            loader::set_epoch(&mut a.bpf, Some(epoch))
+            Ok(())
         })?;
+        // Attaching counts for neither part. The traced stretch starts at this reading
+        // and the programs count from right after it: read after them, the /proc
+        // counters missed the calls of the reading's own time, which in a 10 ms burst
+        // put the untraced rate of redis-server 6-11% above its own count.
+        self.ledger_edge(Stretch::Neither);
+        // After the tracepoints, so an offload is never timed without them.
+        loader::set_epoch(&mut self.a.bpf, Some(epoch))?;
         self.rt_view.resumed(self.runtime_now());
         self.on = true;
         self.on_since = started.elapsed();
-        // Attaching counts for neither part.
-        self.ledger_edge(Stretch::Neither);
         Ok(())
     }
 
@@ -601,6 +613,7 @@ impl Tracked {
             None,
             1.0,
             BurstFixed::NONE,
+            self.measured.us_per_request(),
         );
         total.model = self.assess(&total);
         let mut threads: Vec<ThreadRow> = last
@@ -833,7 +846,8 @@ impl<'a> WatchSession<'a> {
             let w = self.tr.peek(self.started);
             let cost = self.calib.probe_cost.as_ref();
             let fixed = self.tr.burst_fixed(self.opts.interval);
-            if let Some(c) = watch_cost(&w, cost, Some(budget), self.duty, fixed) {
+            let measured = self.tr.measured.us_per_request();
+            if let Some(c) = watch_cost(&w, cost, Some(budget), self.duty, fixed, measured) {
                 self.duty = c.duty;
             }
         }
@@ -1258,8 +1272,29 @@ const EARLY_LOOKS: [Duration; 2] = [Duration::from_millis(25), Duration::from_mi
 const CONNECTIONS_EVERY: Duration = Duration::from_millis(250);
 
 /// The least share of an interval traced under a budget: below it a burst sees too
-/// few requests to say anything.
+/// few requests to say anything (a target busy enough goes lower: duty_floor).
 pub const MIN_DUTY: f64 = 0.02;
+
+/// The least share of an interval a busy target's bursts may shrink to under a budget,
+/// as long as each still sees BURST_REQUESTS requests: at 2% a busy server's events
+/// can cost it more than the budget (stock nginx serving a file, its cost measured on
+/// it: about 0.9% of its CPU, against the default 0.5%).
+pub const LEAST_DUTY: f64 = 0.005;
+
+/// The requests a burst below MIN_DUTY must still see, at the window's traced rate:
+/// with fewer, the edges of each burst move the untraced rate (its calls per request)
+/// by several percent.
+const BURST_REQUESTS: f64 = 1000.0;
+
+/// The least duty for the target of `w`: MIN_DUTY, or down to LEAST_DUTY where it
+/// serves enough requests that a shorter burst still sees BURST_REQUESTS of them.
+pub fn duty_floor(w: &Window, interval: Duration) -> f64 {
+    if w.requests == 0 || w.secs <= 0.0 {
+        return MIN_DUTY;
+    }
+    let per_interval = w.requests as f64 / w.secs * interval.as_secs_f64();
+    (BURST_REQUESTS / per_interval).clamp(LEAST_DUTY, MIN_DUTY)
+}
 
 /// What is measured once at start.
 pub struct Calibration {
@@ -1349,19 +1384,31 @@ impl BurstFixed {
 /// else what the budget leaves after a burst's fixed cost, over the per-event cost
 /// (at least MIN_DUTY), so that the cost averaged over the interval stays near the
 /// budget.
+///
+/// `measured`: the cost per request measured on the target (us; MeasuredCost), which
+/// stands in for the calibration's where it is higher.
 pub fn watch_cost(
     w: &Window,
     cost: Option<&ProbeCost>,
     budget: Option<f64>,
     duty: f64,
     fixed: BurstFixed,
+    measured: Option<f64>,
 ) -> Option<metrics::WatcherCost> {
     let cost = cost?;
-    let added = cost.added_ns(&probe_cost::Events {
+    let calibrated = cost.added_ns(&probe_cost::Events {
         syscalls: w.syscalls,
         switches: w.switches.voluntary + w.switches.involuntary,
         offloads: w.offload.calls,
     });
+    let requests = w.requests as f64;
+    let measured_ns = measured
+        .filter(|_| w.requests > 0)
+        .map(|us| us * 1e3 * requests);
+    let (added, basis) = match measured_ns {
+        Some(m) if m > calibrated => (m, metrics::CostBasis::Measured),
+        _ => (calibrated, metrics::CostBasis::Calibrated),
+    };
     let on_ns = w.on_cpu_ms * 1e6;
     let share = if on_ns > 0.0 {
         (added / on_ns).min(1.0)
@@ -1381,8 +1428,11 @@ pub fn watch_cost(
         0.0
     };
     Some(metrics::WatcherCost {
-        us_per_request: (w.requests > 0).then(|| added / w.requests as f64 / 1e3),
+        us_per_request: (w.requests > 0).then(|| added / requests / 1e3),
         share_traced: share,
+        calibrated_us_per_request: (w.requests > 0).then(|| calibrated / requests / 1e3),
+        measured_us_per_request: measured,
+        basis,
         host_share,
         burst_share,
         // The neighbours' part is paid up to the target's own: a load tool on the host
@@ -1395,6 +1445,7 @@ pub fn watch_cost(
             burst_share,
             budget,
             duty,
+            duty_floor(w, fixed.interval),
         ),
         budget,
     })
@@ -1402,11 +1453,17 @@ pub fn watch_cost(
 
 /// The share of the next interval to trace, from the cost's share of the target's CPU
 /// while tracing (None: the target did not run, which says nothing about its cost)
-/// and a burst's fixed share of it over the interval.
-pub fn next_duty(share: Option<f64>, fixed: f64, budget: Option<f64>, duty: f64) -> f64 {
+/// and a burst's fixed share of it over the interval, at least `floor` (duty_floor).
+pub fn next_duty(
+    share: Option<f64>,
+    fixed: f64,
+    budget: Option<f64>,
+    duty: f64,
+    floor: f64,
+) -> f64 {
     match (budget, share) {
         (Some(b), Some(s)) if s <= b => 1.0,
-        (Some(b), Some(s)) => ((b - fixed) / s).clamp(MIN_DUTY, 1.0),
+        (Some(b), Some(s)) => ((b - fixed) / s).clamp(floor, 1.0),
         _ => duty,
     }
 }
@@ -1455,20 +1512,51 @@ mod tests {
     #[test]
     fn the_duty_follows_the_budget() {
         // Within the budget: trace everything.
-        assert_eq!(next_duty(Some(0.01), 0.0, Some(0.02), 0.1), 1.0);
+        assert_eq!(next_duty(Some(0.01), 0.0, Some(0.02), 0.1, MIN_DUTY), 1.0);
         // ... whatever a burst would cost: tracing everything needs none.
-        assert_eq!(next_duty(Some(0.01), 0.05, Some(0.02), 0.1), 1.0);
+        assert_eq!(next_duty(Some(0.01), 0.05, Some(0.02), 0.1, MIN_DUTY), 1.0);
         // Ten times the budget: a tenth of each interval.
-        assert!((next_duty(Some(0.2), 0.0, Some(0.02), 1.0) - 0.1).abs() < 1e-12);
+        assert!((next_duty(Some(0.2), 0.0, Some(0.02), 1.0, MIN_DUTY) - 0.1).abs() < 1e-12);
         // A burst's attach and detach take their share of the budget first.
-        assert!((next_duty(Some(0.2), 0.005, Some(0.02), 1.0) - 0.075).abs() < 1e-12);
+        assert!((next_duty(Some(0.2), 0.005, Some(0.02), 1.0, MIN_DUTY) - 0.075).abs() < 1e-12);
         // Never below the floor, however costly, the fixed part included.
-        assert_eq!(next_duty(Some(1.0), 0.0, Some(0.001), 1.0), MIN_DUTY);
-        assert_eq!(next_duty(Some(0.2), 0.03, Some(0.02), 1.0), MIN_DUTY);
+        assert_eq!(
+            next_duty(Some(1.0), 0.0, Some(0.001), 1.0, MIN_DUTY),
+            MIN_DUTY
+        );
+        assert_eq!(
+            next_duty(Some(0.2), 0.03, Some(0.02), 1.0, MIN_DUTY),
+            MIN_DUTY
+        );
         // No budget (--sample): the fixed share stays.
-        assert_eq!(next_duty(Some(0.5), 0.0, None, 0.3), 0.3);
+        assert_eq!(next_duty(Some(0.5), 0.0, None, 0.3, MIN_DUTY), 0.3);
         // An idle window keeps the last duty.
-        assert_eq!(next_duty(None, 0.0, Some(0.02), 0.25), 0.25);
+        assert_eq!(next_duty(None, 0.0, Some(0.02), 0.25, MIN_DUTY), 0.25);
+        // A lower floor (a busy target) lets the budget's share through.
+        assert!((next_duty(Some(0.4), 0.0, Some(0.004), 1.0, 0.005) - 0.01).abs() < 1e-12);
+        assert_eq!(next_duty(Some(4.0), 0.0, Some(0.004), 1.0, 0.005), 0.005);
+    }
+
+    #[test]
+    fn a_busy_targets_floor_still_sees_its_requests() {
+        let prev = crate::collector::Snapshot::zero();
+        let mut cur = crate::collector::Snapshot::zero();
+        let ctx = crate::metrics::tests::ctx();
+        let s1 = std::time::Duration::from_secs(1);
+        // 20 ms traced: no requests, 400 (20k/s), 2000 (100k/s), 20000 (1M/s).
+        cur.t = 0.02;
+        let w = |cur: &crate::collector::Snapshot| crate::metrics::window(&prev, cur, &ctx);
+        assert_eq!(super::duty_floor(&w(&cur), s1), MIN_DUTY);
+        cur.counters[crate::abi::C_OFFLOAD_CALLS as usize] = 400;
+        assert_eq!(super::duty_floor(&w(&cur), s1), MIN_DUTY);
+        cur.counters[crate::abi::C_OFFLOAD_CALLS as usize] = 2000;
+        assert!((super::duty_floor(&w(&cur), s1) - 0.005).abs() < 1e-12);
+        // The same rate over a 5 s interval: a burst of 0.5% would see 2500.
+        assert_eq!(super::duty_floor(&w(&cur), s1 * 5), super::LEAST_DUTY);
+        cur.counters[crate::abi::C_OFFLOAD_CALLS as usize] = 1000;
+        assert!((super::duty_floor(&w(&cur), s1) - 0.01).abs() < 1e-12);
+        cur.counters[crate::abi::C_OFFLOAD_CALLS as usize] = 20_000;
+        assert_eq!(super::duty_floor(&w(&cur), s1), super::LEAST_DUTY);
     }
 
     /// The host's other syscalls are paid from the budget beside the target's own.
@@ -1493,8 +1581,15 @@ mod tests {
             host_syscall_ns: 25.0,
             ..Default::default()
         };
-        let c = super::watch_cost(&w, Some(&cost), Some(0.02), 1.0, super::BurstFixed::NONE)
-            .expect("a cost");
+        let c = super::watch_cost(
+            &w,
+            Some(&cost),
+            Some(0.02),
+            1.0,
+            super::BurstFixed::NONE,
+            None,
+        )
+        .expect("a cost");
         // 10 ms and 5 ms of 100 ms.
         assert!((c.share_traced - 0.10).abs() < 1e-9, "{c:?}");
         assert!((c.host_share - 0.05).abs() < 1e-9, "{c:?}");
@@ -1504,16 +1599,53 @@ mod tests {
         // (here 1% of 100 ms: 10k syscalls), not the whole of it (200k).
         cur.syscalls[110 * 2] = 10_000;
         let w = crate::metrics::window(&prev, &cur, &crate::metrics::tests::ctx());
-        let c = super::watch_cost(&w, Some(&cost), Some(0.015), 1.0, super::BurstFixed::NONE)
-            .expect("a cost");
+        let c = super::watch_cost(
+            &w,
+            Some(&cost),
+            Some(0.015),
+            1.0,
+            super::BurstFixed::NONE,
+            None,
+        )
+        .expect("a cost");
         assert!((c.host_share - 0.05).abs() < 1e-9, "{c:?}");
         assert!((c.duty - 0.015 / 0.02).abs() < 1e-9, "{c:?}");
         cur.syscalls[110 * 2] = 100_000;
         // Without neighbours the target's cost alone sets it.
         cur.counters[abi::C_HOST_SYSCALLS as usize] = 0;
         let w = crate::metrics::window(&prev, &cur, &crate::metrics::tests::ctx());
-        let c = super::watch_cost(&w, Some(&cost), Some(0.02), 1.0, super::BurstFixed::NONE)
-            .expect("a cost");
+        let c = super::watch_cost(
+            &w,
+            Some(&cost),
+            Some(0.02),
+            1.0,
+            super::BurstFixed::NONE,
+            None,
+        )
+        .expect("a cost");
         assert!((c.duty - 0.2).abs() < 1e-9, "{c:?}");
+        assert_eq!(c.basis, crate::metrics::CostBasis::Calibrated);
+        // 1000 requests: the calibration's 10 ms are 10 us each. Measured on the target
+        // at 30 us, the cost is three times that, and the duty a third.
+        cur.counters[abi::C_OFFLOAD_CALLS as usize] = 1000;
+        let w = crate::metrics::window(&prev, &cur, &crate::metrics::tests::ctx());
+        assert_eq!(w.requests, 1000);
+        let fixed = super::BurstFixed::NONE;
+        let c =
+            super::watch_cost(&w, Some(&cost), Some(0.02), 1.0, fixed, Some(30.0)).expect("a cost");
+        assert_eq!(c.basis, crate::metrics::CostBasis::Measured);
+        assert!((c.us_per_request.unwrap() - 30.0).abs() < 1e-9, "{c:?}");
+        assert!(
+            (c.calibrated_us_per_request.unwrap() - 10.0).abs() < 1e-9,
+            "{c:?}"
+        );
+        assert!((c.share_traced - 0.30).abs() < 1e-9, "{c:?}");
+        assert!((c.duty - 0.02 / 0.30).abs() < 1e-9, "{c:?}");
+        // Measured below the calibration: the calibration stands.
+        let c =
+            super::watch_cost(&w, Some(&cost), Some(0.02), 1.0, fixed, Some(4.0)).expect("a cost");
+        assert_eq!(c.basis, crate::metrics::CostBasis::Calibrated);
+        assert_eq!(c.measured_us_per_request, Some(4.0));
+        assert!((c.share_traced - 0.10).abs() < 1e-9, "{c:?}");
     }
 }

@@ -773,3 +773,249 @@ fn mariadb_is_below_libc() {
     });
     assert_eq!(kind, "below_libc_wall", "{because}");
 }
+
+/// The server's own count of requests served, sampled with the Unix time.
+type Samples = Vec<(f64, f64)>;
+
+/// Polls `count` every 100 ms until `stop`, with the Unix time of each reading.
+fn poll_own_count(
+    count: impl Fn() -> Option<f64> + Send + 'static,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Samples> {
+    std::thread::spawn(move || {
+        let mut v = Vec::new();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Some(n) = count() {
+                v.push((unix_now(), n));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        v
+    })
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The own count's rate from `from` to `to` (Unix s), from the readings closest
+/// inside the span (None where the span holds fewer than two).
+fn own_rate(samples: &Samples, from: f64, to: f64) -> Option<f64> {
+    let inside: Vec<&(f64, f64)> = samples
+        .iter()
+        .filter(|(t, _)| *t >= from && *t <= to)
+        .collect();
+    let (first, last) = (inside.first()?, inside.last()?);
+    (last.0 - first.0 > 0.3).then(|| (last.1 - first.1) / (last.0 - first.0))
+}
+
+/// A stock server watched at the default budget under its own load tool: each
+/// window's rate without the watch (`untraced`) against the server's own count over
+/// the same seconds, and the watch's cost measured on the server beside the
+/// calibration's. Returns the windows compared.
+fn rates_against_own_count(
+    what: &str,
+    pid: u32,
+    own: impl Fn() -> Option<f64> + Send + 'static,
+) -> usize {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poller = poll_own_count(own, stop.clone());
+    let mut cmd = watch_cmd();
+    cmd.args(["--json", "--interval", "1s", "--duration", "7s", "--pid"])
+        .arg(pid.to_string());
+    let (code, lines, err) = Watcher::start(cmd).finish();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let samples = poller.join().expect("poller");
+    assert_eq!(code, 0, "{err:?}");
+    let mut ratios = Vec::new();
+    let mut measured = 0;
+    // The first window holds the start; the last may hold the load's end.
+    let windows: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|(k, _)| k == "window")
+        .map(|(_, v)| v)
+        .collect();
+    assert!(windows.len() >= 5, "{what}: {} windows", windows.len());
+    for w in &windows[1..windows.len() - 1] {
+        let (ts, wall) = (w["ts"].as_f64().unwrap(), w["wall_secs"].as_f64().unwrap());
+        let c = &w["watcher"];
+        let (cal, meas, each) = (
+            c["calibrated_us_per_request"].as_f64(),
+            c["measured_us_per_request"].as_f64(),
+            c["us_per_request"].as_f64(),
+        );
+        println!(
+            "{what}: traced {:.0} req/s, untraced {}, own count {}; cost per request {each:?} us (calibrated {cal:?}, measured {meas:?}), share {:.3}, duty {:.4}",
+            w["requests_per_sec"].as_f64().unwrap_or(f64::NAN),
+            w["untraced"]["requests_per_sec"],
+            own_rate(&samples, ts - wall, ts).map_or("-".into(), |r| format!("{r:.0}")),
+            c["share_traced"].as_f64().unwrap_or(f64::NAN),
+            c["duty"].as_f64().unwrap_or(f64::NAN),
+        );
+        if let (Some(u), Some(o)) = (
+            w["untraced"]["requests_per_sec"].as_f64(),
+            own_rate(&samples, ts - wall, ts),
+        ) {
+            ratios.push(u / o);
+        }
+        if let (Some(m), Some(e)) = (meas, each) {
+            measured += 1;
+            // The cost reported is the larger of the two.
+            assert!(e + 1e-9 >= m && e + 1e-9 >= cal.unwrap_or(0.0), "{c}");
+        }
+    }
+    assert!(
+        ratios.len() >= 3,
+        "{what}: {} windows with an untraced rate and the server's count",
+        ratios.len()
+    );
+    let med = harness::median(ratios.clone());
+    assert!(
+        (med - 1.0).abs() <= 0.15,
+        "{what}: the watch's untraced rate over the server's own count, per window: {ratios:?}"
+    );
+    assert!(
+        measured >= 3,
+        "{what}: the watch measured its cost on the server in {measured} windows"
+    );
+    ratios.len()
+}
+
+/// Taskset prefix pinning a server to the last CPU where there are two or more (its
+/// load tool runs on the others), so the server's rate is its own core's.
+fn pinned(prog: &Path) -> Command {
+    let cpus = harness::cpus();
+    if cpus >= 2 {
+        let mut c = Command::new("taskset");
+        c.args(["-c", &(cpus - 1).to_string()]).arg(prog);
+        c
+    } else {
+        Command::new(prog)
+    }
+}
+
+/// Load tools on the other CPUs.
+fn on_load_cpus(cmd: &mut Command) -> &mut Command {
+    let cpus = harness::cpus();
+    if cpus >= 2 {
+        let list = (0..cpus - 1)
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let prog = cmd.get_program().to_owned();
+        let args: Vec<_> = cmd.get_args().map(|a| a.to_owned()).collect();
+        *cmd = Command::new("taskset");
+        cmd.args(["-c", &list]).arg(prog).args(args);
+    }
+    cmd
+}
+
+/// The rate toffload-watch reports for stock nginx (one worker, a static file, wrk)
+/// and redis-server (redis-benchmark GETs) agrees with the server's own count
+/// (stub_status; INFO's total_commands_processed) over the same seconds, and the
+/// watch's cost is measured on each.
+#[test]
+fn stock_servers_rates_agree_with_their_own_counts() {
+    let _s = serial();
+    if !ready(&[
+        "nginx",
+        "wrk",
+        "redis-server",
+        "redis-benchmark",
+        "redis-cli",
+    ]) {
+        return;
+    }
+    // nginx: a file, so each request opens, stats and reads it as a real site does.
+    let port = free_port();
+    let dir = tmpdir("nginx-own-count");
+    std::fs::create_dir_all(dir.join("www")).unwrap();
+    std::fs::write(dir.join("www/index.html"), "hello\n").unwrap();
+    let d = dir.display();
+    let conf = format!(
+        "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\n\
+         error_log {d}/error.log;\nevents {{ worker_connections 1024; }}\n\
+         http {{\n access_log off;\n client_body_temp_path {d}/body;\n proxy_temp_path {d}/proxy;\n\
+         fastcgi_temp_path {d}/fcgi;\n uwsgi_temp_path {d}/uwsgi;\n scgi_temp_path {d}/scgi;\n\
+         server {{ listen 127.0.0.1:{port}; location = /status {{ stub_status; }}\n\
+         location / {{ root {d}/www; }} }}\n}}\n"
+    );
+    std::fs::write(dir.join("nginx.conf"), conf).unwrap();
+    let srv = start(
+        pinned(&which("nginx").unwrap())
+            .arg("-p")
+            .arg(&dir)
+            .arg("-c")
+            .arg(dir.join("nginx.conf"))
+            .stderr(Stdio::null()),
+        port,
+    );
+    let mut wrk = on_load_cpus(
+        Command::new("wrk")
+            .args(["-t1", "-c32", "-d11s"])
+            .arg(format!("http://127.0.0.1:{port}/")),
+    )
+    .stdout(Stdio::null())
+    .spawn()
+    .expect("wrk");
+    std::thread::sleep(Duration::from_millis(500));
+    let stub = move || {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        s.write_all(b"GET /status HTTP/1.0\r\nHost: t\r\n\r\n")
+            .ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        // After the headers: "Active connections: N \nserver accepts handled
+        // requests\n A H R \n...". The count includes this request.
+        let body = text.split_once("\r\n\r\n")?.1;
+        body.lines().nth(2)?.split_whitespace().nth(2)?.parse().ok()
+    };
+    assert!(stub().is_some(), "nginx's stub_status");
+    rates_against_own_count("nginx", srv.0.id(), stub);
+    let _ = wrk.kill();
+    let _ = wrk.wait();
+    drop(srv);
+
+    let port = free_port();
+    let dir = tmpdir("redis-own-count");
+    let srv = start(
+        pinned(&which("redis-server").unwrap())
+            .args(["--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--dir"])
+            .arg(&dir),
+        port,
+    );
+    let mut bench = on_load_cpus(Command::new("redis-benchmark").args([
+        "-p",
+        &port.to_string(),
+        "-c",
+        "50",
+        "-t",
+        "get",
+        "-n",
+        "100000000",
+        "-q",
+    ]))
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("redis-benchmark");
+    std::thread::sleep(Duration::from_millis(500));
+    let info = move || {
+        let out = Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "info", "stats"])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("total_commands_processed:"))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    assert!(info().is_some(), "redis' INFO stats");
+    rates_against_own_count("redis-server", srv.0.id(), info);
+    let _ = bench.kill();
+    let _ = bench.wait();
+}

@@ -36,11 +36,15 @@ pub struct Folded {
     pub duty: Option<f64>,
     pub burst_share: Option<f64>,
     pub host_share: Option<f64>,
+    /// Median of what each window says the watch costs the target over the next
+    /// interval: its share while tracing times the duty, plus a burst's attach and
+    /// detach (the figure the budget holds, less the host's part).
+    pub claimed: Option<f64>,
 }
 
-/// When a window line came (s since the run's start), with its duty, burst share and
-/// host share.
-type WindowLine = (f64, Option<[f64; 3]>);
+/// When a window line came (s since the run's start), with its duty, burst share,
+/// host share and share while tracing.
+type WindowLine = (f64, Option<[f64; 4]>);
 
 /// Folds `(time, count)` samples on `edges` (the interval's phase zeroes).
 pub fn fold(samples: &[(f64, u64)], edges: &[f64]) -> Option<Folded> {
@@ -74,6 +78,7 @@ pub fn fold(samples: &[(f64, u64)], edges: &[f64]) -> Option<Folded> {
         duty: None,
         burst_share: None,
         host_share: None,
+        claimed: None,
     })
 }
 
@@ -106,8 +111,9 @@ pub fn run(
                 };
                 if let Some(win) = v.get("window") {
                     let wc = &win["watcher"];
-                    let [d, b, h] = ["duty", "burst_share", "host_share"].map(|k| wc[k].as_f64());
-                    let cost = d.zip(b).zip(h).map(|((d, b), h)| [d, b, h]);
+                    let [d, b, h, s] = ["duty", "burst_share", "host_share", "share_traced"]
+                        .map(|k| wc[k].as_f64());
+                    let cost = d.zip(b).zip(h).zip(s).map(|(((d, b), h), s)| [d, b, h, s]);
                     windows.lock().unwrap().push((at, cost));
                 }
             }
@@ -131,7 +137,7 @@ pub fn run(
     drop(srv);
     let _ = std::fs::remove_dir_all(&dir);
     let wins = windows.lock().unwrap().clone();
-    let (edges, costs): (Vec<f64>, Vec<Option<[f64; 3]>>) = if watch.is_some() {
+    let (edges, costs): (Vec<f64>, Vec<Option<[f64; 4]>>) = if watch.is_some() {
         wins.into_iter().skip(SKIP_WINDOWS).unzip()
     } else {
         // The same clock as a watch that attached now, whose first windows are skipped.
@@ -143,8 +149,11 @@ pub fn run(
         )
     };
     let mut f = fold(&samples, &edges)?;
-    let costs: Vec<[f64; 3]> = costs.into_iter().flatten().collect();
+    let costs: Vec<[f64; 4]> = costs.into_iter().flatten().collect();
     let med = |i: usize| median(&costs.iter().map(|c| c[i]).collect::<Vec<_>>());
     (f.duty, f.burst_share, f.host_share) = (med(0), med(1), med(2));
+    // The share a window reports applies to the next interval's duty, which the same
+    // window sets: the pairs match.
+    f.claimed = median(&costs.iter().map(|c| c[3] * c[0] + c[1]).collect::<Vec<_>>());
     Some(f)
 }

@@ -243,10 +243,22 @@ pub struct Window {
 /// The watch's own cost (probe_cost.rs).
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct WatcherCost {
-    /// Microseconds the programs added to each request while tracing.
+    /// Microseconds the programs added to each request while tracing: the larger of
+    /// the calibrated and the measured cost (`basis` says which).
     pub us_per_request: Option<f64>,
-    /// Their share of the target's on-CPU time while tracing.
+    /// Their share of the target's on-CPU time while tracing (at us_per_request).
     pub share_traced: f64,
+    /// The cost per request the calibration predicts: its per-event costs times the
+    /// window's events. Measured in a tight loop, it can fall short of what the same
+    /// programs cost inside a real server (colder caches, longer kernel paths).
+    pub calibrated_us_per_request: Option<f64>,
+    /// The cost per request measured on the target itself: its CPU per request while
+    /// traced (the probes' on-CPU time) less its CPU per request while untraced (/proc,
+    /// the same window), the median of the last few windows that had both (None: none
+    /// had, e.g. an unsampled watch).
+    pub measured_us_per_request: Option<f64>,
+    /// Which of the two us_per_request and share_traced are.
+    pub basis: CostBasis,
     /// What the syscall hooks cost the host's other processes while tracing (their
     /// syscalls pay the hooks' entry and filter), as a share of the target's on-CPU
     /// time: the budget pays it beside share_traced.
@@ -259,6 +271,16 @@ pub struct WatcherCost {
     pub duty: f64,
     /// The budget the duty keeps the average share under (None: fixed --sample).
     pub budget: Option<f64>,
+}
+
+/// Where the watch's cost per request comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CostBasis {
+    /// The calibration's per-event costs (nothing measured, or the measurement lower).
+    Calibrated,
+    /// The target's traced less untraced CPU per request, above the calibration's.
+    Measured,
 }
 
 /// Seconds since the Unix epoch.

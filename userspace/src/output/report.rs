@@ -433,10 +433,36 @@ fn watch_lines(s: &mut String, w: &Window) {
         } else {
             String::new()
         };
+        let basis = match (c.basis, c.calibrated_us_per_request) {
+            (crate::metrics::CostBasis::Measured, Some(cal)) => {
+                format!(
+                    " (measured on the target, traced less untraced CPU; calibrated {cal:.1} us)"
+                )
+            }
+            _ => String::new(),
+        };
+        // At the least duty (session::duty_floor) the budget may still be exceeded:
+        // say so, with what the interval costs there (the sum the duty is set from,
+        // which equals the budget wherever the duty is not floored).
+        let over = match c.budget {
+            Some(b) if c.duty < 1.0 && w.secs < w.wall_secs => {
+                let avg =
+                    (c.share_traced + c.host_share.min(c.share_traced)) * c.duty + c.burst_share;
+                if avg > b * 1.01 {
+                    format!(
+                        ", the least: {:.2}% of its CPU, over the budget",
+                        avg * 100.0
+                    )
+                } else {
+                    String::new()
+                }
+            }
+            _ => String::new(),
+        };
         let _ = writeln!(
             s,
-            "  watch cost: {} per request, {:.1}% of the target's CPU while tracing{host}{burst}; \
-             tracing {:.0}% of the next interval{budget}",
+            "  watch cost: {} per request{basis}, {:.1}% of the target's CPU while tracing{host}{burst}; \
+             tracing {:.1}% of the next interval{budget}{over}",
             opt(c.us_per_request, " us"),
             c.share_traced * 100.0,
             c.duty * 100.0
@@ -574,11 +600,11 @@ fn latency_text(p: &crate::runtime_counters::LatencyPercentiles) -> String {
 /// Raised whenever a line type or a key is added, renamed or removed, or a value
 /// changes its unit or meaning: tests/json_keys.txt pins the keys, and the test
 /// below fails until this and KEYS_FINGERPRINT are raised with it.
-pub const SCHEMA: u32 = 8;
+pub const SCHEMA: u32 = 9;
 
 /// FNV-1a of the key lines of tests/json_keys.txt at this SCHEMA.
 #[cfg(test)]
-const KEYS_FINGERPRINT: u64 = 0x9134_f109_7f53_3946;
+const KEYS_FINGERPRINT: u64 = 0x0087_6ab0_be13_42ce;
 
 /// The kind of a JSON line: its one key besides the envelope's (`ts`, `schema`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -648,6 +674,9 @@ mod tests {
         w.watcher = Some(crate::metrics::WatcherCost {
             us_per_request: Some(1.0),
             share_traced: 0.01,
+            calibrated_us_per_request: Some(1.0),
+            measured_us_per_request: None,
+            basis: crate::metrics::CostBasis::Calibrated,
             host_share: 0.004,
             burst_share: 0.001,
             duty: 1.0,
@@ -681,6 +710,54 @@ mod tests {
             .starts_with("[window 0.0s +1.00s traced of 0.00s] 100 req/s (100 offload calls)\n"));
     }
 
+    /// A cost measured above the calibration's says so, and a sampled window at the
+    /// least duty whose cost still exceeds the budget says that too.
+    #[test]
+    fn a_measured_cost_and_a_budget_over_at_the_least_duty_are_said() {
+        use crate::collector::Snapshot;
+        let prev = Snapshot::zero();
+        let mut cur = Snapshot::zero();
+        cur.t = 0.02;
+        cur.wall = 1.0;
+        let mut w = crate::metrics::window(&prev, &cur, &crate::metrics::tests::ctx());
+        let cost = crate::metrics::WatcherCost {
+            us_per_request: Some(5.2),
+            share_traced: 0.32,
+            calibrated_us_per_request: Some(1.9),
+            measured_us_per_request: Some(5.2),
+            basis: crate::metrics::CostBasis::Measured,
+            host_share: 0.07,
+            burst_share: 0.001,
+            duty: crate::session::MIN_DUTY,
+            budget: Some(0.005),
+        };
+        w.watcher = Some(cost);
+        let text = window_text(&w, "window");
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("watch cost"))
+            .expect("a watch cost line");
+        assert!(
+            line.contains("5.2 us per request (measured on the target"),
+            "{line}"
+        );
+        assert!(line.contains("calibrated 1.9 us"), "{line}");
+        // (0.32 + 0.07) x 2% + 0.1% = 0.88%.
+        assert!(
+            line.contains("the least: 0.88% of its CPU, over the budget"),
+            "{line}"
+        );
+        // Within the budget, or calibrated: neither is said.
+        w.watcher = Some(crate::metrics::WatcherCost {
+            share_traced: 0.1,
+            host_share: 0.0,
+            basis: crate::metrics::CostBasis::Calibrated,
+            ..cost
+        });
+        let text = window_text(&w, "window");
+        assert!(!text.contains("over the budget"), "{text}");
+        assert!(!text.contains("measured on the target"), "{text}");
+    }
     #[test]
     fn envelope() {
         #[derive(Serialize)]

@@ -29,22 +29,29 @@ pub struct Reading {
     /// The fiber runtime's offload count, where the target runs it: an exact count
     /// of requests that costs the target nothing.
     offloads: Option<u64>,
+    /// A process has threads that cannot run where its main thread can, whose CPU
+    /// `procs` leaves out (and the probes' on-CPU time does not).
+    off_core: bool,
 }
 
 impl Reading {
     /// The processes' counters now; None when none of them can be read (all gone).
     pub fn take(pids: &[u32], offloads: Option<u64>) -> Option<Reading> {
+        let mut off_core = false;
         let procs: Vec<(u32, u64, f64)> = pids
             .iter()
             .filter_map(|&pid| {
                 let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
-                Some((pid, io_calls(&io)?, cpu_secs(pid)? - off_core_cpu_secs(pid)))
+                let apart = off_core_cpu_secs(pid);
+                off_core |= apart > 0.0;
+                Some((pid, io_calls(&io)?, cpu_secs(pid)? - apart))
             })
             .collect();
         (!procs.is_empty()).then(|| Reading {
             at: Instant::now(),
             procs,
             offloads,
+            off_core,
         })
     }
 
@@ -265,6 +272,8 @@ pub struct Ledger {
     last: Option<Reading>,
     pub traced: Part,
     pub untraced: Part,
+    /// A reading since the last close found threads apart from the main thread's CPUs.
+    off_core: bool,
 }
 
 /// What the stretch that ends at an edge was.
@@ -281,6 +290,7 @@ impl Ledger {
     /// read (the target gone) books nothing and leaves the next stretch unanchored.
     pub fn edge(&mut self, pids: &[u32], was: Stretch, offloads: Option<u64>) {
         let now = Reading::take(pids, offloads);
+        self.off_core |= now.as_ref().is_some_and(|r| r.off_core);
         if let (Some(from), Some(to)) = (&self.last, &now) {
             match was {
                 Stretch::Traced => self.traced.add(from, to),
@@ -296,7 +306,14 @@ impl Ledger {
         let est = estimate(&self.traced, requests, stall_mean_us, &self.untraced);
         self.traced = Part::default();
         self.untraced = Part::default();
+        self.off_core = false;
         est
+    }
+
+    /// Whether a reading since the last close left out threads' CPU (off_core_cpu_secs):
+    /// the untraced CPU per request then covers fewer threads than the probes' does.
+    pub fn off_core_seen(&self) -> bool {
+        self.off_core
     }
 }
 
