@@ -56,9 +56,16 @@ fn watcher(pid: u32, flags: &[&str]) -> Child {
     watcher_to(pid, flags, Stdio::null())
 }
 
-/// The same, its JSON lines to `stdout`.
+/// The same, its JSON lines to `stdout`. Unpinned, as a user starts it: this process
+/// runs pinned on the load generator's CPU, and a watcher that inherited that pin
+/// shared one busy CPU with the load tool, where its calibration child starved, was
+/// cut short after 4 s at every start and never kept for the next.
 fn watcher_to(pid: u32, flags: &[&str], stdout: Stdio) -> Child {
-    let mut c = Command::new(harness::bin("toffload-watch").expect("toffload-watch built"))
+    let watch = harness::bin("toffload-watch").expect("toffload-watch built");
+    let mut cmd = Command::new("taskset");
+    cmd.args(["-c", &format!("0-{}", harness::cpus().max(1) - 1)])
+        .arg(watch);
+    let mut c = cmd
         .args(["--json", "--interval", "1s"])
         .args(flags)
         .args(["--pid", &pid.to_string()])
@@ -305,7 +312,7 @@ fn main() {
     } else {
         format!(
             "\n## Stock Debian servers under their own load tools\n\n\
-             Server pinned to CPU {}, load tool and watcher on the other; throughput is the \
+             Server pinned to CPU {}, load tool on the other, watcher unpinned; throughput is the \
              server's own count (redis INFO total_commands_processed, nginx stub_status), \
              polled every quarter second. Each run: load for 1 s, then the watcher (default \
              budget) starts and attaches, {secs} s measured while attached, SIGINT (detach), \
