@@ -1543,20 +1543,23 @@ mod tests {
         let mut cur = crate::collector::Snapshot::zero();
         let ctx = crate::metrics::tests::ctx();
         let s1 = std::time::Duration::from_secs(1);
-        // 20 ms traced: no requests, 400 (20k/s), 2000 (100k/s), 20000 (1M/s).
+        // 20 ms traced: no requests; 1000 (50k/s: 2% sees BURST_REQUESTS), 2000
+        // (100k/s: 1% does), 4000 (200k/s: 0.5%), 20000 (1M/s: 0.1%, below the least).
         cur.t = 0.02;
         let w = |cur: &crate::collector::Snapshot| crate::metrics::window(&prev, cur, &ctx);
-        assert_eq!(super::duty_floor(&w(&cur), s1), MIN_DUTY);
-        cur.counters[crate::abi::C_OFFLOAD_CALLS as usize] = 400;
-        assert_eq!(super::duty_floor(&w(&cur), s1), MIN_DUTY);
-        cur.counters[crate::abi::C_OFFLOAD_CALLS as usize] = 2000;
-        assert!((super::duty_floor(&w(&cur), s1) - 0.005).abs() < 1e-12);
-        // The same rate over a 5 s interval: a burst of 0.5% would see 2500.
-        assert_eq!(super::duty_floor(&w(&cur), s1 * 5), super::LEAST_DUTY);
-        cur.counters[crate::abi::C_OFFLOAD_CALLS as usize] = 1000;
-        assert!((super::duty_floor(&w(&cur), s1) - 0.01).abs() < 1e-12);
-        cur.counters[crate::abi::C_OFFLOAD_CALLS as usize] = 20_000;
-        assert_eq!(super::duty_floor(&w(&cur), s1), super::LEAST_DUTY);
+        let floor = |n: u64, interval| {
+            let mut c = cur.clone();
+            c.counters[crate::abi::C_OFFLOAD_CALLS as usize] = n;
+            super::duty_floor(&w(&c), interval)
+        };
+        assert_eq!(floor(0, s1), MIN_DUTY);
+        assert_eq!(floor(400, s1), MIN_DUTY);
+        assert!((floor(1000, s1) - MIN_DUTY).abs() < 1e-12);
+        assert!((floor(2000, s1) - 0.01).abs() < 1e-12);
+        assert!((floor(4000, s1) - super::LEAST_DUTY).abs() < 1e-12);
+        assert_eq!(floor(20_000, s1), super::LEAST_DUTY);
+        // 100k/s over a 5 s interval: 0.2% would see BURST_REQUESTS; the least holds.
+        assert_eq!(floor(2000, s1 * 5), super::LEAST_DUTY);
     }
 
     /// The host's other syscalls are paid from the budget beside the target's own.
@@ -1581,15 +1584,18 @@ mod tests {
             host_syscall_ns: 25.0,
             ..Default::default()
         };
-        let c = super::watch_cost(
-            &w,
-            Some(&cost),
-            Some(0.02),
-            1.0,
-            super::BurstFixed::NONE,
-            None,
-        )
-        .expect("a cost");
+        let cost_of = |w: &crate::metrics::Window, budget: f64, measured: Option<f64>| {
+            super::watch_cost(
+                w,
+                Some(&cost),
+                Some(budget),
+                1.0,
+                super::BurstFixed::NONE,
+                measured,
+            )
+            .expect("a cost")
+        };
+        let c = cost_of(&w, 0.02, None);
         // 10 ms and 5 ms of 100 ms.
         assert!((c.share_traced - 0.10).abs() < 1e-9, "{c:?}");
         assert!((c.host_share - 0.05).abs() < 1e-9, "{c:?}");
@@ -1599,30 +1605,14 @@ mod tests {
         // (here 1% of 100 ms: 10k syscalls), not the whole of it (200k).
         cur.syscalls[110 * 2] = 10_000;
         let w = crate::metrics::window(&prev, &cur, &crate::metrics::tests::ctx());
-        let c = super::watch_cost(
-            &w,
-            Some(&cost),
-            Some(0.015),
-            1.0,
-            super::BurstFixed::NONE,
-            None,
-        )
-        .expect("a cost");
+        let c = cost_of(&w, 0.015, None);
         assert!((c.host_share - 0.05).abs() < 1e-9, "{c:?}");
         assert!((c.duty - 0.015 / 0.02).abs() < 1e-9, "{c:?}");
         cur.syscalls[110 * 2] = 100_000;
         // Without neighbours the target's cost alone sets it.
         cur.counters[abi::C_HOST_SYSCALLS as usize] = 0;
         let w = crate::metrics::window(&prev, &cur, &crate::metrics::tests::ctx());
-        let c = super::watch_cost(
-            &w,
-            Some(&cost),
-            Some(0.02),
-            1.0,
-            super::BurstFixed::NONE,
-            None,
-        )
-        .expect("a cost");
+        let c = cost_of(&w, 0.02, None);
         assert!((c.duty - 0.2).abs() < 1e-9, "{c:?}");
         assert_eq!(c.basis, crate::metrics::CostBasis::Calibrated);
         // 1000 requests: the calibration's 10 ms are 10 us each. Measured on the target
