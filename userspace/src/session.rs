@@ -1382,7 +1382,7 @@ impl BurstFixed {
 /// when the per-event cost (the target's and the host's other processes') is within
 /// the budget (no burst, so no attach or detach),
 /// else what the budget leaves after a burst's fixed cost, over the per-event cost
-/// (at least MIN_DUTY), so that the cost averaged over the interval stays near the
+/// (at least duty_floor), so that the cost averaged over the interval stays near the
 /// budget.
 ///
 /// `measured`: the cost per request measured on the target (us; MeasuredCost), which
