@@ -1441,7 +1441,7 @@ pub fn watch_cost(
         // against a light target's CPU held it at the floor duty, where bursts too
         // short for its requests counted a quarter fewer of them (serve's test).
         duty: next_duty(
-            (on_ns > 0.0).then_some(share + host_share.min(share)),
+            (on_ns > 0.0).then_some(metrics::WatcherCost::charged_share(share, host_share)),
             burst_share,
             budget,
             duty,

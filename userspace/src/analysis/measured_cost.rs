@@ -35,17 +35,7 @@ impl MeasuredCost {
 
     /// The median of the recent windows' measurements, us per request.
     pub fn us_per_request(&self) -> Option<f64> {
-        let mut v: Vec<f64> = self.recent.iter().copied().collect();
-        if v.is_empty() {
-            return None;
-        }
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        Some(if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        })
+        crate::inject_flow::median(&self.recent.iter().copied().collect::<Vec<_>>())
     }
 }
 

@@ -273,6 +273,20 @@ pub struct WatcherCost {
     pub budget: Option<f64>,
 }
 
+impl WatcherCost {
+    /// What the budget charges for a traced second, as a share of the target's CPU:
+    /// its own cost, and the neighbours' up to as much again (session::watch_cost).
+    pub fn charged_share(share_traced: f64, host_share: f64) -> f64 {
+        share_traced + host_share.min(share_traced)
+    }
+
+    /// What the next interval costs at this duty, the burst's attach and detach
+    /// included: the sum the duty is set to keep under the budget.
+    pub fn interval_share(&self) -> f64 {
+        Self::charged_share(self.share_traced, self.host_share) * self.duty + self.burst_share
+    }
+}
+
 /// Where the watch's cost per request comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -442,12 +442,11 @@ fn watch_lines(s: &mut String, w: &Window) {
             _ => String::new(),
         };
         // At the least duty (session::duty_floor) the budget may still be exceeded:
-        // say so, with what the interval costs there (the sum the duty is set from,
-        // which equals the budget wherever the duty is not floored).
+        // say so, with what the interval costs there (equal to the budget wherever the
+        // duty is not floored).
         let over = match c.budget {
             Some(b) if c.duty < 1.0 && w.secs < w.wall_secs => {
-                let avg =
-                    (c.share_traced + c.host_share.min(c.share_traced)) * c.duty + c.burst_share;
+                let avg = c.interval_share();
                 if avg > b * 1.01 {
                     format!(
                         ", the least: {:.2}% of its CPU, over the budget",
