@@ -265,13 +265,23 @@ fn nginx(name: &str, port: u16, processes: &str) -> Proc {
 }
 
 fn nginx_conf(dir: &Path, port: u16, processes: &str) -> PathBuf {
+    nginx_conf_serving(
+        dir,
+        port,
+        processes,
+        "location / { return 200 \"hello\\n\"; }",
+    )
+}
+
+/// The same with `locations` as the server block's body.
+fn nginx_conf_serving(dir: &Path, port: u16, processes: &str, locations: &str) -> PathBuf {
     let d = dir.display();
     let conf = format!(
         "daemon off;\n{processes}\npid {d}/nginx.pid;\n\
          error_log {d}/error.log;\nevents {{ worker_connections 1024; }}\n\
          http {{\n access_log off;\n client_body_temp_path {d}/body;\n proxy_temp_path {d}/proxy;\n\
          fastcgi_temp_path {d}/fcgi;\n uwsgi_temp_path {d}/uwsgi;\n scgi_temp_path {d}/scgi;\n\
-         server {{ listen 127.0.0.1:{port}; location / {{ return 200 \"hello\\n\"; }} }}\n}}\n"
+         server {{ listen 127.0.0.1:{port}; {locations} }}\n}}\n"
     );
     let p = dir.join("nginx.conf");
     std::fs::write(&p, conf).expect("nginx.conf");
@@ -814,12 +824,8 @@ fn own_rate(samples: &Samples, from: f64, to: f64) -> Option<f64> {
 /// A stock server watched at the default budget under its own load tool: each
 /// window's rate without the watch (`untraced`) against the server's own count over
 /// the same seconds, and the watch's cost measured on the server beside the
-/// calibration's. Returns the windows compared.
-fn rates_against_own_count(
-    what: &str,
-    pid: u32,
-    own: impl Fn() -> Option<f64> + Send + 'static,
-) -> usize {
+/// calibration's.
+fn rates_against_own_count(what: &str, pid: u32, own: impl Fn() -> Option<f64> + Send + 'static) {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let poller = poll_own_count(own, stop.clone());
     let mut cmd = watch_cmd();
@@ -880,36 +886,23 @@ fn rates_against_own_count(
         measured >= 3,
         "{what}: the watch measured its cost on the server in {measured} windows"
     );
-    ratios.len()
 }
 
-/// Taskset prefix pinning a server to the last CPU where there are two or more (its
-/// load tool runs on the others), so the server's rate is its own core's.
-fn pinned(prog: &Path) -> Command {
+/// `prog` under taskset: a server on the last CPU where there are two or more, its
+/// load tool on the others, so the server's rate is its own core's.
+fn on_cpus(prog: impl AsRef<std::ffi::OsStr>, server: bool) -> Command {
     let cpus = harness::cpus();
-    if cpus >= 2 {
-        let mut c = Command::new("taskset");
-        c.args(["-c", &(cpus - 1).to_string()]).arg(prog);
-        c
+    if cpus < 2 {
+        return Command::new(prog);
+    }
+    let list = if server {
+        (cpus - 1).to_string()
     } else {
-        Command::new(prog)
-    }
-}
-
-/// Load tools on the other CPUs.
-fn on_load_cpus(cmd: &mut Command) -> &mut Command {
-    let cpus = harness::cpus();
-    if cpus >= 2 {
-        let list = (0..cpus - 1)
-            .map(|c| c.to_string())
-            .collect::<Vec<_>>()
-            .join(",");
-        let prog = cmd.get_program().to_owned();
-        let args: Vec<_> = cmd.get_args().map(|a| a.to_owned()).collect();
-        *cmd = Command::new("taskset");
-        cmd.args(["-c", &list]).arg(prog).args(args);
-    }
-    cmd
+        format!("0-{}", cpus - 2)
+    };
+    let mut c = Command::new("taskset");
+    c.args(["-c", &list]).arg(prog);
+    c
 }
 
 /// The rate toffload-watch reports for stock nginx (one worker, a static file, wrk)
@@ -933,33 +926,30 @@ fn stock_servers_rates_agree_with_their_own_counts() {
     let dir = tmpdir("nginx-own-count");
     std::fs::create_dir_all(dir.join("www")).unwrap();
     std::fs::write(dir.join("www/index.html"), "hello\n").unwrap();
-    let d = dir.display();
-    let conf = format!(
-        "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\n\
-         error_log {d}/error.log;\nevents {{ worker_connections 1024; }}\n\
-         http {{\n access_log off;\n client_body_temp_path {d}/body;\n proxy_temp_path {d}/proxy;\n\
-         fastcgi_temp_path {d}/fcgi;\n uwsgi_temp_path {d}/uwsgi;\n scgi_temp_path {d}/scgi;\n\
-         server {{ listen 127.0.0.1:{port}; location = /status {{ stub_status; }}\n\
-         location / {{ root {d}/www; }} }}\n}}\n"
+    let conf = nginx_conf_serving(
+        &dir,
+        port,
+        "master_process off;\nworker_processes 1;",
+        &format!(
+            "location = /status {{ stub_status; }} location / {{ root {}/www; }}",
+            dir.display()
+        ),
     );
-    std::fs::write(dir.join("nginx.conf"), conf).unwrap();
     let srv = start(
-        pinned(&which("nginx").unwrap())
+        on_cpus(which("nginx").unwrap(), true)
             .arg("-p")
             .arg(&dir)
             .arg("-c")
-            .arg(dir.join("nginx.conf"))
+            .arg(&conf)
             .stderr(Stdio::null()),
         port,
     );
-    let mut wrk = on_load_cpus(
-        Command::new("wrk")
-            .args(["-t1", "-c32", "-d11s"])
-            .arg(format!("http://127.0.0.1:{port}/")),
-    )
-    .stdout(Stdio::null())
-    .spawn()
-    .expect("wrk");
+    let mut wrk = on_cpus("wrk", false)
+        .args(["-t1", "-c32", "-d11s"])
+        .arg(format!("http://127.0.0.1:{port}/"))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("wrk");
     std::thread::sleep(Duration::from_millis(500));
     let stub = move || {
         let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
@@ -982,27 +972,20 @@ fn stock_servers_rates_agree_with_their_own_counts() {
     let port = free_port();
     let dir = tmpdir("redis-own-count");
     let srv = start(
-        pinned(&which("redis-server").unwrap())
+        on_cpus(which("redis-server").unwrap(), true)
             .args(["--port", &port.to_string()])
             .args(["--save", "", "--appendonly", "no", "--dir"])
             .arg(&dir),
         port,
     );
-    let mut bench = on_load_cpus(Command::new("redis-benchmark").args([
-        "-p",
-        &port.to_string(),
-        "-c",
-        "50",
-        "-t",
-        "get",
-        "-n",
-        "100000000",
-        "-q",
-    ]))
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .expect("redis-benchmark");
+    // -n far beyond the watch: killed at the end.
+    let mut bench = on_cpus("redis-benchmark", false)
+        .args(["-p", &port.to_string(), "-c", "50", "-t", "get"])
+        .args(["-n", "100000000", "-q"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-benchmark");
     std::thread::sleep(Duration::from_millis(500));
     let info = move || {
         let out = Command::new("redis-cli")
