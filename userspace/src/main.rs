@@ -245,7 +245,7 @@ async fn watch_service(
 ) -> Result<Final, WatchError> {
     toffload_watch::loader::check_privileges()?;
     let set = service::resolve(&spec)?;
-    let nicer = StartPriority::lower();
+    let nicer = StartPriority::lower(&target::cpus(set.root));
     let calib = calibrate(&nicer, Some(set.root), fresh);
     // Resolved again after the calibration: a worker may have been forked meanwhile.
     let set = service::resolve(&spec)?;
@@ -265,7 +265,8 @@ async fn watch_command(
     // Forked (and held before its exec) first, so that it does not inherit the
     // start-up's nicer priority.
     let mut held = spawn::start(&argv)?;
-    let nicer = StartPriority::lower();
+    // Just forked, the command has no CPUs of its own yet (it has the watcher's).
+    let nicer = StartPriority::lower(&[]);
     let calib = calibrate(&nicer, None, fresh);
     let mut a = session::attach(held.pid(), &[], &opts.offloads, true)?;
     for prog in spawn::programs(&argv) {

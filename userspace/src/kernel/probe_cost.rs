@@ -316,16 +316,20 @@ const CALLS: u32 = 300;
 const WAKES: u32 = 100;
 /// Loops of each kind, detached and attached.
 const LOOPS: usize = 8;
-/// One attempt's limit (it takes well under a second where it gets a CPU, most of it
-/// the pauses between its loops).
-const ATTEMPT: Duration = Duration::from_millis(1500);
-/// Each group of loops is followed by a pause this many times its own length, at
-/// most MAX_PAUSE, while the attempt's deadline is more than PAUSE_MARGIN away.
-const PAUSE_SHARE: f64 = 8.0;
-/// Shorter while traced: the tracepoints stay attached through the pauses, and every
-/// process's syscalls and switches run the programs' filter meanwhile, the target's
-/// and its load tool's included.
-const TRACED_PAUSE_SHARE: f64 = 4.0;
+/// One attempt's limit (about a second and a half where it gets a CPU, most of it
+/// the pauses, which are left out where the limit is near).
+const ATTEMPT: Duration = Duration::from_millis(2000);
+/// Each untraced group of loops is followed by a pause this many times its own
+/// length, at most MAX_PAUSE, while the attempt's deadline is more than PAUSE_MARGIN
+/// away. The traced groups run back to back: the tracepoints stay attached through a
+/// pause, and every process's syscalls and switches run the programs' filter
+/// meanwhile, the target's and its load tool's included; a paused traced stretch cost
+/// a loaded server more in its quarter-second than the same loops run at once.
+const PAUSE_SHARE: f64 = 16.0;
+/// The pause before the traced loops and after them: each loaded quarter-second then
+/// holds at most one of the untraced loops, the traced ones and the watch's own load,
+/// each of which alone costs a fully loaded server some tenths of its rate there.
+const PHASE_GAP: Duration = Duration::from_millis(250);
 const MAX_PAUSE: Duration = Duration::from_millis(60);
 const PAUSE_MARGIN: Duration = Duration::from_millis(400);
 /// The whole measurement's limit, every attempt included.
@@ -419,13 +423,11 @@ pub fn measure(nice: i32, avoid: &[usize]) -> Result<ProbeCost, String> {
     ))
 }
 
-/// The pause after a group of loops that took `took`: `share` times as long, at most
-/// MAX_PAUSE, none where the deadline is near. The loops run raised (their
+/// A pause of `pause`, none where the deadline is near. The loops run raised (their
 /// timings are the model's) on a CPU that is likely someone's: back to back they take
 /// most of one quarter-second from whatever runs there (a load tool at full CPU, and
 /// with it the target's rate); paused, the same CPU is spread over several.
-fn pause_after(took: Duration, share: f64, deadline: Instant) {
-    let pause = took.mul_f64(share).min(MAX_PAUSE);
+fn pause_before(pause: Duration, deadline: Instant) {
     if deadline.saturating_duration_since(Instant::now()) > pause + PAUSE_MARGIN {
         std::thread::sleep(pause);
     }
@@ -445,10 +447,12 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
     // are detached once, on a thread of their own, after the measurement.
     let mut best = [[f64::INFINITY; 2]; 4];
     let mut links = Vec::new();
+    let _raised = crate::start_priority::Raised::to(nice);
     // Untraced, once: a median of its own (WAKES writes each way).
     let idle_wake_ns = child.ask(b'w', Some(WAKES), deadline)? as f64 / f64::from(WAKES);
     for traced in [false, true] {
         if traced {
+            pause_before(PHASE_GAP, deadline);
             loader::set_epoch(&mut bpf, Some(1)).map_err(|e| e.to_string())?;
             let (_, l) = loader::attach_tracepoints(&mut bpf, raw_sched, loader::Hooks::All)
                 .map_err(|e| e.to_string())?;
@@ -479,12 +483,12 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
             if let Some(ns) = host_syscalls_ns(cpu, nice, SYSCALLS, deadline) {
                 best[3][t] = best[3][t].min(ns);
             }
-            let share = if traced {
-                TRACED_PAUSE_SHARE
-            } else {
-                PAUSE_SHARE
-            };
-            pause_after(group.elapsed(), share, deadline);
+            if !traced {
+                pause_before(
+                    group.elapsed().mul_f64(PAUSE_SHARE).min(MAX_PAUSE),
+                    deadline,
+                );
+            }
         }
     }
     drop(child);
@@ -492,6 +496,7 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
         loader::detach(&mut bpf, &mut links, &Default::default());
         drop(bpf);
     });
+    pause_before(PHASE_GAP, deadline);
     let added = |k: usize| (best[k][1] - best[k][0]).max(0.0);
     let syscall_ns = added(0);
     // A round: two switches, two wake-ups, four syscalls (a write and a read each side).

@@ -8,10 +8,20 @@
 //! so a watchdog moves the thread to that nicer priority after IDLE_GRACE: the start
 //! is then only as polite as before, never stuck.
 //!
-//! The start is also pinned, for its length, to the CPU that was idlest just before:
-//! left to migrate, an idle-policy task is pulled to whichever CPU idles for a moment
-//! and preempted there again, and cost a pinned redis-server 11% of its rate where
-//! the same burner pinned to the server's own (partly idle) CPU cost it 2%.
+//! The start is also pinned, for its length, to one CPU: left to migrate, an
+//! idle-policy task is pulled to whichever CPU idles for a moment and preempted there
+//! again, and cost a pinned redis-server 11% of its rate where the same burner pinned
+//! to the server's own (partly idle) CPU cost it 2%. Which CPU: not simply the
+//! idlest. Idle time cut into many short gaps is dear to fill: each gap the start runs
+//! in turns a wake-up the idle loop would have caught by polling into an interrupt
+//! and a switch (a reschedule IPI, in a guest a VM exit). How dear depends on whose
+//! gaps they are: a SCHED_IDLE burner in the gaps of wrk's CPU (15% idle, ~13,000
+//! gaps a second) cost the stock nginx it loaded 30% of its rate, where the same
+//! burner in redis-server's own gaps (29% idle, ~18,000 a second) cost it 2%: a
+//! client's gaps are its waits for replies, and every one stretched delays the
+//! requests it sends next. So the start goes where filling the idle costs least
+//! (`fill_cost`): a quiet CPU first, then the target's own, and on a CPU with too
+//! little idle to finish in its grace it runs nicer from the start.
 
 use crate::calibrate::affinity;
 use std::sync::{Arc, Condvar, Mutex};
@@ -35,8 +45,23 @@ pub const IDLE_GRACE: Duration = Duration::from_millis(1500);
 /// How much nicer than the watcher's own priority the start runs after IDLE_GRACE
 /// (or where SCHED_IDLE is refused).
 pub const STARTUP_NICER: i32 = 10;
+/// Less CPU than this over its grace and the start is taken as starved where it is
+/// pinned (the whole start takes some tens of ms).
+const STARVED_NS: u64 = 5_000_000;
 /// How long the CPUs' idle time is sampled to choose the start's CPU.
 const IDLE_SAMPLE: Duration = Duration::from_millis(100);
+/// What one filled idle gap costs the target, as a share of a second, where the gap
+/// is another process's (its load tool's, measured above) and where it is the
+/// target's own: only the order of CPUs and the comparison with NICER_SHARE rest on
+/// them.
+const GAP_COST_S: f64 = 20e-6;
+const OWN_GAP_COST_S: f64 = 1e-6;
+/// The least idle share a CPU needs for the start (some tens of ms of CPU) to finish
+/// within IDLE_GRACE on it at SCHED_IDLE.
+const MIN_IDLE_SHARE: f64 = 0.05;
+/// What the start takes from a fully busy CPU's task once it runs STARTUP_NICER
+/// (nice +10 beside nice 0: a weight of 110 against 1024).
+const NICER_SHARE: f64 = 0.1;
 
 /// Held for the start; dropping it puts the thread back at its own priority and on
 /// its own CPUs. Not Send: it restores the mask of the thread that made it.
@@ -61,27 +86,37 @@ pub enum Policy {
 }
 
 impl StartPriority {
-    /// Lowers the calling thread for the start.
-    pub fn lower() -> StartPriority {
-        Self::lower_with(IDLE_GRACE)
+    /// Lowers the calling thread for the start; `target`: the CPUs the target runs
+    /// on (none known: every CPU is someone else's).
+    pub fn lower(target: &[usize]) -> StartPriority {
+        Self::lower_with(IDLE_GRACE, target)
     }
 
     /// As lower(), with the watchdog's grace given.
-    pub fn lower_with(grace: Duration) -> StartPriority {
+    pub fn lower_with(grace: Duration, target: &[usize]) -> StartPriority {
+        let cpus = affinity().map(|m| cpus_in(&m)).unwrap_or_default();
+        Self::lower_at(grace, cheapest_to_fill(&cpus, target, IDLE_SAMPLE))
+    }
+
+    /// As lower_with(), on a chosen CPU (none: left unpinned, SCHED_IDLE).
+    fn lower_at(grace: Duration, place: Option<Placement>) -> StartPriority {
         // SAFETY: gettid has no arguments.
         let tid = unsafe { libc::gettid() };
         let was = nice_of(tid);
         let done = Arc::new((Mutex::new(false), Condvar::new()));
         let nicer = was.map(|n| (n + STARTUP_NICER).clamp(-20, 19));
         let mask = affinity();
-        if let Some(m) = &mask {
-            let cpus = cpus_in(m);
-            if let Some(cpu) = idlest(&cpus, IDLE_SAMPLE) {
-                *UNPINNED.lock().unwrap_or_else(|e| e.into_inner()) = Some(cpus);
-                crate::calibrate::pin(cpu);
-            }
+        let mut idle_enough = true;
+        if let (Some(m), Some(c)) = (&mask, place) {
+            *UNPINNED.lock().unwrap_or_else(|e| e.into_inner()) = Some(cpus_in(m));
+            crate::calibrate::pin(c.cpu);
+            idle_enough = c.idle_enough;
         }
-        let lowered = set_policy(tid, Policy::Idle) && {
+        // Where even the cheapest CPU has too little idle for the start, SCHED_IDLE
+        // would only starve it for the grace: nicer at once.
+        let idle = idle_enough && set_policy(tid, Policy::Idle);
+        let pinned = mask.is_some() && place.is_some();
+        let watched = (idle || pinned) && {
             let d = done.clone();
             std::thread::Builder::new()
                 .name("start-watchdog".into())
@@ -96,21 +131,37 @@ impl StartPriority {
                         };
                     }
                     set_policy(0, Policy::Other(was.unwrap_or(0)));
+                    let ran = run_ns(tid);
                     let (lock, cv) = &*d;
                     let Ok(g) = lock.lock() else { return };
                     let Ok((g, _)) = cv.wait_timeout_while(g, grace, |done| !*done) else {
                         return;
                     };
-                    if !*g {
-                        if let Some(n) = nicer {
-                            set_policy(tid, Policy::Other(n));
-                        }
+                    if *g {
+                        return;
+                    }
+                    if let Some(n) = nicer {
+                        set_policy(tid, Policy::Other(n));
+                    }
+                    // Starved through its grace, unpinned too: its CPU may be one
+                    // that a real-time poller holds, where no nice value gets time
+                    // (the cpuidle counters cannot tell a poller's CPU from a busy
+                    // server's). A start that ran, and only waited or paused, stays.
+                    let starved = match (ran, run_ns(tid)) {
+                        (Some(a), Some(b)) => b.saturating_sub(a) < STARVED_NS,
+                        _ => true,
+                    };
+                    if let (true, true, Some(m)) = (pinned, starved, &mask) {
+                        // SAFETY: a thread of this process, the mask it had before.
+                        unsafe {
+                            libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), m)
+                        };
                     }
                 })
                 .is_ok()
         };
         // Without a watchdog, no SCHED_IDLE: it could starve.
-        if !lowered {
+        if !(idle && watched) {
             if let Some(n) = nicer {
                 set_policy(tid, Policy::Other(n));
             }
@@ -150,6 +201,56 @@ impl Drop for StartPriority {
     }
 }
 
+/// Held while the calibration's loops run: the calling thread (which asks the child
+/// for each loop) runs at the loops' priority, then goes back to what it was, unless
+/// the start's watchdog moved it meanwhile. At the start's own priority every ask
+/// waited for the CPU, and stretched the loops, and the tracing that the host pays
+/// for while they run, over several times their length.
+pub struct Raised {
+    tid: libc::pid_t,
+    was: Option<Policy>,
+    to: Policy,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Raised {
+    pub fn to(nice: i32) -> Raised {
+        // SAFETY: gettid has no arguments.
+        let tid = unsafe { libc::gettid() };
+        let was = policy_of(tid);
+        let to = Policy::Other(nice);
+        if was.is_some() && was != Some(to) {
+            set_policy(tid, to);
+        }
+        Raised {
+            tid,
+            was,
+            to,
+            _not_send: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Drop for Raised {
+    fn drop(&mut self) {
+        if let Some(was) = self.was {
+            if policy_of(self.tid) == Some(self.to) {
+                set_policy(self.tid, was);
+            }
+        }
+    }
+}
+
+/// The CPU time a thread of this process has run, ns (its schedstat's first field).
+fn run_ns(tid: libc::pid_t) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 fn cpus_in(set: &libc::cpu_set_t) -> Vec<usize> {
     (0..libc::CPU_SETSIZE as usize)
         // SAFETY: c is below CPU_SETSIZE.
@@ -157,12 +258,114 @@ fn cpus_in(set: &libc::cpu_set_t) -> Vec<usize> {
         .collect()
 }
 
-/// The CPU of `cpus` with the most idle time over `sample` (/proc/stat); None with
-/// fewer than two to choose from or where the file cannot be read.
-fn idlest(cpus: &[usize], sample: Duration) -> Option<usize> {
+/// Idle entries and idle time of one CPU so far (cpuidle's counters, summed over its
+/// idle states).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct IdleCount {
+    entries: u64,
+    idle_us: u64,
+}
+
+fn idle_count(cpu: usize) -> Option<IdleCount> {
+    let dir = format!("/sys/devices/system/cpu/cpu{cpu}/cpuidle");
+    let mut c = IdleCount::default();
+    let mut any = false;
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        if !e.file_name().to_string_lossy().starts_with("state") {
+            continue;
+        }
+        let read = |f: &str| -> Option<u64> {
+            std::fs::read_to_string(e.path().join(f))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        c.entries += read("usage")?;
+        c.idle_us += read("time")?;
+        any = true;
+    }
+    any.then_some(c)
+}
+
+/// What running the start on a CPU would cost the target, as a share of its time,
+/// from that CPU's idle entries and idle time over `secs`: each entry is a gap the
+/// start would fill (OWN_GAP_COST_S each where the CPU is the target's, GAP_COST_S
+/// elsewhere); where there is too little idle for the start to finish in its grace,
+/// it runs nicer there and takes NICER_SHARE.
+fn fill_cost(d: IdleCount, secs: f64, own: bool) -> f64 {
+    let per_gap = if own { OWN_GAP_COST_S } else { GAP_COST_S };
+    let gaps = d.entries as f64 / secs * per_gap;
+    if idle_share(d, secs) < MIN_IDLE_SHARE {
+        gaps.max(NICER_SHARE)
+    } else {
+        gaps
+    }
+}
+
+/// The start's CPU, and whether it has the idle time to run the start at SCHED_IDLE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Placement {
+    cpu: usize,
+    idle_enough: bool,
+}
+
+/// The CPU of `cpus` where the start costs least (fill_cost over `sample`); the
+/// idlest by /proc/stat where cpuidle has no counters. None with fewer than two to
+/// choose from or nothing to read.
+fn cheapest_to_fill(cpus: &[usize], target: &[usize], sample: Duration) -> Option<Placement> {
     if cpus.len() < 2 {
         return None;
     }
+    let read = || {
+        cpus.iter()
+            .map(|&c| idle_count(c))
+            .collect::<Option<Vec<_>>>()
+    };
+    let Some(a) = read() else {
+        return idlest(cpus, sample).map(|cpu| Placement {
+            cpu,
+            idle_enough: true,
+        });
+    };
+    let t = std::time::Instant::now();
+    std::thread::sleep(sample);
+    let b = read()?;
+    let secs = t.elapsed().as_secs_f64();
+    let deltas: Vec<IdleCount> = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| IdleCount {
+            entries: y.entries.saturating_sub(x.entries),
+            idle_us: y.idle_us.saturating_sub(x.idle_us),
+        })
+        .collect();
+    let own: Vec<bool> = cpus.iter().map(|c| target.contains(c)).collect();
+    let i = cheapest(&deltas, &own, secs)?;
+    Some(Placement {
+        cpu: cpus[i],
+        idle_enough: idle_share(deltas[i], secs) >= MIN_IDLE_SHARE,
+    })
+}
+
+fn idle_share(d: IdleCount, secs: f64) -> f64 {
+    d.idle_us as f64 / 1e6 / secs
+}
+
+/// The index of the least fill_cost (`own`: whether each CPU is the target's), the
+/// idler of equals first, then the last, as the idlest by /proc/stat chose before.
+fn cheapest(deltas: &[IdleCount], own: &[bool], secs: f64) -> Option<usize> {
+    (0..deltas.len()).min_by(|&i, &j| {
+        fill_cost(deltas[i], secs, own[i])
+            .total_cmp(&fill_cost(deltas[j], secs, own[j]))
+            .then(deltas[j].idle_us.cmp(&deltas[i].idle_us))
+            .then(j.cmp(&i))
+    })
+}
+
+/// The CPU of `cpus` with the most idle time over `sample` (/proc/stat); None with
+/// fewer than two to choose from or where the file cannot be read.
+fn idlest(cpus: &[usize], sample: Duration) -> Option<usize> {
     let read = || -> Option<Vec<u64>> {
         let stat = std::fs::read_to_string("/proc/stat").ok()?;
         cpus.iter()
@@ -232,12 +435,15 @@ mod tests {
         std::thread::spawn(|| {
             let before = policy_of(me()).expect("policy");
             let mask = cpus_in(&affinity().expect("mask"));
-            let p = StartPriority::lower_with(Duration::from_secs(30));
+            let place = (mask.len() > 1).then(|| Placement {
+                cpu: mask[mask.len() - 1],
+                idle_enough: true,
+            });
+            let p = StartPriority::lower_at(Duration::from_secs(30), place);
             assert_eq!(policy_of(me()), Some(Policy::Idle));
             let during = cpus_in(&affinity().expect("mask"));
-            if mask.len() > 1 {
-                assert_eq!(during.len(), 1, "pinned to one CPU: {during:?}");
-                assert!(mask.contains(&during[0]));
+            if let Some(place) = place {
+                assert_eq!(during, [place.cpu], "pinned to the chosen CPU");
             }
             // What the calibration chooses from is still every CPU it had.
             assert_eq!(allowed_cpus(), mask);
@@ -258,7 +464,7 @@ mod tests {
             let Some(Policy::Other(n)) = policy_of(me()) else {
                 panic!("a test thread runs SCHED_OTHER")
             };
-            let p = StartPriority::lower_with(Duration::from_millis(50));
+            let p = StartPriority::lower_with(Duration::from_millis(50), &[]);
             let t = std::time::Instant::now();
             while policy_of(me()) == Some(Policy::Idle) {
                 assert!(t.elapsed() < Duration::from_secs(10), "still idle");
@@ -274,6 +480,82 @@ mod tests {
                 back == Some(Policy::Other(n)) || back == Some(Policy::Other(nicer)),
                 "{back:?}"
             );
+        })
+        .join()
+        .expect("thread");
+    }
+
+    #[test]
+    fn a_cpu_without_idle_starts_nicer_at_once() {
+        std::thread::spawn(|| {
+            let Some(Policy::Other(n)) = policy_of(me()) else {
+                panic!("a test thread runs SCHED_OTHER")
+            };
+            let mask = cpus_in(&affinity().expect("mask"));
+            let place = Placement {
+                cpu: mask[0],
+                idle_enough: false,
+            };
+            let p = StartPriority::lower_at(Duration::from_secs(30), Some(place));
+            // Not SCHED_IDLE for a grace first: nicer from the start.
+            let nicer = (n + STARTUP_NICER).clamp(-20, 19);
+            assert_eq!(policy_of(me()), Some(Policy::Other(nicer)));
+            assert_eq!(cpus_in(&affinity().expect("mask")), [mask[0]]);
+            drop(p);
+            assert_eq!(cpus_in(&affinity().expect("mask")), mask);
+        })
+        .join()
+        .expect("thread");
+    }
+
+    /// 0.1 s of two CPUs' idle counters (entries, idle us), the second the target's
+    /// where `own`.
+    fn choose(a: (u64, u64), b: (u64, u64), own: bool) -> (usize, bool) {
+        let d = [a, b].map(|(entries, idle_us)| IdleCount { entries, idle_us });
+        let i = cheapest(&d, &[false, own], 0.1).expect("two CPUs");
+        (i, idle_share(d[i], 0.1) >= MIN_IDLE_SHARE)
+    }
+
+    #[test]
+    fn the_start_goes_where_filling_the_idle_costs_least() {
+        // nginx under wrk: wrk's CPU 15% idle in 1,300 short gaps, nginx's with
+        // almost no idle: nginx's, run nicer (no idle to use there).
+        assert_eq!(choose((1300, 15_000), (1, 1000), true), (1, false));
+        // redis-server under redis-benchmark: the load tool's CPU full, the server's
+        // 29% idle in 1,800 gaps: the server's own, at SCHED_IDLE.
+        assert_eq!(choose((2, 400), (1800, 29_000), true), (1, true));
+        // The same gaps, not the target's: dearer than running nicer on a full CPU.
+        assert_eq!(choose((2, 400), (1800, 29_000), false), (0, false));
+        // A quiet CPU beats the target's own gaps.
+        assert_eq!(choose((5, 90_000), (1800, 29_000), true), (0, true));
+        // Equal costs: the idler.
+        assert_eq!(choose((10, 40_000), (10, 80_000), false), (1, true));
+        assert!(!choose((0, 0), (0, 0), false).1);
+        // Full CPUs alike: the last.
+        let full = [IdleCount::default(); 3];
+        assert_eq!(cheapest(&full, &[false; 3], 0.1), Some(2));
+    }
+
+    #[test]
+    fn the_loops_asker_is_raised_and_put_back() {
+        // SAFETY: no arguments.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: raising a thread and putting it back needs root");
+            return;
+        }
+        std::thread::spawn(|| {
+            assert!(set_policy(me(), Policy::Idle));
+            {
+                let _r = Raised::to(-5);
+                assert_eq!(policy_of(me()), Some(Policy::Other(-5)));
+            }
+            assert_eq!(policy_of(me()), Some(Policy::Idle));
+            // Moved meanwhile (the start's watchdog past its grace): left as moved.
+            {
+                let _r = Raised::to(-5);
+                assert!(set_policy(me(), Policy::Other(10)));
+            }
+            assert_eq!(policy_of(me()), Some(Policy::Other(10)));
         })
         .join()
         .expect("thread");
