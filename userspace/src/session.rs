@@ -501,10 +501,15 @@ impl Tracked {
         if w.runtime_counters.is_some() || w.requests == 0 {
             return None;
         }
+        let cost = model::inputs::model_costs(
+            self.header.probe_cost_source,
+            self.header.probe_cost.as_ref(),
+            w.watcher.as_ref(),
+        );
         let inputs = model::inputs::from_window(
             w,
             self.header.context_switch_us,
-            self.header.probe_cost.as_ref(),
+            cost.as_ref(),
             &self.facts,
         );
         let mut a = model::assess(

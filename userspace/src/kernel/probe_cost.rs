@@ -60,6 +60,18 @@ pub struct Events {
 }
 
 impl ProbeCost {
+    /// The watch's per-event costs times `k` (the untraced hand-off and wake-up, which
+    /// are not the watch's, left as they are).
+    pub fn scaled(&self, k: f64) -> ProbeCost {
+        ProbeCost {
+            syscall_ns: self.syscall_ns * k,
+            switch_ns: self.switch_ns * k,
+            offload_ns: self.offload_ns * k,
+            host_syscall_ns: self.host_syscall_ns * k,
+            ..*self
+        }
+    }
+
     /// Nanoseconds the programs added to the process over `e`.
     pub fn added_ns(&self, e: &Events) -> f64 {
         e.syscalls as f64 * self.syscall_ns

@@ -3,8 +3,8 @@
 //! (the cores it may use, the runtime knobs and device it was started with).
 
 use super::Inputs;
-use crate::metrics::{OutsideCpu, Window};
-use crate::probe_cost::ProbeCost;
+use crate::metrics::{OutsideCpu, WatcherCost, Window};
+use crate::probe_cost::{CostSource, ProbeCost};
 use std::collections::HashMap;
 
 /// What the model needs about the target besides a window.
@@ -85,6 +85,30 @@ const STRETCHED: f64 = 1.1;
 const MAX_STEAL: f64 = 0.5;
 /// Requests whose outside CPU was timed whole before its warm quartile is read.
 const WARM_MIN_REQUESTS: u64 = 20;
+
+/// The per-event costs the model takes the watch's own share out with. Measured or
+/// cached ones as they are; the defaults that stand in for a calibration cut short
+/// are a guess at the upper end, and taken out of a request's CPU they left too
+/// little of it (one model-bench point's c read 2.5 us, its prediction +105%): where
+/// the window measured the watch's cost per request on the target itself, they are
+/// scaled so that the window's events at those costs come to it.
+pub fn model_costs(
+    source: CostSource,
+    cost: Option<&ProbeCost>,
+    watcher: Option<&WatcherCost>,
+) -> Option<ProbeCost> {
+    let c = *cost?;
+    let k = match (source, watcher) {
+        (CostSource::Default, Some(w)) => {
+            match (w.measured_us_per_request, w.calibrated_us_per_request) {
+                (Some(m), Some(cal)) if cal > 0.0 && m >= 0.0 => m / cal,
+                _ => 1.0,
+            }
+        }
+        _ => 1.0,
+    };
+    Some(c.scaled(k))
+}
 
 /// The inputs from one stock window; None when the window cannot feed the model (no
 /// offload seen, or no CPU figure).
@@ -404,6 +428,39 @@ fn online_cores() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_costs_are_scaled_to_the_cost_measured_on_the_target() {
+        let d = crate::probe_cost::DEFAULT_COST;
+        let watcher = |measured: Option<f64>| WatcherCost {
+            us_per_request: Some(6.0),
+            share_traced: 0.1,
+            calibrated_us_per_request: Some(6.0),
+            measured_us_per_request: measured,
+            basis: crate::metrics::CostBasis::Calibrated,
+            host_share: 0.0,
+            burst_share: 0.0,
+            duty: 0.02,
+            budget: Some(0.005),
+        };
+        // The defaults said 6 us a request, the target measured 2: a third of each.
+        let w = watcher(Some(2.0));
+        let c = model_costs(CostSource::Default, Some(&d), Some(&w)).expect("costs");
+        assert!((c.syscall_ns - d.syscall_ns / 3.0).abs() < 1e-9, "{c:?}");
+        assert!((c.switch_ns - d.switch_ns / 3.0).abs() < 1e-9);
+        assert!((c.offload_ns - d.offload_ns / 3.0).abs() < 1e-9);
+        // Measured or cached costs stand as they are; so do defaults with nothing
+        // measured yet.
+        for source in [CostSource::Measured, CostSource::Cached] {
+            assert_eq!(model_costs(source, Some(&d), Some(&w)), Some(d));
+        }
+        assert_eq!(
+            model_costs(CostSource::Default, Some(&d), Some(&watcher(None))),
+            Some(d)
+        );
+        assert_eq!(model_costs(CostSource::Default, Some(&d), None), Some(d));
+        assert_eq!(model_costs(CostSource::Default, None, Some(&w)), None);
+    }
 
     #[test]
     fn a_sleeps_cost_leaves_the_watchs_own_out() {
