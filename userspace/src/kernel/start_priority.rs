@@ -10,18 +10,15 @@
 //!
 //! The start is also pinned, for its length, to one CPU: left to migrate, an
 //! idle-policy task is pulled to whichever CPU idles for a moment and preempted there
-//! again, and cost a pinned redis-server 11% of its rate where the same burner pinned
-//! to the server's own (partly idle) CPU cost it 2%. Which CPU: not simply the
-//! idlest. Idle time cut into many short gaps is dear to fill: each gap the start runs
-//! in turns a wake-up the idle loop would have caught by polling into an interrupt
-//! and a switch (a reschedule IPI, in a guest a VM exit). How dear depends on whose
-//! gaps they are: a SCHED_IDLE burner in the gaps of wrk's CPU (15% idle, ~13,000
-//! gaps a second) cost the stock nginx it loaded 30% of its rate, where the same
-//! burner in redis-server's own gaps (29% idle, ~18,000 a second) cost it 2%: a
-//! client's gaps are its waits for replies, and every one stretched delays the
-//! requests it sends next. So the start goes where filling the idle costs least
-//! (`fill_cost`): a quiet CPU first, then the target's own, and on a CPU with too
-//! little idle to finish in its grace it runs nicer from the start.
+//! again. Which CPU is not simply the idlest: each idle gap the start runs in turns a
+//! wake-up that the idle loop would have caught by polling into an interrupt and a
+//! switch (a reschedule IPI, in a guest a VM exit), so idle cut into many short gaps
+//! is dear to fill. Dearest in a load tool's gaps (its waits for replies: stretched,
+//! they delay the requests it sends next, and the server's rate with them), cheap in
+//! the target's own (docs/watch.md has the measurements). So the start goes where
+//! filling the idle costs least (`fill_cost`): a quiet CPU first, then the target's
+//! own, and on a CPU with too little idle to finish in its grace it runs nicer from
+//! the start.
 
 use crate::calibrate::affinity;
 use std::sync::{Arc, Condvar, Mutex};
@@ -50,10 +47,10 @@ pub const STARTUP_NICER: i32 = 10;
 const STARVED_NS: u64 = 5_000_000;
 /// How long the CPUs' idle time is sampled to choose the start's CPU.
 const IDLE_SAMPLE: Duration = Duration::from_millis(100);
-/// What one filled idle gap costs the target, as a share of a second, where the gap
-/// is another process's (its load tool's, measured above) and where it is the
-/// target's own: only the order of CPUs and the comparison with NICER_SHARE rest on
-/// them.
+/// What one filled idle gap costs the target, in seconds, where the gap is another
+/// process's (its load tool's) and where it is the target's own: fitted to stock
+/// nginx under wrk and redis-server under redis-benchmark (docs/watch.md); only the
+/// order of CPUs and the comparison with NICER_SHARE rest on them.
 const GAP_COST_S: f64 = 20e-6;
 const OWN_GAP_COST_S: f64 = 1e-6;
 /// The least idle share a CPU needs for the start (some tens of ms of CPU) to finish
