@@ -1329,7 +1329,13 @@ fn mounts_tracefs_when_missing() {
             {
                 return Err(std::io::Error::last_os_error());
             }
-            for p in [c"/sys/kernel/debug/tracing", c"/sys/kernel/tracing"] {
+            // debugfs too where it is mounted: its tracing directory mounts
+            // tracefs again when looked at.
+            for p in [
+                c"/sys/kernel/debug/tracing",
+                c"/sys/kernel/debug",
+                c"/sys/kernel/tracing",
+            ] {
                 libc::umount2(p.as_ptr(), libc::MNT_DETACH);
             }
             Ok(())
