@@ -11,8 +11,7 @@ pub fn context_switch_us(rounds: u32) -> Option<f64> {
     let prev = affinity();
     let elapsed = ping_pong(cpu, rounds);
     if let Some(set) = prev {
-        // SAFETY: restoring this thread's own affinity mask.
-        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+        set_affinity(0, &set);
     }
     elapsed.map(|e| e.as_secs_f64() * 1e6 / (2.0 * rounds as f64))
 }
@@ -72,14 +71,21 @@ pub fn affinity() -> Option<libc::cpu_set_t> {
     }
 }
 
+/// Sets the CPU mask of `tid`, a thread of this process (0: the calling thread).
+pub fn set_affinity(tid: libc::pid_t, set: &libc::cpu_set_t) {
+    // SAFETY: a valid mask of the right size; affects only that thread.
+    unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), set) };
+}
+
 /// Pins the calling thread to `cpu`.
 pub fn pin(cpu: usize) {
-    // SAFETY: as above; affects only the calling thread.
-    unsafe {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET only writes within it.
+    let set = unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
+        set
+    };
+    set_affinity(0, &set);
 }
 
 fn pipe() -> Option<(i32, i32)> {

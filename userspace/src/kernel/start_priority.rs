@@ -20,7 +20,7 @@
 //! own, and on a CPU with too little idle to finish in its grace it runs nicer from
 //! the start.
 
-use crate::calibrate::affinity;
+use crate::calibrate::{affinity, set_affinity};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -122,10 +122,7 @@ impl StartPriority {
                     // watchdog pinned beside a starved start would wait as long as
                     // the start. It takes back the watcher's own first.
                     if let Some(m) = &mask {
-                        // SAFETY: this thread's own mask.
-                        unsafe {
-                            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), m)
-                        };
+                        set_affinity(0, m);
                     }
                     set_policy(0, Policy::Other(was.unwrap_or(0)));
                     let ran = run_ns(tid);
@@ -149,10 +146,7 @@ impl StartPriority {
                         _ => true,
                     };
                     if let (true, true, Some(m)) = (pinned, starved, &mask) {
-                        // SAFETY: a thread of this process, the mask it had before.
-                        unsafe {
-                            libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), m)
-                        };
+                        set_affinity(tid, m);
                     }
                 })
                 .is_ok()
@@ -189,9 +183,9 @@ impl Drop for StartPriority {
             set_policy(self.tid, Policy::Other(n));
         }
         if let Some(m) = &self.mask {
-            // SAFETY: restoring this thread's own mask (Drop runs on the thread that
-            // lowered itself: the guard is not Send).
-            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), m) };
+            // This thread's own (Drop runs on the thread that lowered itself: the
+            // guard is not Send).
+            set_affinity(0, m);
         }
         *UNPINNED.lock().unwrap_or_else(|e| e.into_inner()) = None;
         cv.notify_all();
