@@ -9,8 +9,9 @@ use crate::offload::OffloadWait;
 use crate::spinlock::SpinLock;
 use crate::{handoff, real, stats, time};
 use libc::c_int;
+use rustc_hash::FxHashMap;
 use std::cell::{Cell, UnsafeCell};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering::*};
 
 /// epoll data of the carrier's own wake-up eventfd; offload completion fds use
@@ -20,9 +21,15 @@ pub const COMPLETION_TAG: u64 = 1 << 62;
 /// Poll I/O at least this often while fibers keep the run queue busy.
 const POLL_EVERY_NS: u64 = 20_000;
 
+/// How often, at most, the carrier looks for waits due a recheck (io::wait_fd).
+const RECHECK_SWEEP_NS: u64 = 25_000_000;
+
 pub struct FdWaiter {
     pub fiber: *const Fiber,
     pub events: u32,
+    /// For a wait that trusts a remembered epoll registration: from when the carrier
+    /// wakes it to check that registration (0: never).
+    pub recheck_at: u64,
 }
 
 pub struct Carrier {
@@ -41,7 +48,13 @@ pub struct Carrier {
     next_deadline: AtomicU64,
     timers: UnsafeCell<BTreeMap<(u64, u64), *const Fiber>>,
     timer_seq: Cell<u64>,
-    fdwait: UnsafeCell<HashMap<c_int, Vec<FdWaiter>>>,
+    /// Fibers waiting on each fd. Fx-hashed (fds are small integers, and SipHash
+    /// showed in the per-request profile), and an fd's entry stays when its last waiter
+    /// leaves, so that a wait does not allocate.
+    fdwait: UnsafeCell<FxHashMap<c_int, Vec<FdWaiter>>>,
+    /// Waiters in fdwait with a recheck time, and when the sweep may next look.
+    rechecks: Cell<usize>,
+    next_sweep: Cell<u64>,
     pub offloads: UnsafeCell<Vec<OffloadWait>>,
     /// Rows whose completion fd this carrier's epoll watches (bit per row).
     completion_watched: Cell<u32>,
@@ -115,7 +128,9 @@ impl Carrier {
             next_deadline: AtomicU64::new(u64::MAX),
             timers: UnsafeCell::new(BTreeMap::new()),
             timer_seq: Cell::new(0),
-            fdwait: UnsafeCell::new(HashMap::new()),
+            fdwait: UnsafeCell::new(FxHashMap::default()),
+            rechecks: Cell::new(0),
+            next_sweep: Cell::new(0),
             offloads: UnsafeCell::new(Vec::new()),
             completion_watched: Cell::new(0),
             completion_seen: Cell::new(false),
@@ -167,7 +182,13 @@ impl Carrier {
     fn note_deadline(&self) {
         // SAFETY: carrier-local.
         let first = unsafe { (*self.timers.get()).keys().next().map_or(u64::MAX, |k| k.0) };
-        self.next_deadline.store(first, Relaxed);
+        self.next_deadline
+            .store(first.min(self.sweep_due().unwrap_or(u64::MAX)), Relaxed);
+    }
+
+    /// When the recheck sweep is next due; None without waits to recheck.
+    fn sweep_due(&self) -> Option<u64> {
+        (self.rechecks.get() > 0).then(|| self.next_sweep.get())
     }
 
     /// True while the carrier sleeps in epoll (the handoff monitor's test).
@@ -236,18 +257,34 @@ impl Carrier {
     // ---- I/O ---------------------------------------------------------------
 
     /// Registers `fd` with this carrier's epoll (edge-triggered, both directions) and
-    /// the running fiber as waiting for `events`. Err(errno) when epoll cannot watch it
-    /// (a regular file: the caller then does the blocking call).
-    pub fn watch_fd(&self, f: &Fiber, fd: c_int, events: u32, add: bool) -> Result<(), c_int> {
+    /// the running fiber as waiting for `events`, to be woken for a recheck from
+    /// `recheck_at` (0: never). Err(errno) when epoll cannot watch it (a regular file:
+    /// the caller then does the blocking call).
+    pub fn watch_fd(
+        &self,
+        f: &Fiber,
+        fd: c_int,
+        events: u32,
+        add: bool,
+        recheck_at: u64,
+    ) -> Result<(), c_int> {
         if add {
             self.register_fd(fd)?;
         }
+        if recheck_at != 0 {
+            if self.rechecks.get() == 0 {
+                self.next_sweep.set(recheck_at);
+            }
+            self.rechecks.set(self.rechecks.get() + 1);
+            self.note_deadline();
+        }
         // SAFETY: carrier-local.
         unsafe {
-            (*self.fdwait.get())
-                .entry(fd)
-                .or_default()
-                .push(FdWaiter { fiber: f, events })
+            (*self.fdwait.get()).entry(fd).or_default().push(FdWaiter {
+                fiber: f,
+                events,
+                recheck_at,
+            })
         };
         Ok(())
     }
@@ -272,21 +309,35 @@ impl Carrier {
     pub fn unwatch_fd(&self, f: &Fiber, fd: c_int) {
         // SAFETY: carrier-local.
         let map = unsafe { &mut *self.fdwait.get() };
+        let mut dropped = 0;
         if let Some(v) = map.get_mut(&fd) {
-            v.retain(|w| !std::ptr::eq(w.fiber, f));
-            if v.is_empty() {
-                map.remove(&fd);
-            }
+            v.retain(|w| {
+                let mine = std::ptr::eq(w.fiber, f);
+                dropped += (mine && w.recheck_at != 0) as usize;
+                !mine
+            });
+        }
+        self.forget_rechecks(dropped);
+    }
+
+    fn forget_rechecks(&self, n: usize) {
+        if n > 0 {
+            self.rechecks.set(self.rechecks.get() - n);
+            self.note_deadline();
         }
     }
 
     fn on_fd_event(&self, fd: c_int, events: u32) {
+        // Before anything: a read that trusts the mark must see it cleared (drain.rs).
+        crate::fd_facts::clear_drained(fd);
         // SAFETY: carrier-local.
         let map = unsafe { &mut *self.fdwait.get() };
         let Some(v) = map.get_mut(&fd) else { return };
         let errish = (libc::EPOLLERR | libc::EPOLLHUP) as u32;
+        let mut dropped = 0;
         v.retain(|w| {
             if w.events & events != 0 || events & errish != 0 {
+                dropped += (w.recheck_at != 0) as usize;
                 // SAFETY: a waiting fiber is alive until it unregisters.
                 crate::fiber::wake(unsafe { &*w.fiber });
                 false
@@ -294,9 +345,36 @@ impl Carrier {
                 true
             }
         });
-        if v.is_empty() {
-            map.remove(&fd);
+        self.forget_rechecks(dropped);
+    }
+
+    /// Wakes the waits whose recheck time passed (io::wait_fd then makes sure the
+    /// epoll watches their fd). One pass over the waiters at most every
+    /// RECHECK_SWEEP_NS, and none while no wait asks for a recheck: one BTreeMap timer
+    /// per wait cost more than the rest of the wait's bookkeeping.
+    fn sweep_rechecks(&self, now: u64) {
+        if self.sweep_due().is_none_or(|d| d > now) {
+            return;
         }
+        self.next_sweep.set(now + RECHECK_SWEEP_NS);
+        // SAFETY: carrier-local.
+        let map = unsafe { &mut *self.fdwait.get() };
+        let mut dropped = 0;
+        for v in map.values_mut() {
+            v.retain(|w| {
+                if w.recheck_at == 0 || w.recheck_at > now {
+                    return true;
+                }
+                dropped += 1;
+                // SAFETY: a waiting fiber is alive until it unregisters.
+                let f = unsafe { &*w.fiber };
+                f.rechecked.set(true);
+                crate::fiber::wake(f);
+                false
+            });
+        }
+        self.forget_rechecks(dropped);
+        self.note_deadline();
     }
 
     /// Makes sure this carrier's epoll watches `fd`, the completion fd of `row`.
@@ -423,6 +501,7 @@ impl Carrier {
         let now = time::now_ns();
         self.last_poll.set(now);
         self.fire_timers(now);
+        self.sweep_rechecks(now);
         crate::offload::scan(self, self.completion_seen.replace(false));
         stats::maybe_flush(now);
     }
@@ -446,6 +525,7 @@ impl Carrier {
         };
         min(crate::offload::poll_interval(self, now));
         min(stats::flush_due(now));
+        min(self.sweep_due().map(|d| d.saturating_sub(now)));
         t
     }
 
@@ -519,6 +599,7 @@ impl Carrier {
             self.next_deadline.store(u64::MAX, Relaxed);
             (*self.timers.get()).clear();
             (*self.fdwait.get()).clear();
+            self.rechecks.set(0);
             (*self.offloads.get()).clear();
         }
         // Not closed: the parent still uses them; ours are fresh.
@@ -532,6 +613,7 @@ impl Carrier {
         self.live.store(keep.is_some() as usize, SeqCst);
         if let Some(f) = keep {
             f.timer_key.set(None);
+            f.rechecked.set(false);
         }
     }
 }

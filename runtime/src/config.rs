@@ -115,6 +115,12 @@ pub struct Disabled {
     /// C++ thread_local destructors registered on a fiber go to glibc's list of its
     /// carrier thread (thread_dtors.rs).
     pub tlsdtors: bool,
+    /// Every read that returns data counts as leaving its socket empty, whatever
+    /// TCP_INQ says (drain.rs): a pipelined request then waits for the recheck.
+    pub inq: bool,
+    /// The interposed recvmsg leaves TCP_INQ on: the application's control buffer
+    /// then gets the runtime's TCP_CM_INQ message (drain.rs).
+    pub inqguard: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -136,6 +142,9 @@ pub struct Config {
     pub guard_sample: u8,
     pub idle_poll: IdlePoll,
     pub completions: Completions,
+    /// TOFFLOAD_TCP_INQ: whether reads on TCP sockets learn that they left the socket
+    /// empty, so that the next read parks without asking (drain.rs).
+    pub tcp_inq: bool,
     /// TOFFLOAD_HANDOFF_US: how long a carrier may stay in application code, with
     /// other fibers waiting for it, before its fibers move to a spare thread.
     pub handoff_us: u64,
@@ -170,6 +179,7 @@ impl Default for Config {
             guard_sample: DEFAULT_GUARD_SAMPLE,
             idle_poll: IdlePoll::Off,
             completions: Completions::Poll,
+            tcp_inq: true,
             handoff_us: DEFAULT_HANDOFF_US,
             handoff_max_spares: 64,
             fiber_tls: FiberTls::Auto,
@@ -297,6 +307,8 @@ fn parse_disabled(s: &str) -> Option<Disabled> {
             "guardcycle" => d.guardcycle = true,
             "handoff" => d.handoff = true,
             "tlsdtors" => d.tlsdtors = true,
+            "inq" => d.inq = true,
+            "inqguard" => d.inqguard = true,
             _ => return None,
         }
     }
@@ -426,6 +438,22 @@ pub const KNOBS: &[Knob] = &[
         },
     },
     Knob {
+        var: "TOFFLOAD_TCP_INQ",
+        default: "on",
+        form: "`on` or `off`",
+        doc: "a fiber's reads on a TCP socket ask the kernel (TCP_INQ) whether they left it \
+              empty, and the next blocking read then parks without the recv that would say \
+              EAGAIN; the application's own recvmsg with a control buffer turns it off on \
+              that socket first. Off where a socket is handed to an exec'd program that \
+              reads control messages on it",
+        section: Section::Runtime,
+        set: |c, v| {
+            one_of(v.trim(), &[("on", true), ("off", false)])
+                .map(|x| c.tcp_inq = x)
+                .is_some()
+        },
+    },
+    Knob {
         var: "TOFFLOAD_IDLE_POLL",
         default: "off",
         form: "`auto`, `on` or `off`",
@@ -505,7 +533,7 @@ pub const KNOBS: &[Knob] = &[
         var: "TOFFLOAD_TEST_DISABLE",
         default: "(none)",
         form: "a comma-separated list of errno, keys, sync, io, fork, offload, join, fdfacts, \
-               guardcycle, handoff, tlsdtors (tests only)",
+               guardcycle, handoff, tlsdtors, inq, inqguard (tests only)",
         doc: "tests only: turn a mitigation off to show the hazard it prevents",
         section: Section::Runtime,
         set: |c, v| parse_disabled(v.trim()).map(|d| c.disabled = d).is_some(),

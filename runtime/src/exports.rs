@@ -223,6 +223,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> i
     // SAFETY: msg and its buffers are valid as recvmsg(2) requires of our caller; both
     // paths pass them on unchanged.
     unsafe {
+        crate::drain::before_app_recvmsg(fd, msg);
         match on_fiber_io() {
             Some(f) => io::recvmsg(f, fd, msg, flags),
             None => (real::recvmsg())(fd, msg, flags),

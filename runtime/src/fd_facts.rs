@@ -1,7 +1,7 @@
 //! What the runtime has learnt about each socket fd, so that a read that waits does
 //! not ask the kernel again on every wait: whether the application made it
-//! non-blocking (F_GETFL), its SO_RCVTIMEO / SO_SNDTIMEO, and which carrier's epoll
-//! already watches it. Each fact is learnt on first use and forgotten by the calls
+//! non-blocking (F_GETFL), its SO_RCVTIMEO / SO_SNDTIMEO, which carrier's epoll
+//! already watches it, and whether its last read left it empty (drain.rs). Each fact is learnt on first use and forgotten by the calls
 //! that change it, all interposed: fcntl/fcntl64 (F_SETFL, F_DUPFD), ioctl
 //! (FIONBIO), setsockopt (the timeouts), close, dup/dup2/dup3, socket, socketpair,
 //! accept/accept4; a fork starts a new epoch (the child's carriers have new epolls).
@@ -19,8 +19,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 /// Fds above this are not remembered (asked every time, as before).
 pub(crate) const MAX_FD: usize = 1 << 16;
 
-/// Per fd: bits 0-1 the O_NONBLOCK fact, bits 8-15 the carrier (index + 1) whose
-/// epoll watches it, bits 32-63 the epoch of that registration.
+/// Per fd: bits 0-1 the O_NONBLOCK fact, bits 2-3 the TCP_INQ state, bit 4 drained
+/// (the last read left it empty, no event since), bits 8-15 the carrier (index + 1)
+/// whose epoll watches it, bits 32-63 the epoch of that registration.
 static WORD: [AtomicU64; MAX_FD] = [const { AtomicU64::new(0) }; MAX_FD];
 /// Per fd: SO_RCVTIMEO and SO_SNDTIMEO in microseconds, plus one (0: not known).
 static RCVTIMEO: [AtomicU64; MAX_FD] = [const { AtomicU64::new(0) }; MAX_FD];
@@ -44,6 +45,9 @@ fn invalidating() -> bool {
 const NB_MASK: u64 = 0b11;
 const NB_BLOCKING: u64 = 1;
 const NB_NONBLOCKING: u64 = 2;
+const INQ_SHIFT: u32 = 2;
+const INQ_MASK: u64 = 0b11 << INQ_SHIFT;
+const DRAINED: u64 = 1 << 4;
 const REG_SHIFT: u32 = 8;
 const REG_MASK: u64 = 0xff << REG_SHIFT;
 
@@ -150,8 +154,63 @@ pub fn set_registered(fd: c_int, carrier: usize) {
     }
     let epoch = EPOCH.load(Acquire) as u64;
     update(i, |w| {
-        (w & NB_MASK) | ((carrier as u64 + 1) << REG_SHIFT) | (epoch << 32)
+        (w & (NB_MASK | INQ_MASK)) | ((carrier as u64 + 1) << REG_SHIFT) | (epoch << 32)
     });
+}
+
+/// Whether TCP_INQ is on for a socket (drain.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Inq {
+    /// Not tried yet.
+    Unknown,
+    /// On: its reads learn whether they left it empty.
+    On,
+    /// Not a TCP socket, turned off for the application's control messages, or
+    /// TOFFLOAD_TCP_INQ=off.
+    Off,
+}
+
+/// `fd`'s TCP_INQ state; Off for fds that are not remembered.
+pub fn inq(fd: c_int) -> Inq {
+    let Some(i) = slot(fd) else { return Inq::Off };
+    match (WORD[i].load(Acquire) & INQ_MASK) >> INQ_SHIFT {
+        0 => Inq::Unknown,
+        1 => Inq::On,
+        _ => Inq::Off,
+    }
+}
+
+pub fn set_inq(fd: c_int, state: Inq) {
+    if let Some(i) = slot(fd) {
+        let v = match state {
+            Inq::Unknown => 0,
+            Inq::On => 1,
+            Inq::Off => 2,
+        } << INQ_SHIFT;
+        update(i, |w| (w & !(INQ_MASK | DRAINED)) | v);
+    }
+}
+
+/// Whether `fd`'s last read left it empty, with no event for it since.
+pub fn drained(fd: c_int) -> bool {
+    slot(fd).is_some_and(|i| WORD[i].load(Acquire) & DRAINED != 0)
+}
+
+/// `fd`'s last read left it empty.
+pub fn set_drained(fd: c_int) {
+    if let Some(i) = slot(fd) {
+        WORD[i].fetch_or(DRAINED, AcqRel);
+    }
+}
+
+/// An event came for `fd`: it may hold data again.
+#[inline]
+pub fn clear_drained(fd: c_int) {
+    if let Some(i) = slot(fd) {
+        if WORD[i].load(Relaxed) & DRAINED != 0 {
+            WORD[i].fetch_and(!DRAINED, AcqRel);
+        }
+    }
 }
 
 /// `fd` was closed, or is a new file: nothing about it is known.

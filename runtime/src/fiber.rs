@@ -74,6 +74,8 @@ pub struct Fiber {
     /// Set by the scheduler when this fiber's deadline passed.
     pub timer_fired: Cell<bool>,
     pub timer_key: Cell<Option<(u64, u64)>>,
+    /// Set by the carrier's recheck sweep when it woke this fiber's fd wait.
+    pub rechecked: Cell<bool>,
     pub name: UnsafeCell<[u8; 16]>,
     pub guard: crate::guard::FiberGuard,
     /// Nesting of interposed calls (handoff::Scope): 0 in application code.
@@ -128,6 +130,7 @@ impl Fiber {
             guard_lo,
             timer_fired: Cell::new(false),
             timer_key: Cell::new(None),
+            rechecked: Cell::new(false),
             name: UnsafeCell::new([0; 16]),
             guard: Default::default(),
             runtime_depth: Cell::new(0),

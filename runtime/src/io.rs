@@ -8,7 +8,7 @@
 #![allow(clippy::missing_safety_doc)] // C callers' pointers, taken as they come
 
 use crate::fiber::{self, Fiber};
-use crate::{fd_facts, latency, real, stats, time};
+use crate::{drain, fd_facts, latency, real, stats, time};
 use libc::{c_int, c_void, iovec, msghdr, sockaddr, socklen_t};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -31,24 +31,42 @@ fn app_nonblocking(fd: c_int) -> bool {
 /// The fd stays in the carrier's epoll after the wait (edge-triggered, so a fiber
 /// always tries the call before it parks), and fd_facts remembers it, so the next
 /// wait needs no epoll_ctl. A remembered registration could be stale after a close
-/// the runtime never saw; such a wait re-registers once after RECHECK_NS.
+/// the runtime never saw, and a read that parks without asking (drain.rs) trusts that
+/// no edge was missed; such a wait re-registers once after RECHECK_NS and looks
+/// whether the fd is ready already (ready_now).
 pub fn wait_fd(f: &Fiber, fd: c_int, events: u32, deadline: Option<u64>) -> Result<bool, c_int> {
     let c = f.carrier();
     let remembered = fd_facts::registered(fd, c.index);
-    c.watch_fd(f, fd, events, !remembered)?;
+    stats::COUNTERS.io_parks.fetch_add(1, Relaxed);
+    if remembered && deadline.is_none() {
+        // The common wait. No timer of its own: the carrier's recheck sweep wakes it
+        // once RECHECK_NS passed since the last poll (no clock read here either).
+        c.watch_fd(f, fd, events, false, c.polled_at() + RECHECK_NS)?;
+        f.rechecked.set(false);
+        fiber::park(f);
+        c.unwatch_fd(f, fd);
+        if !f.rechecked.replace(false) {
+            return Ok(false);
+        }
+        c.watch_fd(f, fd, events, true, 0)?;
+        if !ready_now(fd, events) {
+            fiber::park(f);
+        }
+        c.unwatch_fd(f, fd);
+        return Ok(false);
+    }
+    c.watch_fd(f, fd, events, !remembered, 0)?;
     if !remembered {
         fd_facts::set_registered(fd, c.index);
     }
-    stats::COUNTERS.io_parks.fetch_add(1, Relaxed);
     let check = time::now_ns() + RECHECK_NS;
     let timed_out = if remembered && deadline.is_none_or(|d| d > check) {
         if fiber::park_until(f, Some(check)) {
-            // Nothing yet: make sure the epoll really watches this fd.
             if let Err(e) = c.register_fd(fd) {
                 c.unwatch_fd(f, fd);
                 return Err(e);
             }
-            fiber::park_until(f, deadline)
+            !ready_now(fd, events) && fiber::park_until(f, deadline)
         } else {
             false
         }
@@ -61,6 +79,24 @@ pub fn wait_fd(f: &Fiber, fd: c_int, events: u32, deadline: Option<u64>) -> Resu
 
 /// How long a wait trusts a remembered epoll registration before it checks it.
 const RECHECK_NS: u64 = 50_000_000;
+
+/// A wait's recheck, after its fd was (re-)registered: whether the fd is ready
+/// already. A stale registration re-added reports readiness by itself, but an edge
+/// that came before the wait began is not reported again: the caller then tries its
+/// call instead of parking for good (a missed edge costs RECHECK_NS, never a hang).
+fn ready_now(fd: c_int, events: u32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: if events & OUT != 0 {
+            libc::POLLOUT
+        } else {
+            libc::POLLIN | libc::POLLRDHUP
+        },
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    unsafe { (real::poll())(&mut p, 1, 0) != 0 }
+}
 
 /// SO_RCVTIMEO / SO_SNDTIMEO of a socket, as a deadline from now (None: no timeout).
 fn sock_deadline(fd: c_int, events: u32) -> Option<u64> {
@@ -203,24 +239,49 @@ pub unsafe fn read(f: &Fiber, fd: c_int, buf: *mut c_void, n: usize) -> isize {
         return unsafe { (real::read())(fd, buf, n) };
     }
     crate::guard::handler_end(f);
-    // SAFETY: the caller's buf of n bytes; MSG_DONTWAIT only makes it return early.
-    let r = unsafe { (real::recv())(fd, buf, n, libc::MSG_DONTWAIT) };
-    if r < 0 && real::errno() == libc::ENOTSOCK {
-        // SAFETY: the caller's buf of n bytes.
-        return nonsocket(f, fd, IN, || unsafe { (real::read())(fd, buf, n) });
-    }
-    if !would_block(r) {
-        return r;
-    }
+    // SAFETY: the caller's buf of n bytes.
+    let plain = || unsafe { (real::read())(fd, buf, n) };
+    // SAFETY: the caller's buf of n bytes.
+    unsafe { stream_read(f, fd, buf, n, plain) }
+}
+
+/// A blocking read of up to `n` bytes on a fiber: asked with MSG_DONTWAIT, parked
+/// between attempts. Where the last read left the TCP socket empty (drain.rs), it
+/// parks without asking first. `plain` is the application's own call, for a file
+/// that is no socket, or one epoll cannot watch.
+///
+/// # Safety
+/// `buf` is writable for `n` bytes.
+unsafe fn stream_read(
+    f: &Fiber,
+    fd: c_int,
+    buf: *mut c_void,
+    n: usize,
+    plain: impl Fn() -> isize,
+) -> isize {
+    let r = if drain::parks_first(fd, f.carrier().index) {
+        stats::READS_UNASKED.fetch_add(1, Relaxed);
+        real::set_errno(libc::EAGAIN);
+        -1
+    } else {
+        // SAFETY: the caller's buf of n bytes; MSG_DONTWAIT only makes it return early.
+        let r = unsafe { drain::recv(fd, buf, n) };
+        if r < 0 && real::errno() == libc::ENOTSOCK {
+            return nonsocket(f, fd, IN, plain);
+        }
+        if !would_block(r) {
+            return r;
+        }
+        r
+    };
     retry_after(
         f,
         fd,
         IN,
         Some(r),
         // SAFETY: the caller's buf of n bytes.
-        || unsafe { (real::recv())(fd, buf, n, libc::MSG_DONTWAIT) },
-        // SAFETY: the caller's buf of n bytes.
-        || unsafe { (real::read())(fd, buf, n) },
+        || unsafe { drain::recv(fd, buf, n) },
+        plain,
     )
 }
 
@@ -262,6 +323,11 @@ pub unsafe fn recvfrom(
             got += r as usize;
         }
         return got as isize;
+    }
+    if flags == 0 && addr.is_null() {
+        // A plain recv: the same as read.
+        // SAFETY: the caller's buf of n bytes.
+        return unsafe { stream_read(f, fd, buf, n, || call(0)) };
     }
     retry(
         f,
@@ -672,7 +738,7 @@ pub unsafe fn poll(
         for i in 0..n as usize {
             // SAFETY: within the caller's array.
             let p = unsafe { &*fds.add(i) };
-            if p.fd >= 0 && c.watch_fd(f, p.fd, poll_events(p.events), true).is_ok() {
+            if p.fd >= 0 && c.watch_fd(f, p.fd, poll_events(p.events), true, 0).is_ok() {
                 watched.push(p.fd);
             }
         }

@@ -16,6 +16,7 @@ pub mod alloc;
 pub mod carrier;
 pub mod config;
 pub mod cuda_rows;
+pub mod drain;
 pub mod fd_facts;
 pub mod fiber;
 pub mod fmt_buf;

@@ -19,6 +19,10 @@ pub static COUNTERS: Counters = Counters::new();
 /// layout stays as toffload-watch reads it.
 pub static GUARD_RELEASED_BY_THREAD: AtomicUsize = AtomicUsize::new(0);
 
+/// Blocking reads that parked without asking the socket first, because their last
+/// read had left it empty (drain.rs). In the stats JSON only, as the one above.
+pub static READS_UNASKED: AtomicUsize = AtomicUsize::new(0);
+
 const EVERY_NS: u64 = 50_000_000;
 static LAST_FLUSH: AtomicU64 = AtomicU64::new(0);
 static LAST_SUM: AtomicUsize = AtomicUsize::new(usize::MAX);
@@ -43,7 +47,7 @@ fn sum() -> usize {
 
 pub fn json() -> String {
     format!(
-        "{{\"pid\":{},\"engaged\":{},\"carriers\":{},\"fibers_created\":{},\"fibers_live\":{},\"parks\":{},\"offloads\":{},\"offloads_parked\":{},\"offloads_inline\":{},\"offloads_polled\":{},\"io_parks\":{},\"park_cost_ns\":{},\"guard\":\"{}\",\"guard_pages\":{},\"guard_faults\":{},\"guard_conflicts\":{},\"guard_serialized\":{},\"guard_released\":{},\"guard_released_by_thread\":{},\"guard_sample\":{},\"guard_watched_ms\":{},\"handoffs\":{}}}\n",
+        "{{\"pid\":{},\"engaged\":{},\"carriers\":{},\"fibers_created\":{},\"fibers_live\":{},\"parks\":{},\"offloads\":{},\"offloads_parked\":{},\"offloads_inline\":{},\"offloads_polled\":{},\"io_parks\":{},\"park_cost_ns\":{},\"guard\":\"{}\",\"guard_pages\":{},\"guard_faults\":{},\"guard_conflicts\":{},\"guard_serialized\":{},\"guard_released\":{},\"guard_released_by_thread\":{},\"guard_sample\":{},\"guard_watched_ms\":{},\"handoffs\":{},\"reads_unasked\":{}}}\n",
         // SAFETY: getpid cannot fail.
         unsafe { libc::getpid() },
         crate::engaged(),
@@ -70,6 +74,7 @@ pub fn json() -> String {
             crate::stats::COUNTERS.guard_watched_ms.load(Relaxed)
         },
         COUNTERS.handoffs.load(Relaxed),
+        READS_UNASKED.load(Relaxed),
     )
 }
 

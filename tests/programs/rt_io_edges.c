@@ -66,6 +66,19 @@
  *                     waits 300 ms for its data
  *   dup2_nonblock     a socket read once blocking, then dup2 puts a non-blocking
  *                     socket at its number: EAGAIN at once
+ *   pipelined         on a loopback TCP connection that has been waited on, two
+ *                     1 KiB requests arrive in one segment; the first read of
+ *                     1 KiB leaves the second queued: the next read returns it at
+ *                     once (the runtime must not take a full read for an empty
+ *                     socket and park: nothing more arrives to wake it)
+ *   drained_eof       a read that emptied a TCP socket, then a read parked on it:
+ *                     returns 0 when the peer calls shutdown(SHUT_WR) 2 ms later
+ *   pingpong          200 request-response rounds of 64 bytes between two fibers
+ *                     over loopback TCP, each side reading exactly 64 (the stats
+ *                     show how many of those reads parked without asking)
+ *   inq_cmsg          recvmsg with a control buffer on a TCP socket read before:
+ *                     no control message comes back (the runtime's TCP_INQ one
+ *                     must not reach the application)
  * The last line: on_fiber=K checks=N
  *   rt_io_edges [NAME]   runs only the check NAME; --list lists them
  */
@@ -1086,6 +1099,153 @@ static void dup2_nonblock(void)
         FAIL("%s", why);
 }
 
+
+/* A connected loopback TCP pair: sv[0] accepted, sv[1] the client. */
+static int tcp_pair(int sv[2])
+{
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    socklen_t len = sizeof sa;
+    if (l < 0 || bind(l, (struct sockaddr *)&sa, sizeof sa) || listen(l, 8) ||
+        getsockname(l, (struct sockaddr *)&sa, &len))
+        return -1;
+    sv[1] = socket(AF_INET, SOCK_STREAM, 0);
+    if (sv[1] < 0 || connect(sv[1], (struct sockaddr *)&sa, sizeof sa))
+        return -1;
+    sv[0] = accept(l, NULL, NULL);
+    close(l);
+    return sv[0] < 0 ? -1 : 0;
+}
+
+/* Reads exactly n bytes (a server's read of one request). */
+static ssize_t read_exact(int fd, char *buf, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r <= 0)
+            return r;
+        got += (size_t)r;
+    }
+    return (ssize_t)got;
+}
+
+/* sv[0] read once, then waited on once (a byte sent 2 ms later), as a server's
+ * connection is after its first request. */
+static int tcp_pair_waited(int sv[2])
+{
+    if (tcp_pair(sv))
+        return -1;
+    char c[2];
+    if (write(sv[1], "a", 1) != 1 || read(sv[0], c, 1) != 1)
+        return -1;
+    after(sv[1], 2000, 1);
+    return read(sv[0], c, 1) == 1 ? 0 : -1;
+}
+
+static void pipelined(void)
+{
+    int sv[2];
+    if (tcp_pair_waited(sv))
+        FAIL("setup_errno=%d", errno);
+    static char two[2048], buf[1024];
+    memset(two, 'p', sizeof two);
+    if (write(sv[1], two, sizeof two) != (ssize_t)sizeof two)
+        FAIL("write_errno=%d", errno);
+    usleep(5000); /* both requests queued, their arrival seen */
+    ssize_t r1 = read_exact(sv[0], buf, sizeof buf);
+    double t0 = now_ms();
+    ssize_t r2 = read_exact(sv[0], buf, sizeof buf);
+    double ms = now_ms() - t0;
+    close(sv[0]);
+    close(sv[1]);
+    if (r1 != 1024 || r2 != 1024)
+        FAIL("reads=%zd,%zd", r1, r2);
+    if (ms > 30)
+        FAIL("second_request_after_%.0fms", ms);
+}
+
+static void drained_eof(void)
+{
+    int sv[2];
+    if (tcp_pair_waited(sv))
+        FAIL("setup_errno=%d", errno);
+    char c[4];
+    if (write(sv[1], "abc", 3) != 3 || read_exact(sv[0], c, 3) != 3)
+        FAIL("read_errno=%d", errno);
+    spawn_detached(shutdown_later, (void *)(long)sv[1]);
+    double t0 = now_ms();
+    ssize_t r = read(sv[0], c, 1);
+    int e = errno;
+    double ms = now_ms() - t0;
+    usleep(1000);
+    close(sv[0]);
+    close(sv[1]);
+    if (r != 0)
+        FAIL("read=%zd_errno=%d", r, e);
+    if (ms > 30)
+        FAIL("eof_after_%.0fms", ms);
+}
+
+static void *echo_64(void *p)
+{
+    int fd = (int)(long)p;
+    char b[64];
+    while (read_exact(fd, b, sizeof b) == (ssize_t)sizeof b)
+        if (write(fd, b, sizeof b) != (ssize_t)sizeof b)
+            break;
+    return NULL;
+}
+
+static void pingpong(void)
+{
+    int sv[2];
+    if (tcp_pair(sv))
+        FAIL("setup_errno=%d", errno);
+    spawn_detached(echo_64, (void *)(long)sv[0]);
+    char b[64], back[64];
+    for (int i = 0; i < 200; i++) {
+        memset(b, 'a' + i % 26, sizeof b);
+        if (write(sv[1], b, sizeof b) != (ssize_t)sizeof b ||
+            read_exact(sv[1], back, sizeof back) != (ssize_t)sizeof back)
+            FAIL("round_%d_errno=%d", i, errno);
+        if (memcmp(b, back, sizeof b))
+            FAIL("round_%d_wrong_echo", i);
+    }
+    shutdown(sv[1], SHUT_WR);
+    usleep(2000);
+    close(sv[1]);
+    close(sv[0]);
+}
+
+static void inq_cmsg(void)
+{
+    int sv[2];
+    if (tcp_pair_waited(sv))
+        FAIL("setup_errno=%d", errno);
+    if (write(sv[1], "0123456789", 10) != 10)
+        FAIL("write_errno=%d", errno);
+    char buf[16];
+    union {
+        struct cmsghdr h;
+        char b[64];
+    } ctl;
+    struct iovec iov = {buf, sizeof buf};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = &ctl,
+                        .msg_controllen = sizeof ctl};
+    ssize_t r = recvmsg(sv[0], &mh, 0);
+    int e = errno;
+    close(sv[0]);
+    close(sv[1]);
+    if (r != 10)
+        FAIL("recvmsg=%zd_errno=%d", r, e);
+    if (mh.msg_controllen != 0) {
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        FAIL("cmsg_level=%d_type=%d", c ? c->cmsg_level : -1, c ? c->cmsg_type : -1);
+    }
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
@@ -1108,7 +1268,9 @@ static const struct {
     {"sigpipe", sigpipe},             {"peer_shutdown", peer_shutdown},
     {"writev_full", writev_full},     {"sendmsg_full", sendmsg_full},
     {"flip_nonblock", flip_nonblock}, {"flip_rcvtimeo", flip_rcvtimeo},
-    {"dup2_nonblock", dup2_nonblock},
+    {"dup2_nonblock", dup2_nonblock}, {"pipelined", pipelined},
+    {"drained_eof", drained_eof},     {"pingpong", pingpong},
+    {"inq_cmsg", inq_cmsg},
 };
 
 static void *run_check(void *p)
