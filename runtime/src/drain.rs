@@ -15,8 +15,9 @@
 //!
 //! The option belongs to the socket, so the application would see the TCP_CM_INQ
 //! message in its own recvmsg with a control buffer: the interposed recvmsg turns it
-//! off for good on that socket first. A socket handed on to an exec'd program keeps
-//! it (TOFFLOAD_TCP_INQ=off where that program reads control messages on it).
+//! off for good on that socket first. Not covered, so TOFFLOAD_TCP_INQ=off is for
+//! them: a socket handed on to an exec'd program that reads control messages on it,
+//! and control messages read with recvmmsg or io_uring (neither is interposed).
 
 use crate::{fd_facts, real};
 use libc::{c_int, c_void};
