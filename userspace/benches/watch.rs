@@ -210,7 +210,7 @@ fn main() {
     {
         if let Some(why) = real::missing(kind) {
             real_rows.push(format!(
-                "| {} | not run: {why} | | | | | | | | | |",
+                "| {} | not run: {why} | | | | | | | | | | |",
                 kind.name()
             ));
             continue;
@@ -284,12 +284,21 @@ fn main() {
             .iter()
             .map(|x| x.worst_quarter / u)
             .fold(f64::INFINITY, f64::min);
+        // And against the same run's own rate in the 0.75 s before the watcher's start,
+        // which the host's drift between runs (seconds long) does not move; the
+        // unwatched runs, measured the same way, are its noise floor.
+        let own = |v: &[real::Run]| -> (f64, f64) {
+            let q: Vec<f64> = v.iter().map(|x| x.worst_quarter / x.before).collect();
+            let least = q.iter().copied().fold(f64::INFINITY, f64::min);
+            (median(q), least)
+        };
+        let ((uo, uo_min), (wo, wo_min)) = (own(&r[0]), own(&r[1]));
         if phase_secs > 0.0 {
             phase_rows.push(phase_row(kind, phase_secs, server_cpu));
         }
         let pct = |v: &[real::Run], f: fn(&real::Run) -> f64| med(v, f) * 100.0;
         real_rows.push(format!(
-            "| {} | {u:.0} | {w:.0} ({:.3}) | {paired:.3} | {:.2} / {:.2} (worst run {:.2}) | {:.2} (worst {:.2}); {:.2} (worst {:.2}) | {uc:.2} | {wc:.2} ({:+.1}%) | {:.0}% / {:.0}% | {:.0}% / {:.0}% | {:.1}% |",
+            "| {} | {u:.0} | {w:.0} ({:.3}) | {paired:.3} | {:.2} / {:.2} (worst run {:.2}) | {uo:.2} (worst {uo_min:.2}) / {wo:.2} (worst {wo_min:.2}) | {:.2} (worst {:.2}); {:.2} (worst {:.2}) | {uc:.2} | {wc:.2} ({:+.1}%) | {:.0}% / {:.0}% | {:.0}% / {:.0}% | {:.1}% |",
             kind.name(),
             w / u,
             uq / u,
@@ -322,7 +331,9 @@ fn main() {
              host's speed between runs moves less than the ratio of the medians. Worst quarter: the lowest quarter-second rate from the watcher's start to \
              the end of the load, over the unwatched median rate (targets: throughput ratio \
              >= 0.99, worst quarter >= 0.80); the unwatched runs' own worst quarter is the \
-             host's noise floor. The watched runs reuse the calibration of this boot \
+             host's noise floor. Over own rate: each run's worst quarter over its own rate in \
+             the 0.75 s before the watcher's start (median of the runs, and the worst run), \
+             unwatched / watched. The watched runs reuse the calibration of this boot \
              (/run/toffload); \"calibrating start\": {calibrating} runs before them with \
              --recalibrate, a first start's worst quarter (median, and the worst of them), \
              over the unwatched median rate; then over the same run's own rate in the \
@@ -335,9 +346,10 @@ fn main() {
              watcher's CPU on that core is what the watched runs lose.\n\n\
              | server | unwatched req/s | watched req/s (ratio) | paired ratio | \
              worst quarter unwatched / watched | \
+             worst quarter over own rate, unwatched / watched | \
              worst quarter, calibrating start | server CPU us/req unwatched | watched | \
              server core busy | load tool CPU | watcher CPU |\n\
-             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n{}",
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n{}",
             server_cpu.map_or("any".into(), |c| c.to_string()),
             real_rows.join("\n"),
             phase_table(&phase_rows, phase_secs),
