@@ -108,23 +108,26 @@ fn turn_on(fd: c_int) {
         fd_facts::set_inq(fd, fd_facts::Inq::Off);
         return;
     }
-    let one: c_int = 1;
-    // SAFETY: an int option, read by the kernel.
-    let r = unsafe {
-        (real::setsockopt())(
-            fd,
-            libc::SOL_TCP,
-            TCP_INQ,
-            &one as *const c_int as *const c_void,
-            std::mem::size_of::<c_int>() as libc::socklen_t,
-        )
-    };
-    let state = if r == 0 {
+    let state = if set_option(fd, 1) == 0 {
         fd_facts::Inq::On
     } else {
         fd_facts::Inq::Off
     };
     fd_facts::set_inq(fd, state);
+}
+
+/// setsockopt(fd, SOL_TCP, TCP_INQ, on): 0 or -1 with errno.
+fn set_option(fd: c_int, on: c_int) -> c_int {
+    // SAFETY: an int option, read by the kernel.
+    unsafe {
+        (real::setsockopt())(
+            fd,
+            libc::SOL_TCP,
+            TCP_INQ,
+            &on as *const c_int as *const c_void,
+            std::mem::size_of::<c_int>() as libc::socklen_t,
+        )
+    }
 }
 
 /// Before the application's own recvmsg on `fd`: with a control buffer, it must not
@@ -146,17 +149,7 @@ pub unsafe fn before_app_recvmsg(fd: c_int, msg: *const libc::msghdr) {
                 return;
             }
             let e = real::errno();
-            let zero: c_int = 0;
-            // SAFETY: an int option, read by the kernel.
-            unsafe {
-                (real::setsockopt())(
-                    fd,
-                    libc::SOL_TCP,
-                    TCP_INQ,
-                    &zero as *const c_int as *const c_void,
-                    std::mem::size_of::<c_int>() as libc::socklen_t,
-                )
-            };
+            set_option(fd, 0);
             real::set_errno(e);
             fd_facts::set_inq(fd, fd_facts::Inq::Off);
         }
