@@ -272,11 +272,13 @@ impl Carrier {
             self.register_fd(fd)?;
         }
         if recheck_at != 0 {
-            if self.rechecks.get() == 0 {
-                self.next_sweep.set(recheck_at);
-            }
+            // The deadline the monitor sees moves only when the first recheck comes.
+            let first = self.rechecks.get() == 0;
             self.rechecks.set(self.rechecks.get() + 1);
-            self.note_deadline();
+            if first {
+                self.next_sweep.set(recheck_at);
+                self.note_deadline();
+            }
         }
         // SAFETY: carrier-local.
         unsafe {
@@ -323,7 +325,10 @@ impl Carrier {
     fn forget_rechecks(&self, n: usize) {
         if n > 0 {
             self.rechecks.set(self.rechecks.get() - n);
-            self.note_deadline();
+            // sweep_due changes only when the last recheck goes.
+            if self.rechecks.get() == 0 {
+                self.note_deadline();
+            }
         }
     }
 
