@@ -345,6 +345,33 @@ pub fn end_adopted(pid: u32, limit: Duration) -> bool {
     false
 }
 
+/// An adopted descendant (a server an injection relaunched) that is ended even when
+/// the test fails before its own `end`: a failed assertion must not leave it serving.
+pub struct Adopted(Option<u32>);
+
+impl Adopted {
+    pub fn new(pid: u32) -> Self {
+        Adopted(Some(pid))
+    }
+
+    /// SIGTERM, then reap (`end_adopted`); true once it is gone within `limit`.
+    pub fn end(mut self, limit: Duration) -> bool {
+        self.0.take().is_some_and(|pid| end_adopted(pid, limit))
+    }
+}
+
+impl Drop for Adopted {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0.take() {
+            if !end_adopted(pid, Duration::from_secs(5)) {
+                // SAFETY: plain signal to a descendant we adopted.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                end_adopted(pid, Duration::from_secs(2));
+            }
+        }
+    }
+}
+
 /// utime + stime of a /proc stat line, seconds.
 fn stat_cpu_secs(stat: &str) -> Option<f64> {
     // Fields after the command name (which may hold spaces): utime and stime are the

@@ -151,6 +151,7 @@ fn inject_raises_throughput() {
     // Injected, then it served through its health window.
     assert_eq!(inject_actions(&lines), ["injected", "healthy"], "{ev}");
     let new = ev["new_pid"].as_u64().expect("new pid") as u32;
+    let new_guard = harness::Adopted::new(new);
     assert_ne!(new, old);
     assert!(!server.alive(), "the old pid {old} still runs");
     assert!(maps_have_runtime(new), "libtoffload.so not mapped in {new}");
@@ -181,7 +182,7 @@ fn inject_raises_throughput() {
     // Header, windows before and after, the injection, the final report: their keys.
     check_json_keys(&lines);
     assert!(
-        harness::end_adopted(new, Duration::from_secs(10)),
+        new_guard.end(Duration::from_secs(10)),
         "the injected server {new} did not end"
     );
     assert!(
@@ -293,6 +294,7 @@ fn restores_the_original_when_the_relaunch_fails() {
         "{msg}"
     );
     let restored = ev["new_pid"].as_u64().expect("restored pid") as u32;
+    let restored_guard = harness::Adopted::new(restored);
     assert!(!server.alive(), "the old pid still runs");
     assert!(
         !maps_have_runtime(restored),
@@ -300,7 +302,7 @@ fn restores_the_original_when_the_relaunch_fails() {
     );
     let after = load::run(&load_cfg(port, 1.0)).expect("load after");
     assert!(after.completed > 0 && after.wrong == 0 && during.wrong == 0);
-    assert!(harness::end_adopted(restored, Duration::from_secs(10)));
+    assert!(restored_guard.end(Duration::from_secs(10)));
     assert!(
         listeners_on(port).is_empty(),
         "left behind: {:?}",
@@ -407,6 +409,7 @@ fn a_named_offload_is_measured_then_rerouted() {
             "{spec}: {ev}"
         );
         let new = ev["new_pid"].as_u64().expect("new pid") as u32;
+        let new_guard = harness::Adopted::new(new);
         let after = load::run(&load_cfg(port, 2.0)).expect("load after");
         let ratio = after.requests_per_sec / stock.requests_per_sec;
         println!(
@@ -420,7 +423,7 @@ fn a_named_offload_is_measured_then_rerouted() {
         );
         ratios.push(ratio);
         assert!(
-            harness::end_adopted(new, Duration::from_secs(10)),
+            new_guard.end(Duration::from_secs(10)),
             "the injected server {new} did not end"
         );
         drop(server);
@@ -522,6 +525,7 @@ fn a_gpu_synchronize_is_hidden_once_injected() {
     // Injected, then it served through its health window.
     assert_eq!(inject_actions(&lines), ["injected", "healthy"], "{ev}");
     let new = ev["new_pid"].as_u64().expect("new pid") as u32;
+    let new_guard = harness::Adopted::new(new);
     let after = load::run(&load_cfg(port, 2.0)).expect("load after");
     let ratio = after.requests_per_sec / stock.requests_per_sec;
     println!(
@@ -538,7 +542,7 @@ fn a_gpu_synchronize_is_hidden_once_injected() {
         after.requests_per_sec / norow.requests_per_sec
     );
     assert!(
-        harness::end_adopted(new, Duration::from_secs(10)),
+        new_guard.end(Duration::from_secs(10)),
         "the injected server {new} did not end"
     );
     drop(server);
@@ -664,6 +668,7 @@ fn the_relaunch_keeps_limits_cpus_cgroup_umask_and_oom() {
     assert_eq!(inject_actions(&lines), ["injected", "healthy"]);
     let ev = inject_event(&lines);
     let new = ev["new_pid"].as_u64().expect("new pid") as u32;
+    let new_guard = harness::Adopted::new(new);
     assert!(!server.alive(), "the old pid {old} still runs");
     assert!(maps_have_runtime(new), "libtoffload.so not mapped in {new}");
     // conn_server raises its soft limit to the hard one at start (common.c): the hard
@@ -693,7 +698,7 @@ fn the_relaunch_keeps_limits_cpus_cgroup_umask_and_oom() {
     assert_eq!(during.wrong, 0, "wrong answers");
     check_json_keys(&lines);
     assert!(
-        harness::end_adopted(new, Duration::from_secs(10)),
+        new_guard.end(Duration::from_secs(10)),
         "the injected server {new} did not end"
     );
     if let Some(dir) = cg {
@@ -830,6 +835,7 @@ fn rolls_back_a_server_that_crashes_in_its_health_window() {
         "{msg}"
     );
     let restored = ev["new_pid"].as_u64().expect("restored pid") as u32;
+    let restored_guard = harness::Adopted::new(restored);
     assert!(restored != old && restored != injected);
     assert!(!server.alive(), "the old pid still runs");
     assert!(
@@ -851,7 +857,7 @@ fn rolls_back_a_server_that_crashes_in_its_health_window() {
     assert!(after.completed > 0 && after.wrong == 0, "{after:?}");
     assert_eq!(during.wrong, 0, "wrong answers");
     check_json_keys(&lines);
-    assert!(harness::end_adopted(restored, Duration::from_secs(10)));
+    assert!(restored_guard.end(Duration::from_secs(10)));
     assert!(
         listeners_on(port).is_empty(),
         "left behind: {:?}",
