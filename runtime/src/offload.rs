@@ -174,18 +174,22 @@ impl Row {
         fd
     }
 
-    /// `floor`: the op had no due time, so its waiters are looked at by the floor
-    /// (poll_interval); a polled op with one skips its shared counters.
-    fn observe(&self, ns: u64, floor: bool) {
+    /// The fiber's whole wait, submit to resumption: what decides waiting inline.
+    fn observe(&self, ns: u64) {
         let old = self.lat_ns.load(Relaxed);
         let new = if old == 0 { ns } else { (old * 7 + ns) / 8 };
         self.lat_ns.store(new.max(1), Relaxed);
-        if !floor {
-            return;
-        }
-        // A windowed minimum, not one that creeps up: under load most fibers wait
-        // for the carrier after their wake, so most observations sit far above the
-        // device's latency, and a minimum raised by each of them settled at twice it.
+    }
+
+    /// How long an op without a due time took until a look found it done (submit to
+    /// that look, not to its fiber's resumption), for the floor its waiters are looked
+    /// at by (poll_interval).
+    fn observe_floor(&self, ns: u64) {
+        // A windowed minimum, not one that creeps up. And to the look, not to the
+        // resumption: a fiber woken with many others waits its turn on the carrier,
+        // and under many connections every resumption of a round could sit that far
+        // above the device; the floor then held there, and with it the first look
+        // of every op, so each op waited about a device latency more than it needed.
         // Rounds race between carriers harmlessly: a floor a round old is as good.
         let least = self.round_min.fetch_min(ns, Relaxed).min(ns);
         if self.floor_ns.load(Relaxed) == 0 {
@@ -281,6 +285,8 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
     };
     let lat = r.lat_ns.load(Relaxed);
     let result = Cell::new(0);
+    // Looked at by the floor while parked: the scan observes it (observe_floor).
+    let mut floor_seen = false;
     if lat != 0 && lat < PARK_COST_NS.load(Relaxed).max(200) {
         // Cheaper to wait than to switch away and back.
         stats::COUNTERS.offloads_inline.fetch_add(1, Relaxed);
@@ -309,6 +315,7 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
                 c.watch_completion(row, fd);
             } else {
                 POLLED_INFLIGHT.fetch_add(1, Relaxed);
+                floor_seen = !polled;
             }
             // SAFETY: carrier-local list; we are on the carrier's thread, and the scan
             // that reads it runs between fibers, not now.
@@ -335,7 +342,12 @@ pub unsafe fn offload(f: &Fiber, row: usize, a: Args) -> c_long {
         }
     }
     let waited = time::now_ns().saturating_sub(t0);
-    r.observe(waited, !(polled && due > 0));
+    r.observe(waited);
+    let timed_by_due = polled && due > 0;
+    if !(floor_seen || timed_by_due) {
+        // Done at once, or waited inline: the device was that quick.
+        r.observe_floor(waited);
+    }
     crate::latency::offload_waited(waited);
     if result.get() == DONE_ASK_BLOCKING {
         // The operation is complete: the real call returns its exact result at once.
@@ -393,6 +405,9 @@ fn scan_where(c: &Carrier, now: u64, look: impl Fn(&OffloadWait) -> bool) {
         if r == 0 {
             return true;
         }
+        if w.polled && w.due == 0 {
+            rows[w.row].observe_floor(now.saturating_sub(w.submitted));
+        }
         // SAFETY: `result` lives on the parked fiber's stack until it is woken.
         unsafe {
             (*w.result).set(if r == DONE_ASK_BLOCKING {
@@ -434,11 +449,11 @@ pub fn poll_interval(c: &Carrier, now: u64) -> Option<u64> {
             let row = &rows[w.row];
             let lat = row.lat_ns.load(Relaxed).max(10_000);
             let floor = row.floor_ns.load(Relaxed).clamp(10_000, lat);
-            // First at 15/16 of the least latency seen lately, then every 1/16 of
-            // it. Not at the average: the latency observed is from submit to the
-            // fiber's resumption, so a first look there only ever confirms it, and
-            // once raised (a burst of queueing on a busy carrier) it stayed raised: a
-            // vendor row at 1 ms settled at 8 ms a call. Not at the least seen
+            // First at 15/16 of the least latency seen lately (submit to the look
+            // that found an op done), then every 1/16 of it. Not at the average: a
+            // first look there only ever confirms it, and once raised (a burst of
+            // queueing on a busy carrier) it stayed raised: a vendor row at 1 ms
+            // settled at 8 ms a call. Not at the least seen
             // either: nothing would ever read below it. A little before it, the
             // floor falls to the device's own latency plus a sixteenth at most. At
             // half the average and every eighth after, a 1 ms GPU row was looked at
