@@ -25,7 +25,8 @@ pub enum Which {
         args: Vec<String>,
     },
     /// The fiber runtime: the demo table (stock vs libtoffload.so, median of runs), the
-    /// fiber park + resume cost and the idle CPU of a preloaded server, with targets.
+    /// fiber park + resume cost, the idle CPU of a preloaded server, and the servers
+    /// whose wait has no due time (hsm_server, gpu_server), with targets.
     Runtime {
         /// Extra arguments for toffload-table (e.g. `-- --runs 5`; see its --help).
         #[arg(last = true)]
@@ -174,6 +175,8 @@ pub fn run(which: Which) -> Result {
                             "--handoff",
                             "--placement",
                             "20,200",
+                            "--vendor",
+                            "1000",
                         ])
                         .arg("--out")
                         .arg(&out)

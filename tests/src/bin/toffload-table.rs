@@ -26,6 +26,8 @@ mod handoff;
 mod placement;
 #[path = "toffload-table/syscalls.rs"]
 mod syscalls;
+#[path = "toffload-table/vendor.rs"]
+mod vendor;
 
 #[derive(Parser)]
 #[command(
@@ -93,6 +95,11 @@ struct Args {
     /// interleaved run by run (placement.rs; empty: none).
     #[arg(long, value_delimiter = ',')]
     placement: Vec<u32>,
+    /// Offload latencies at which the servers whose wait has no due time (hsm_server's
+    /// vendor row, gpu_server's CUDA synchronize) are measured beside conn_server, at
+    /// 8 and 64 connections (vendor.rs; empty: none).
+    #[arg(long, value_delimiter = ',')]
+    vendor: Vec<u32>,
 }
 
 fn runtime_lib() -> Result<PathBuf, String> {
@@ -174,10 +181,14 @@ struct Point {
     lanes: usize,
     /// Where the emulated device's thread runs.
     device: DeviceCore,
+    server: vendor::Served,
+    conns: usize,
 }
 
 fn server_spec(a: &Args, p: Point, runtime: Option<(&Path, &Path)>) -> ServerSpec {
-    let mut spec = ServerSpec::new("conn_server")
+    let mut spec = p
+        .server
+        .spec()
         .arg("--size")
         .arg(a.size.to_string())
         .env("TOFFLOAD_EMU_LAT_US", p.lat.to_string())
@@ -202,7 +213,7 @@ fn sample(a: &Args, p: Point, runtime: bool, count: bool) -> Result<Sample, Stri
     let spec = server_spec(a, p, lib.as_deref().map(|l| (l, stats.as_path())));
     let mut server = Server::start(&spec)?;
     let mut cfg = Config::new(server.port);
-    cfg.conns = a.conns;
+    cfg.conns = p.conns;
     cfg.size = a.size;
     cfg.duration = Duration::from_secs_f64(a.secs);
     cfg.warmup = Duration::from_secs_f64(a.warmup);
@@ -215,7 +226,8 @@ fn sample(a: &Args, p: Point, runtime: bool, count: bool) -> Result<Sample, Stri
         .map(|n| n as f64 / r.completed as f64);
     if !server.alive() {
         return Err(format!(
-            "conn_server{} died under load: {:?}; load: {r:?}",
+            "{}{} died under load: {:?}; load: {r:?}",
+            p.server.name(),
             if runtime { " under the runtime" } else { "" },
             server.terminate()
         ));
@@ -363,6 +375,8 @@ fn idle_cpu(a: &Args, runtime: bool) -> Result<Idle, String> {
         wait: "block",
         lanes: a.conns.max(64),
         device: a.device_core,
+        server: vendor::Served::Conn,
+        conns: a.conns,
     };
     let mut server = Server::start(&server_spec(
         a,
@@ -507,6 +521,8 @@ fn real_main(a: &Args) -> Result<(), String> {
                 wait,
                 lanes,
                 device: a.device_core,
+                server: vendor::Served::Conn,
+                conns: a.conns,
             });
         }
     }
@@ -517,6 +533,8 @@ fn real_main(a: &Args) -> Result<(), String> {
                 wait: "block",
                 lanes: a.small_lanes,
                 device: a.device_core,
+                server: vendor::Served::Conn,
+                conns: a.conns,
             });
         }
     }
@@ -759,6 +777,9 @@ fn real_main(a: &Args) -> Result<(), String> {
     }
     if !a.placement.is_empty() && !a.stock_only {
         t.push_str(&placement::section(a, &mut targets)?);
+    }
+    if !a.vendor.is_empty() && !a.stock_only {
+        t.push_str(&vendor::section(a, &mut targets)?);
     }
     if a.handoff && !a.stock_only {
         eprint!(

@@ -27,6 +27,8 @@ pub fn section(a: &Args, targets: &mut Vec<(String, bool)>) -> Result<String, St
             wait: "block",
             lanes,
             device,
+            server: super::vendor::Served::Conn,
+            conns: a.conns,
         };
         let mut runs: [(Vec<_>, Vec<_>); 2] = Default::default();
         for _ in 0..a.runs {
