@@ -1188,7 +1188,7 @@ impl<'a> WatchSession<'a> {
                 h.reads(n);
             }
             let have = inject::process::listening(up.server.pid);
-            seen.missing_ports = plan.ports.difference(&have).map(|l| l.port).collect();
+            seen.missing_ports = Some(plan.ports.difference(&have).map(|l| l.port).collect());
             seen.runtime_disabled = self
                 .tr
                 .runtime_now()

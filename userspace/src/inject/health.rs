@@ -26,8 +26,9 @@ pub fn read_calls(pid: u32) -> Option<u64> {
 pub struct Observed {
     /// Some(how) once it has exited (its wait status, or "exited").
     pub exited: Option<String>,
-    /// Ports it listened on before the injection and no longer does.
-    pub missing_ports: Vec<u16>,
+    /// Ports it listened on before the injection and no longer does; None: its
+    /// sockets were not looked at this time.
+    pub missing_ports: Option<Vec<u16>>,
     /// Its runtime turned itself off after starting (TOFFLOAD_* knob re-read, fault).
     pub runtime_disabled: bool,
 }
@@ -83,7 +84,15 @@ pub struct Health {
     /// blind spot.
     reads_first: Option<u64>,
     reads_moved: bool,
+    /// Since when a port has been missing (LISTEN_CONFIRM).
+    missing_since: Option<Instant>,
 }
+
+/// A lost listener is judged when it is still lost this long after it was first
+/// seen lost (the session looks every 100 ms): an exiting process closes its sockets
+/// before its last thread becomes a zombie, and a look in between called a crash a
+/// lost socket.
+const LISTEN_CONFIRM: Duration = Duration::from_millis(100);
 
 impl Health {
     pub fn new(since: Instant, limit: Duration, expect_requests: bool) -> Health {
@@ -95,6 +104,7 @@ impl Health {
             windows_with_requests: 0,
             reads_first: None,
             reads_moved: false,
+            missing_since: None,
         }
     }
 
@@ -124,12 +134,20 @@ impl Health {
     /// once; requests are judged at the end, over whole windows: the window ends no
     /// sooner than one watch window in it has ended, so that "no requests" is never
     /// decided on none.
-    pub fn check(&self, now: Instant, o: &Observed) -> Check {
+    pub fn check(&mut self, now: Instant, o: &Observed) -> Check {
         if let Some(how) = &o.exited {
             return Check::Sick(Sick::Exited(how.clone()));
         }
-        if !o.missing_ports.is_empty() {
-            return Check::Sick(Sick::StoppedListening(o.missing_ports.clone()));
+        match &o.missing_ports {
+            Some(m) if !m.is_empty() => {
+                let since = *self.missing_since.get_or_insert(now);
+                if now.duration_since(since) >= LISTEN_CONFIRM {
+                    return Check::Sick(Sick::StoppedListening(m.clone()));
+                }
+                return Check::Pending;
+            }
+            Some(_) => self.missing_since = None,
+            None => {}
         }
         if o.runtime_disabled {
             return Check::Sick(Sick::RuntimeDisabled);
@@ -177,11 +195,14 @@ mod tests {
             Check::Sick(Sick::Exited(_))
         ));
         let deaf = Observed {
-            missing_ports: vec![8080],
+            missing_ports: Some(vec![8080]),
             ..Default::default()
         };
+        // Judged on the second look: the first may fall between an exiting process's
+        // closed sockets and its exit.
+        assert_eq!(h.check(t0, &deaf), Check::Pending);
         assert_eq!(
-            h.check(t0, &deaf),
+            h.check(t0 + Duration::from_millis(100), &deaf),
             Check::Sick(Sick::StoppedListening(vec![8080]))
         );
         let off = Observed {
@@ -211,11 +232,33 @@ mod tests {
             blind.check(t0 + Duration::from_secs(6), &ok),
             Check::Healthy
         );
+        // Ports lost, then the process gone: a crash, not a lost socket; ports lost
+        // and back: nothing.
+        let mut dying = Health::new(t0, Duration::from_secs(5), true);
+        assert_eq!(dying.check(t0, &deaf), Check::Pending);
+        assert!(matches!(
+            dying.check(t0 + Duration::from_millis(100), &crashed),
+            Check::Sick(Sick::Exited(_))
+        ));
+        let mut blip = Health::new(t0, Duration::from_secs(5), true);
+        let back = Observed {
+            missing_ports: Some(vec![]),
+            ..Default::default()
+        };
+        assert_eq!(blip.check(t0, &deaf), Check::Pending);
+        assert_eq!(
+            blip.check(t0 + Duration::from_millis(100), &back),
+            Check::Pending
+        );
+        assert_eq!(
+            blip.check(t0 + Duration::from_millis(200), &deaf),
+            Check::Pending
+        );
         // Idle before (forced on an idle server): idle after is fine.
-        let idle = Health::new(t0, Duration::from_secs(5), false);
+        let mut idle = Health::new(t0, Duration::from_secs(5), false);
         assert_eq!(idle.check(t0 + Duration::from_secs(5), &ok), Check::Healthy);
         // A zero window on an idle server: healthy at once, unless it already died.
-        let none = Health::new(t0, Duration::ZERO, false);
+        let mut none = Health::new(t0, Duration::ZERO, false);
         assert_eq!(none.check(t0, &ok), Check::Healthy);
         assert!(matches!(none.check(t0, &crashed), Check::Sick(_)));
     }
