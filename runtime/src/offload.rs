@@ -20,7 +20,7 @@ use crate::fiber::{self, Fiber};
 use crate::{real, stats, time};
 use libc::{c_int, c_long, c_void};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::OnceLock;
 
 pub type Args = [usize; 6];
@@ -59,6 +59,9 @@ pub struct Row {
     /// The least observed so far in this round of FLOOR_EVERY, and the count.
     round_min: AtomicU64,
     observed: AtomicU64,
+    /// A look in this round found an op pending past its first look's time: the
+    /// floor is not above the device's latency (observe_floor).
+    round_pending: AtomicBool,
     /// Completion eventfd, or -1 when the backend has none (then waiters are polled).
     completion_fd: AtomicI32,
 }
@@ -112,24 +115,20 @@ pub fn rows() -> &'static [Row] {
             } else {
                 sym(libc::RTLD_DEFAULT, &r.blocking)
             };
-            let row = Row {
-                name: r.blocking.clone(),
+            let row = Row::new(
+                r.blocking.clone(),
                 blocking,
-                submit: sym(libc::RTLD_DEFAULT, &r.submit),
-                done: sym(libc::RTLD_DEFAULT, &r.done),
-                release: sym(libc::RTLD_DEFAULT, &r.release),
-                submit_polled: if i == 0 && cfg.completions == crate::config::Completions::Poll {
+                [
+                    sym(libc::RTLD_DEFAULT, &r.submit),
+                    sym(libc::RTLD_DEFAULT, &r.done),
+                    sym(libc::RTLD_DEFAULT, &r.release),
+                ],
+                if i == 0 && cfg.completions == crate::config::Completions::Poll {
                     sym(libc::RTLD_DEFAULT, "accel_submit_polled")
                 } else {
                     0
                 },
-                polled: AtomicU8::new(UNKNOWN),
-                lat_ns: AtomicU64::new(0),
-                floor_ns: AtomicU64::new(0),
-                round_min: AtomicU64::new(u64::MAX),
-                observed: AtomicU64::new(0),
-                completion_fd: AtomicI32::new(-2),
-            };
+            );
             if i > 0
                 && !r.optional
                 && (row.blocking == 0 || row.submit == 0 || row.done == 0 || row.release == 0)
@@ -150,6 +149,25 @@ pub fn rows() -> &'static [Row] {
 }
 
 impl Row {
+    /// `triple`: submit, done, release.
+    fn new(name: String, blocking: usize, triple: [usize; 3], submit_polled: usize) -> Row {
+        Row {
+            name,
+            blocking,
+            submit: triple[0],
+            done: triple[1],
+            release: triple[2],
+            submit_polled,
+            polled: AtomicU8::new(UNKNOWN),
+            lat_ns: AtomicU64::new(0),
+            floor_ns: AtomicU64::new(0),
+            round_min: AtomicU64::new(u64::MAX),
+            observed: AtomicU64::new(0),
+            round_pending: AtomicBool::new(false),
+            completion_fd: AtomicI32::new(-2),
+        }
+    }
+
     fn usable(&self) -> bool {
         self.blocking != 0 && self.submit != 0 && self.done != 0 && self.release != 0
     }
@@ -197,7 +215,28 @@ impl Row {
         }
         if self.observed.fetch_add(1, Relaxed) % FLOOR_EVERY == FLOOR_EVERY - 1 {
             self.round_min.store(u64::MAX, Relaxed);
-            self.floor_ns.store(least.max(1), Relaxed);
+            // A round whose every op was done at its first look says only that the
+            // device is at least that quick: the floor may sit far above it (one stall
+            // of the carrier, and every op of the round was found done late). Lowered
+            // a sixteenth a round, a floor forty times the device's took some sixty
+            // rounds of waits that long to come down; halved, a handful. One halving
+            // too far costs a round of looks every sixteenth of the lower floor, and
+            // its ops, pending at their first look, set the floor back.
+            let floor = if self.round_pending.swap(false, Relaxed) {
+                least
+            } else {
+                least / 2
+            };
+            self.floor_ns.store(floor.max(1), Relaxed);
+        }
+    }
+
+    /// A look found an op submitted at `submitted` still pending at `now`: where that
+    /// is past its first look's time, the floor is not too high.
+    fn note_pending(&self, now: u64, submitted: u64) {
+        let floor = self.floor_ns.load(Relaxed);
+        if now.saturating_sub(submitted) >= floor - floor / 16 {
+            self.round_pending.store(true, Relaxed);
         }
     }
 }
@@ -403,6 +442,9 @@ fn scan_where(c: &Carrier, now: u64, look: impl Fn(&OffloadWait) -> bool) {
         // SAFETY: the handle is live until its fiber releases it, after this wake.
         let r = unsafe { done(w.handle) };
         if r == 0 {
+            if w.polled && w.due == 0 {
+                rows[w.row].note_pending(now, w.submitted);
+            }
             return true;
         }
         if w.polled && w.due == 0 {
@@ -481,4 +523,56 @@ pub unsafe fn interposed(row: usize, a: Args) -> c_long {
     };
     real::set_errno(saved);
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One round of ops on a device of `device_ns` looked at by `r`'s floor: each
+    /// op's first look at 15/16 of it, then every sixteenth (poll_interval).
+    fn round(r: &Row, device_ns: u64) {
+        for _ in 0..FLOOR_EVERY {
+            let floor = r.floor_ns.load(Relaxed);
+            let mut look = floor - floor / 16;
+            while look < device_ns {
+                r.note_pending(look, 0);
+                look += (floor / 16).max(1);
+            }
+            r.observe_floor(look);
+        }
+    }
+
+    #[test]
+    fn a_floor_a_stall_raised_comes_down_in_a_few_rounds() {
+        const D: u64 = 1_000_000;
+        let r = Row::new(String::new(), 0, [0; 3], 0);
+        r.observe_floor(D);
+        for _ in 0..4 {
+            round(&r, D);
+        }
+        let settled = r.floor_ns.load(Relaxed);
+        assert!((D..D + D / 8).contains(&settled), "settled at {settled}");
+        // Two rounds' ops found done 40 device latencies late (a carrier with many
+        // connections stalled): one whole round saw nothing but those.
+        for _ in 0..2 * FLOOR_EVERY {
+            r.observe_floor(40 * D);
+        }
+        let mut rounds = 0;
+        while r.floor_ns.load(Relaxed) > D + D / 8 {
+            round(&r, D);
+            rounds += 1;
+            assert!(
+                rounds <= 8,
+                "floor {} after {rounds} rounds",
+                r.floor_ns.load(Relaxed)
+            );
+        }
+        // And it stays: no round halves it while ops are pending at the first look.
+        for _ in 0..10 {
+            round(&r, D);
+            let f = r.floor_ns.load(Relaxed);
+            assert!((D / 2..D + D / 8).contains(&f), "floor {f}");
+        }
+    }
 }
