@@ -270,6 +270,37 @@ struct Agg {
     handoffs_per_s: f64,
 }
 
+/// `points` measured stock and under the runtime, `a.runs` times, interleaved run by
+/// run (each round takes every point once, stock then runtime); per point its stock
+/// and runtime medians. `label` names a point in the progress lines.
+fn interleaved(
+    a: &Args,
+    points: &[Point],
+    label: impl Fn(&Point) -> String,
+) -> Result<Vec<(Point, Agg, Agg)>, String> {
+    let mut runs: Vec<(Vec<Sample>, Vec<Sample>)> = vec![Default::default(); points.len()];
+    for _ in 0..a.runs {
+        for (p, run) in points.iter().zip(runs.iter_mut()) {
+            let s = sample(a, *p, false, false)?;
+            let r = sample(a, *p, true, false)?;
+            eprintln!(
+                "  {}: stock {:.0} runtime {:.0} req/s",
+                label(p),
+                s.rps,
+                r.rps
+            );
+            run.0.push(s);
+            run.1.push(r);
+        }
+    }
+    let secs = a.warmup + a.secs;
+    Ok(points
+        .iter()
+        .zip(runs)
+        .map(|(p, (st, rt))| (*p, aggregate(&st, secs), aggregate(&rt, secs)))
+        .collect())
+}
+
 fn aggregate(s: &[Sample], secs: f64) -> Agg {
     let m = |f: fn(&Sample) -> f64| median(s.iter().map(f).collect());
     let offloads: u64 = s.iter().filter_map(|x| x.stats).map(|x| x.offloads).sum();

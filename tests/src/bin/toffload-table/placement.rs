@@ -5,7 +5,7 @@
 //! wake-ups (device_core.rs). The same points measured both ways, interleaved run by
 //! run, so that the speedup is read beside what the placement alone moves.
 
-use super::{aggregate, fmt_rate, sample, Agg, Args, Point};
+use super::{fmt_rate, interleaved, Agg, Args, Point};
 use std::fmt::Write;
 use toffload_tests::device_core::DeviceCore;
 
@@ -30,27 +30,10 @@ pub fn section(a: &Args, targets: &mut Vec<(String, bool)>) -> Result<String, St
             server: super::vendor::Served::Conn,
             conns: a.conns,
         };
-        let mut runs: [(Vec<_>, Vec<_>); 2] = Default::default();
-        for _ in 0..a.runs {
-            for (i, &device) in PLACEMENTS.iter().enumerate() {
-                let p = point(device);
-                let s = sample(a, p, false, false)?;
-                let r = sample(a, p, true, false)?;
-                eprintln!(
-                    "  placement {lat} us, {}: stock {:.0} runtime {:.0} req/s",
-                    device.label(),
-                    s.rps,
-                    r.rps
-                );
-                runs[i].0.push(s);
-                runs[i].1.push(r);
-            }
-        }
-        for (i, &device) in PLACEMENTS.iter().enumerate() {
-            let p = point(device);
-            let secs = a.warmup + a.secs;
-            rows.push((p, aggregate(&runs[i].0, secs), aggregate(&runs[i].1, secs)));
-        }
+        let points: Vec<Point> = PLACEMENTS.iter().map(|&d| point(d)).collect();
+        rows.extend(interleaved(a, &points, |p| {
+            format!("placement {lat} us, {}", p.device.label())
+        })?);
     }
     let mut t = String::new();
     let _ = writeln!(

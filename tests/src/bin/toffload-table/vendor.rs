@@ -6,7 +6,7 @@
 //! latency and connections, stock and runtime interleaved run by run, so that what
 //! the floor costs against a known due time reads directly.
 
-use super::{aggregate, fmt_rate, sample, Agg, Args, Point};
+use super::{fmt_rate, interleaved, Agg, Args, Point};
 use std::fmt::Write;
 use toffload_tests::harness::ServerSpec;
 
@@ -68,27 +68,10 @@ pub fn section(a: &Args, targets: &mut Vec<(String, bool)>) -> Result<String, St
                 server,
                 conns,
             };
-            let mut runs: [(Vec<_>, Vec<_>); 3] = Default::default();
-            for _ in 0..a.runs {
-                for (i, &server) in servers.iter().enumerate() {
-                    let p = point(server);
-                    let s = sample(a, p, false, false)?;
-                    let r = sample(a, p, true, false)?;
-                    eprintln!(
-                        "  {} {lat} us, {conns} connections: stock {:.0} runtime {:.0} req/s",
-                        server.name(),
-                        s.rps,
-                        r.rps
-                    );
-                    runs[i].0.push(s);
-                    runs[i].1.push(r);
-                }
-            }
-            let secs = a.warmup + a.secs;
-            for (i, &server) in servers.iter().enumerate() {
-                let p = point(server);
-                rows.push((p, aggregate(&runs[i].0, secs), aggregate(&runs[i].1, secs)));
-            }
+            let points: Vec<Point> = servers.iter().map(|&v| point(v)).collect();
+            rows.extend(interleaved(a, &points, |p| {
+                format!("{} {lat} us, {conns} connections", p.server.name())
+            })?);
         }
     }
     let mut t = String::new();
