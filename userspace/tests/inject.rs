@@ -280,21 +280,22 @@ fn restores_the_original_when_the_relaunch_fails() {
     let w = inject_watch(old, &["--inject-env", "TOFFLOAD_CARRIERS=bogus"], 6);
     let (code, lines, err) = w.finish();
     let during = bg.join().expect("load thread");
+    let ev = inject_event(&lines);
+    // Ended even when an assertion below fails.
+    let restored = ev["new_pid"].as_u64().expect("restored pid") as u32;
+    let restored_guard = harness::Adopted::new(restored);
     assert_eq!(
         code,
         9,
         "exit code; stderr: {err:?}; windows {:?}",
         windows(&lines)
     );
-    let ev = inject_event(&lines);
     assert_eq!(ev["action"], "failed", "{ev}");
     let msg = ev["message"].as_str().unwrap_or("");
     assert!(
         msg.contains("disabled itself") && msg.contains("runs again"),
         "{msg}"
     );
-    let restored = ev["new_pid"].as_u64().expect("restored pid") as u32;
-    let restored_guard = harness::Adopted::new(restored);
     assert!(!server.alive(), "the old pid still runs");
     assert!(
         !maps_have_runtime(restored),
@@ -816,6 +817,10 @@ fn rolls_back_a_server_that_crashes_in_its_health_window() {
     let bg = background_load(port, 10.0);
     let (code, lines, err) = inject_watch(old, &["--inject-health", "4s"], 8).finish();
     let during = bg.join().expect("load thread");
+    let ev = inject_event(&lines);
+    // Ended even when an assertion below fails.
+    let restored = ev["new_pid"].as_u64().expect("restored pid") as u32;
+    let restored_guard = harness::Adopted::new(restored);
     assert_eq!(
         code,
         12,
@@ -828,14 +833,11 @@ fn rolls_back_a_server_that_crashes_in_its_health_window() {
         .find(|(k, v)| k == "inject" && v["action"] == "injected")
         .and_then(|(_, v)| v["new_pid"].as_u64())
         .expect("the injected pid") as u32;
-    let ev = inject_event(&lines);
     let msg = ev["message"].as_str().unwrap_or("");
     assert!(
         msg.contains("health window") && msg.contains("exited") && msg.contains("runs again"),
         "{msg}"
     );
-    let restored = ev["new_pid"].as_u64().expect("restored pid") as u32;
-    let restored_guard = harness::Adopted::new(restored);
     assert!(restored != old && restored != injected);
     assert!(!server.alive(), "the old pid still runs");
     assert!(
