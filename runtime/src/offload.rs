@@ -234,6 +234,11 @@ impl Row {
     /// A look found an op submitted at `submitted` still pending at `now`: where that
     /// is past its first look's time, the floor is not too high.
     fn note_pending(&self, now: u64, submitted: u64) {
+        // Every scan asks each pending waiter: once marked, the round's line is left
+        // unwritten (carriers share it).
+        if self.round_pending.load(Relaxed) {
+            return;
+        }
         let floor = self.floor_ns.load(Relaxed);
         if now.saturating_sub(submitted) >= floor - floor / 16 {
             self.round_pending.store(true, Relaxed);
