@@ -60,11 +60,20 @@ pub struct GpuLoad {
     pub opened: AtomicU64,
     /// EWMA of the time per kernel, ns.
     kernel_ns: AtomicU64,
-    /// The same over stretches begun on an idle GPU (no kernel queued): what a kernel
-    /// takes on this GPU when it is free, reported while it is idle (the loaded
-    /// average would otherwise stay until the next kernel ran, and a daemon whose
-    /// load has gone would keep looking slow to placement, so get none).
+    /// What a kernel takes on this GPU when it is free, reported while it is idle
+    /// (the loaded average would otherwise stay until the next kernel ran, and a
+    /// daemon whose load has gone would keep looking slow to placement, so get
+    /// none). Its stretches: begun on an idle GPU (no kernel queued), with no other
+    /// session's kernel launched until they passed (one begun idle that a load then
+    /// joined ran at the load's pace), each divided by every kernel passed over it
+    /// (a task's own streams take turns on a GPU one kernel fills: each stream's
+    /// stretch is then several kernels long).
     alone_ns: AtomicU64,
+    /// Kernels launched ever, by every session: a session's own launches against
+    /// this count's growth tell whether its stretch ran alone.
+    launches: AtomicU64,
+    /// Kernels passed ever (dropped ones included), by every session.
+    passed: AtomicU64,
 }
 
 /// Time constant of the queue's mean: a few of the fake or real GPU's kernels at
@@ -106,24 +115,54 @@ impl QueueMean {
 struct SessionLoad {
     gpu: Arc<GpuLoad>,
     own: AtomicU64,
+    /// Kernels this session launched ever (GpuLoad::launches counts everyone's).
+    launches: AtomicU64,
+}
+
+/// Kernels launched ever, on the whole GPU and by one session, when a stretch began.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Launches {
+    gpu: u64,
+    own: u64,
+    /// Kernels passed on the GPU.
+    passed: u64,
 }
 
 impl SessionLoad {
     fn launched(&self) {
         self.own.fetch_add(1, Relaxed);
+        self.launches.fetch_add(1, Relaxed);
         self.gpu.launched();
     }
 
-    fn passed(&self, kernels: u64, since: Option<Instant>, alone: bool) {
+    /// `alone`: the stretch began on an idle GPU, with these launches so far. It ran
+    /// alone if every kernel launched since was this session's own.
+    fn passed(&self, kernels: u64, since: Option<Instant>, alone: Option<Launches>) {
         let _ = self
             .own
             .fetch_update(Relaxed, Relaxed, |q| Some(q.saturating_sub(kernels)));
+        let now = self.launched_so_far();
+        let alone = alone
+            .filter(|b| now.gpu - b.gpu == now.own - b.own)
+            .map(|b| b.passed);
         self.gpu.passed(kernels, since, alone);
     }
 
-    /// No kernel is queued now: one launched now starts on an idle GPU.
-    fn alone(&self) -> bool {
-        self.gpu.queue.load(Relaxed) == 0
+    fn launched_so_far(&self) -> Launches {
+        // Own first: a launch between the two loads counts on the GPU's side only,
+        // as another session's would (the stretch is then not taken as alone).
+        let own = self.launches.load(Relaxed);
+        Launches {
+            gpu: self.gpu.launches.load(Relaxed),
+            own,
+            passed: self.gpu.passed.load(Relaxed),
+        }
+    }
+
+    /// No kernel is queued now: one launched now starts on an idle GPU; the
+    /// launches so far then.
+    fn alone(&self) -> Option<Launches> {
+        (self.gpu.queue.load(Relaxed) == 0).then(|| self.launched_so_far())
     }
 
     fn beat(&self) -> Beat {
@@ -165,23 +204,32 @@ impl GpuLoad {
 
     /// A kernel was launched.
     fn launched(&self) {
+        self.launches.fetch_add(1, Relaxed);
         self.change(|q| q.saturating_add(1));
     }
 
-    /// A stretch of a stream with `kernels` kernels, begun at `since` (`alone`: on an
-    /// idle GPU), was passed (or dropped: `since` None).
-    fn passed(&self, kernels: u64, since: Option<Instant>, alone: bool) {
+    /// A stretch of a stream with `kernels` kernels, begun at `since`, was passed (or
+    /// dropped: `since` None). `alone`: begun on an idle GPU, no other session
+    /// launching a kernel until now, with this many kernels passed then.
+    fn passed(&self, kernels: u64, since: Option<Instant>, alone: Option<u64>) {
         if kernels == 0 {
             return;
         }
         self.change(|q| q.saturating_sub(kernels));
+        let over = self.passed.fetch_add(kernels, Relaxed) + kernels;
         if let Some(t) = since {
-            let per = (t.elapsed().as_nanos() as u64 / kernels).max(1);
+            let ns = t.elapsed().as_nanos() as u64;
             // 1/4 new: a load that comes or goes shows within a few stretches.
-            let ewma = |old: u64| Some(if old == 0 { per } else { (old * 3 + per) / 4 });
-            let _ = self.kernel_ns.fetch_update(Relaxed, Relaxed, ewma);
-            if alone {
-                let _ = self.alone_ns.fetch_update(Relaxed, Relaxed, ewma);
+            let ewma = |per: u64| {
+                let per = per.max(1);
+                move |old: u64| Some(if old == 0 { per } else { (old * 3 + per) / 4 })
+            };
+            let _ = self
+                .kernel_ns
+                .fetch_update(Relaxed, Relaxed, ewma(ns / kernels));
+            if let Some(before) = alone {
+                let per = ns / (over - before).max(kernels);
+                let _ = self.alone_ns.fetch_update(Relaxed, Relaxed, ewma(per));
             }
         }
     }
@@ -204,10 +252,14 @@ struct Strm {
     /// them runs.
     keep: Vec<Arc<[u8]>>,
     /// Kernels queued since the last marker, and when the first call after it was
-    /// (`alone`: no kernel was queued then).
+    /// (`alone`: no kernel was queued then; see GpuLoad::passed).
     kernels: u64,
     since: Option<Instant>,
-    alone: bool,
+    alone: Option<Launches>,
+    /// A stretch has passed on this stream: its first one pays for what a driver
+    /// does lazily at a stream's first kernel (several kernels' time on the fake
+    /// driver; a module's lazy load on a real one), which is no kernel's time alone.
+    warm: bool,
 }
 
 impl Strm {
@@ -217,7 +269,8 @@ impl Strm {
             keep: Vec::new(),
             kernels: 0,
             since: None,
-            alone: false,
+            alone: None,
+            warm: false,
         }
     }
 }
@@ -237,7 +290,7 @@ struct Pending {
     load: Arc<SessionLoad>,
     kernels: u64,
     since: Option<Instant>,
-    alone: bool,
+    alone: Option<Launches>,
 }
 
 unsafe extern "C" fn reached(user: *mut c_void) {
@@ -300,6 +353,7 @@ impl CudaSession {
             load: Arc::new(SessionLoad {
                 gpu: load,
                 own: AtomicU64::new(0),
+                launches: AtomicU64::new(0),
             }),
             beats: None,
         }
@@ -367,15 +421,16 @@ impl CudaSession {
             load,
             kernels: std::mem::take(&mut st.kernels),
             since: st.since.take(),
-            alone: std::mem::take(&mut st.alone),
+            alone: std::mem::take(&mut st.alone).filter(|_| st.warm),
         });
+        st.warm |= p.kernels > 0;
         let user = Box::into_raw(p) as *mut c_void;
         // SAFETY: a live stream; `reached` takes back the box when it runs.
         let r = unsafe { sys::cuLaunchHostFunc(s, Some(reached), user) };
         if r != sys::CUresult::CUDA_SUCCESS {
             // SAFETY: not queued: the box is still ours.
             let p = unsafe { Box::from_raw(user as *mut Pending) };
-            p.load.passed(p.kernels, None, false);
+            p.load.passed(p.kernels, None, None);
             return Err(code(r));
         }
         Ok(())
@@ -898,7 +953,7 @@ fn destroy(st: Strm, load: &SessionLoad) {
         sys::cuStreamDestroy_v2(st.s);
     }
     drop(st.keep);
-    load.passed(st.kernels, None, false);
+    load.passed(st.kernels, None, None);
 }
 
 impl Drop for CudaSession {
@@ -950,7 +1005,7 @@ mod tests {
             load.launched();
         }
         assert_eq!(load.beat().queue, 3, "a load that just came shows at once");
-        load.passed(3, None, false);
+        load.passed(3, None, None);
         // The mean has barely moved off zero in the microseconds since.
         assert_eq!(load.beat().queue, 0);
         let held = GpuLoad::default();
@@ -959,20 +1014,46 @@ mod tests {
             .unwrap()
             .step(6, Instant::now() - Duration::from_secs(2));
         held.queue.store(6, Relaxed);
-        held.passed(6, None, false);
+        held.passed(6, None, None);
         assert_eq!(held.beat().queue, 6, "the queue is empty, its mean is not");
     }
 
     #[test]
     fn an_idle_gpu_reports_its_time_per_kernel_alone() {
-        let load = GpuLoad::default();
+        let load = Arc::new(GpuLoad::default());
+        let session = || SessionLoad {
+            gpu: Arc::clone(&load),
+            own: AtomicU64::new(0),
+            launches: AtomicU64::new(0),
+        };
+        let (task, other) = (session(), session());
         let ago = |ms| Some(Instant::now() - Duration::from_millis(ms));
-        // A kernel alone: 2 ms; then 10 stretches behind another session's: 20 ms each.
-        load.launched();
-        load.passed(1, ago(2), true);
+        // A task's two streams alone on a GPU one kernel fills, 2 ms a kernel: the
+        // second stream's kernel ran first, so the first one's stretch took 4 ms.
+        let begun = task.alone();
+        assert!(begun.is_some(), "an idle GPU");
+        task.launched();
+        assert!(task.alone().is_none(), "a kernel is queued");
+        task.launched();
+        task.passed(1, ago(2), None);
+        task.passed(1, ago(4), begun);
+        // 10 stretches behind another session's: 20 ms each.
         for _ in 0..10 {
-            load.launched();
-            load.passed(1, ago(20), false);
+            other.launched();
+            task.launched();
+            task.passed(1, ago(20), None);
+            other.passed(1, None, None);
+        }
+        // Stretches begun on an idle GPU that another session's kernels then joined
+        // (a load arriving): they ran at the loaded pace, which is not the alone one.
+        for _ in 0..10 {
+            let begun = task.alone();
+            assert!(begun.is_some());
+            task.launched();
+            other.launched();
+            other.launched();
+            task.passed(1, ago(20), begun);
+            other.passed(2, None, None);
         }
         let ms = |b: Beat| b.kernel_ns as f64 / 1e6;
         // The mean of the queue still shows the load: the loaded time.
