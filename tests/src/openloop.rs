@@ -74,6 +74,16 @@ pub fn between(from: f64, to: f64, n: usize) -> Vec<f64> {
     (1..=n).map(|i| from * ratio.powi(i as i32)).collect()
 }
 
+/// The next load that halves the knee's bracket (the geometric mean of the knee and
+/// the last load below it that holds), while the knee is more than `resolution` times
+/// that load; None once it is within it, or where there is no knee or nothing holds
+/// below it.
+pub fn bisect(points: &[Point], resolution: f64) -> Option<f64> {
+    let k = knee(points)?;
+    let good = last_holding(points, k)?;
+    (k / good > resolution).then(|| (k * good).sqrt())
+}
+
 /// The measured point nearest `rate` within `tolerance` (relative), if any.
 pub fn near(points: &[Point], rate: f64, tolerance: f64) -> Option<&Point> {
     points
@@ -130,6 +140,32 @@ mod tests {
         assert_eq!(knee(&pts), Some(2000.0));
         assert_eq!(knee(&pts[..1]), None);
         assert_eq!(knee(&[]), None);
+    }
+
+    #[test]
+    fn bisection_halves_the_bracket_until_it_is_fine() {
+        // Knee at 152k, holding at 128k: the bracket is 1.19 wide.
+        let mut pts = vec![
+            pt(1000.0, 1000.0, 100.0),
+            pt(128_000.0, 127_800.0, 300.0),
+            pt(152_000.0, 140_000.0, 9000.0),
+        ];
+        let mid = bisect(&pts, 1.05).expect("coarser than 1.05");
+        assert!(
+            (mid - (128_000.0f64 * 152_000.0).sqrt()).abs() < 1.0,
+            "{mid}"
+        );
+        // The midpoint holds: the bracket is now [mid, 152k], 1.09 wide.
+        pts.push(pt(mid, mid, 400.0));
+        let next = bisect(&pts, 1.05).expect("still coarser than 1.05");
+        assert!(next > mid && next < 152_000.0, "{next}");
+        // That one knees: [mid, next] is 1.045 wide, within 1.05.
+        pts.push(pt(next, next * 0.9, 400.0));
+        assert_eq!(knee(&pts), Some(next));
+        assert_eq!(bisect(&pts, 1.05), None);
+        // No knee, or nothing holding below it: nothing to halve.
+        assert_eq!(bisect(&pts[..2], 1.05), None);
+        assert_eq!(bisect(&[pt(1000.0, 10.0, 100.0)], 1.05), None);
     }
 
     #[test]

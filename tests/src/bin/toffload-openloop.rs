@@ -7,7 +7,8 @@
 //! The sweep: geometric steps (x `--step`) from `--start`, all configurations in turn
 //! at each step (so the machine's drift falls on all alike), until a configuration
 //! knees at two steps in a row; then `--fine` steps between its last holding load and
-//! its knee, then its half-knee load when no point lies there yet. Last, each
+//! its knee, then halving that bracket to `--resolution`, then its half-knee load
+//! when no point lies there yet. Last, each
 //! configuration closed loop, with the server's CPU per answer: what bounds its knee
 //! where its core is full. Writes a markdown report and a CSV
 //! (one row per measured point) for the chart. Exits 1 on a wrong answer below a knee
@@ -61,6 +62,12 @@ struct Args {
     /// Extra steps between a configuration's last holding load and its knee.
     #[arg(long, default_value_t = 3)]
     fine: usize,
+    /// After the fine steps, the knee's bracket is halved (one load at a time,
+    /// configurations in turn) until the knee is at most this many times the last
+    /// load that holds: the ratio of two knees is then known to a few percent, not
+    /// to a fine step.
+    #[arg(long, default_value_t = 1.05)]
+    resolution: f64,
     /// Measured seconds per run of a point (longer at low loads: see --min-samples).
     #[arg(long, default_value_t = 0.8)]
     secs: f64,
@@ -149,6 +156,8 @@ enum Phase {
 }
 
 const KNEES_IN_A_ROW: u32 = 2;
+/// Rounds of halving at most: bounds the bench however its points fall.
+const MAX_BISECTIONS: usize = 6;
 
 struct Sweep {
     mode: Mode,
@@ -469,6 +478,20 @@ fn sweep(a: &Args) -> Result<(Vec<Sweep>, GenLoad), String> {
             }
         }
     }
+    // Each knee's bracket halved, configurations in turn, until within --resolution
+    // (each round halves every bracket's width on a log scale: a handful of rounds).
+    for _ in 0..MAX_BISECTIONS {
+        let mut measured = false;
+        for s in sweeps.iter_mut().filter(|s| s.phase == Phase::Refine) {
+            if let Some(rate) = openloop::bisect(&s.points, a.resolution) {
+                measure(a, s, rate, &mut gen)?;
+                measured = true;
+            }
+        }
+        if !measured {
+            break;
+        }
+    }
     // The half-knee load, where the latency target is read.
     for s in sweeps.iter_mut() {
         if s.phase == Phase::Refine {
@@ -774,11 +797,12 @@ fn real_main(a: &Args) -> Result<(), String> {
         || a.conns == 0
         || a.load_threads == 0
         || a.step <= 1.0
+        || a.resolution <= 1.0
         || a.start <= 0.0
         || a.spin_start <= 0.0
     {
         return Err(
-            "--runs, --conns and --load-threads must be at least 1, --step above 1, the starts above 0".into(),
+            "--runs, --conns and --load-threads must be at least 1, --step and --resolution above 1, the starts above 0".into(),
         );
     }
     if harness::cpus() >= 2 {
