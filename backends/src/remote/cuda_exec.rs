@@ -256,9 +256,9 @@ struct Strm {
     kernels: u64,
     since: Option<Instant>,
     alone: Option<Launches>,
-    /// A stretch has passed on this stream: its first one pays for what a driver
-    /// does lazily at a stream's first kernel (several kernels' time on the fake
-    /// driver; a module's lazy load on a real one), which is no kernel's time alone.
+    /// A stretch with kernels was marked on this stream: the first one pays for what
+    /// a driver does lazily at a stream's first kernel (several kernels' time on the
+    /// fake driver; a module's lazy load on a real one), no kernel's time alone.
     warm: bool,
 }
 
