@@ -282,10 +282,12 @@ fn idle_peer_wakes_follow_the_clients_cpu() {
         );
         // One a write, and some of other tasks outside the watch that a wake-up in
         // interrupt context on the writer's CPU is counted against it for (seen:
-        // 0.95-1.22 in most runs, 1.45 once on a host just done compiling); a
-        // counter that counted each write twice would read 2.
+        // 0.95-1.22 in most runs, 1.45 once on a host just done compiling); fewer
+        // where the reader had not gone back to sleep when the next write came
+        // (0.89 once in a full suite on a disturbed host); a counter that counted
+        // each write twice would read 2, one that missed them 0.
         assert!(
-            (0.9..=1.6).contains(&peer),
+            (0.8..=1.6).contains(&peer),
             "{peer} peer wake-ups per request"
         );
         if busy {
@@ -376,8 +378,10 @@ fn outside_cpu_and_slept_syscalls_follow_the_program() {
             .expect("stall mean");
         let cycle = total["secs"].as_f64().unwrap() * 1e6 / total["requests"].as_f64().unwrap();
         println!("  asleep outside {z:.1} us per request; stall {stall:.1}, cycle {cycle:.1} us");
+        // Up to 200: a disturbed host's wake-ups come late (153 once in a full
+        // suite); the blocking wait's futex counted in would add some 220 more.
         assert!(
-            (15.0..150.0).contains(&z),
+            (15.0..200.0).contains(&z),
             "{z} us asleep outside for a 20 us nanosleep"
         );
         if wait != "spin" {
@@ -749,12 +753,12 @@ fn overhead_budget_traces_part_of_each_interval() {
         )
         .expect("conn_server");
         let mut c = watch_cmd();
-        c.args(["--json", "--interval", "1s", "--duration", "4.5s"])
+        c.args(["--json", "--interval", "1s", "--duration", "6.5s"])
             .args(flags)
             .arg("--pid")
             .arg(server.pid().to_string());
         let w = Watcher::start(c);
-        let r = drive(&server, 16, 4.0);
+        let r = drive(&server, 16, 6.0);
         let (code, lines, err) = w.finish();
         assert_eq!(code, 0, "{err:?}");
         let cost = &get(&lines, "header")["probe_cost"];
@@ -777,8 +781,8 @@ fn overhead_budget_traces_part_of_each_interval() {
             .map(|(_, w)| w)
             .collect();
         // Windows wholly inside the load.
-        let mid = &windows[1..3.min(windows.len())];
-        assert_eq!(mid.len(), 2, "{lines:?}");
+        let mid = &windows[1..5.min(windows.len())];
+        assert_eq!(mid.len(), 4, "{lines:?}");
         for w in mid {
             let wc = &w["watcher"];
             let share = wc["share_traced"].as_f64().unwrap();
@@ -791,8 +795,10 @@ fn overhead_budget_traces_part_of_each_interval() {
                 r.requests_per_sec
             );
             // 16 connections of 200 us offloads keep the server busy enough that
-            // tracing every event costs well over 1% of its CPU.
-            assert!(share > 0.04, "{wc}");
+            // tracing every event costs well over 1% of its CPU (4-8% in most runs;
+            // 3.2% once in a full suite, the host slowing the server's own work),
+            // four times the budget and more.
+            assert!(share > 0.02, "{wc}");
             if budgeted {
                 assert!((0.02..0.4).contains(&duty), "{wc}");
                 assert!(secs < 0.7, "traced {secs} s of a 1 s interval: {wc}");
@@ -803,14 +809,15 @@ fn overhead_budget_traces_part_of_each_interval() {
                 assert!(wc["budget"].is_null(), "{wc}");
             }
         }
-        // Rates are per traced second: they match the load generator's (the mean of
-        // the two windows: a burst of a tenth of a second sees a noisy machine's
-        // swings that a second averages out).
-        let rps: f64 = mid
-            .iter()
-            .map(|w| w["requests_per_sec"].as_f64().unwrap())
-            .sum::<f64>()
-            / 2.0;
+        // Rates are per traced second: they match the load generator's (the median
+        // of the four windows: a burst of a tenth of a second sees a noisy machine's
+        // swings that a second averages out; the mean of two read 0.55 of the load
+        // generator's once, one burst caught in a stall).
+        let rps = harness::median(
+            mid.iter()
+                .map(|w| w["requests_per_sec"].as_f64().unwrap())
+                .collect(),
+        );
         assert!(
             (rps / r.requests_per_sec - 1.0).abs() < 0.3,
             "{rps} vs {}",
@@ -828,7 +835,7 @@ fn overhead_budget_traces_part_of_each_interval() {
                 assert!((1.5..4.0).contains(&k), "{u}");
                 assert!(u["secs"].as_f64().unwrap() >= 0.1, "{u}");
                 assert!(u["cpu_per_request_us"].as_f64().unwrap() > 0.0, "{u}");
-                untraced += u["requests_per_sec"].as_f64().unwrap() / 2.0;
+                untraced += u["requests_per_sec"].as_f64().unwrap() / mid.len() as f64;
             }
             assert!(
                 (untraced / r.requests_per_sec - 1.0).abs() < 0.3,
