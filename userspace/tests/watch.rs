@@ -378,11 +378,15 @@ fn outside_cpu_and_slept_syscalls_follow_the_program() {
             .expect("stall mean");
         let cycle = total["secs"].as_f64().unwrap() * 1e6 / total["requests"].as_f64().unwrap();
         println!("  asleep outside {z:.1} us per request; stall {stall:.1}, cycle {cycle:.1} us");
-        // Up to 200: a disturbed host's wake-ups come late (153 once in a full
-        // suite); the blocking wait's futex counted in would add some 220 more.
+        // Up to 200, or 0.3 of the cycle on a host slowed for a while: its wake-ups
+        // come late, and every part of the cycle with them (full suites read 153,
+        // 167 and 201 us, the last two in cycles of 881 and 1261 us, their stalls
+        // 476 and 722 us against 114-243 us alone). The blocking wait's futex
+        // counted in would add some 220 more, which the sum below catches too.
+        let ceiling = 200f64.max(0.3 * cycle);
         assert!(
-            (15.0..200.0).contains(&z),
-            "{z} us asleep outside for a 20 us nanosleep"
+            (15.0..ceiling).contains(&z),
+            "{z} us asleep outside for a 20 us nanosleep (cycle {cycle} us)"
         );
         if wait != "spin" {
             assert!(
