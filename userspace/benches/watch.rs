@@ -93,7 +93,7 @@ fn main() {
     // --only real: the stock servers alone; --only own: toffload's servers alone.
     let mut only: Option<String> = None;
     // Calibrating starts per stock server: one is the noise of one quarter second.
-    let mut calibrating = 3;
+    let mut calibrating = 5;
     // Seconds of each phase-folded run (phase.rs); 0: none.
     let mut phase_secs = 30.0;
     let mut args = std::env::args().skip(1);
@@ -204,6 +204,7 @@ fn main() {
     }
     let mut real_rows = Vec::new();
     let mut phase_rows = Vec::new();
+    let mut profile_rows = Vec::new();
     for kind in [real::Kind::Redis, real::Kind::Nginx]
         .into_iter()
         .filter(|_| stock)
@@ -218,7 +219,7 @@ fn main() {
         // A first start of the boot, which measures the watch's cost per event beside
         // the server (later starts reuse it: calibration_cache.rs), on its own.
         let recal = |pid: u32| watcher(pid, &["--recalibrate"]);
-        let first: Vec<(f64, f64)> = (0..calibrating)
+        let first_runs: Vec<real::Run> = (0..calibrating)
             .map(|_| {
                 let r = real::run(
                     kind,
@@ -234,8 +235,12 @@ fn main() {
                     r.worst_quarter,
                     r.before
                 );
-                (r.worst_quarter, r.worst_quarter / r.before)
+                r
             })
+            .collect();
+        let first: Vec<(f64, f64)> = first_runs
+            .iter()
+            .map(|r| (r.worst_quarter, r.worst_quarter / r.before))
             .collect();
         // Unwatched and watched, interleaved run by run.
         let mut r: [Vec<real::Run>; 2] = Default::default();
@@ -296,6 +301,13 @@ fn main() {
         if phase_secs > 0.0 {
             phase_rows.push(phase_row(kind, phase_secs, server_cpu));
         }
+        for (mode, v) in [
+            ("unwatched", &r[0]),
+            ("watched", &r[1]),
+            ("calibrating start", &first_runs),
+        ] {
+            profile_rows.push(profile_row(kind, mode, v));
+        }
         let pct = |v: &[real::Run], f: fn(&real::Run) -> f64| med(v, f) * 100.0;
         real_rows.push(format!(
             "| {} | {u:.0} | {w:.0} ({:.3}) | {paired:.3} | {:.2} / {:.2} (worst run {:.2}) | {uo:.2} (worst {uo_min:.2}) / {wo:.2} (worst {wo_min:.2}) | {:.2} (worst {:.2}); {:.2} (worst {:.2}) | {uc:.2} | {wc:.2} ({:+.1}%) | {:.0}% / {:.0}% | {:.0}% / {:.0}% | {:.1}% |",
@@ -349,9 +361,10 @@ fn main() {
              worst quarter over own rate, unwatched / watched | \
              worst quarter, calibrating start | server CPU us/req unwatched | watched | \
              server core busy | load tool CPU | watcher CPU |\n\
-             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n{}",
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n{}{}",
             server_cpu.map_or("any".into(), |c| c.to_string()),
             real_rows.join("\n"),
+            profile_table(&profile_rows),
             phase_table(&phase_rows, phase_secs),
         )
     };
@@ -399,6 +412,95 @@ fn main() {
         std::fs::write(&p, doc).expect("write the results file");
         eprintln!("wrote {p}");
     }
+}
+
+/// Per slot, the median over `runs` of `slots(run)` (NaNs left out): the median
+/// run's profile.
+fn median_profile(runs: &[real::Run], slots: fn(&real::Run) -> &[f64]) -> Vec<f64> {
+    let n = runs.iter().map(|r| slots(r).len()).max().unwrap_or(0);
+    (0..n)
+        .map(|k| {
+            let v: Vec<f64> = runs
+                .iter()
+                .filter_map(|r| slots(r).get(k).copied())
+                .filter(|x| x.is_finite())
+                .collect();
+            if v.is_empty() {
+                f64::NAN
+            } else {
+                median(v)
+            }
+        })
+        .collect()
+}
+
+/// "0.93 at +0.50 s": a profile's lowest slot and when it begins, slot 0 at `first` s.
+fn lowest(profile: &[f64], first: f64) -> String {
+    profile
+        .iter()
+        .enumerate()
+        .filter(|(_, x)| x.is_finite())
+        .min_by(|a, b| a.1.total_cmp(b.1))
+        .map_or("no samples".into(), |(k, x)| {
+            format!("{x:.2} at {:+.2} s", first + k as f64 * 0.25)
+        })
+}
+
+/// One row of the start-and-exit table: `mode`'s runs lined up on the watcher's
+/// start and on its detach.
+fn profile_row(kind: real::Kind, mode: &str, runs: &[real::Run]) -> String {
+    let start = median_profile(runs, |r| &r.start_quarters);
+    let exit = median_profile(runs, |r| &r.exit_quarters);
+    let each_worst = median(
+        runs.iter()
+            .map(|r| {
+                r.start_quarters
+                    .iter()
+                    .chain(&r.exit_quarters)
+                    .copied()
+                    .filter(|x| x.is_finite())
+                    .fold(f64::INFINITY, f64::min)
+            })
+            .collect(),
+    );
+    let took = median(runs.iter().map(|r| r.start_secs).collect());
+    format!(
+        "| {} | {mode} | {} | {} | {} | {each_worst:.2} | {} |",
+        kind.name(),
+        runs.len(),
+        lowest(&start, 0.0),
+        lowest(&exit, -0.25),
+        if mode == "unwatched" {
+            "-".into()
+        } else {
+            format!("{took:.2} s")
+        },
+    )
+}
+
+fn profile_table(rows: &[String]) -> String {
+    if rows.is_empty() {
+        return String::new();
+    }
+    format!(
+        "\n### The watcher's start and exit in the median run\n\n\
+         The runs above lined up on the moment the watcher starts and the moment it is \
+         interrupted (detach): each run's quarter-second rates over its own rate in the \
+         0.75 s before the start, {} quarters from the start and {} from a quarter before \
+         the interrupt; per quarter, the median over the runs of a mode. The host's \
+         slow-downs (seconds long, at any moment) land at different times in different \
+         runs and the median run leaves them out; what the watcher does at the same moment \
+         in every run stays in it. The unwatched runs, lined up on the same clock, are the \
+         method's floor. Lowest quarter: the median run's lowest, and when it begins \
+         (seconds from the start, from the interrupt). Each run's worst: the median over the \
+         runs of each run's own lowest quarter in both stretches, host noise included. \
+         Start took: from the watcher's start to its \"attached\" line (median).\n\n\
+         | server | mode | runs | start: lowest quarter of the median run | exit: lowest quarter of the median run | each run's worst (median) | start took |\n\
+         |---|---|---:|---:|---:|---:|---:|\n{}\n",
+        real::START_QUARTERS,
+        real::EXIT_QUARTERS,
+        rows.join("\n")
+    )
 }
 
 /// Where the stock servers' part of the results file begins.

@@ -203,6 +203,26 @@ fn rate_between(s: &[(f64, u64)], a: f64, b: f64) -> f64 {
     }
 }
 
+/// Quarter-second slots after the watcher's start that a run's profile keeps.
+pub const START_QUARTERS: usize = 10;
+/// Quarter-second slots from a quarter before the detach (SIGINT) that it keeps.
+pub const EXIT_QUARTERS: usize = 5;
+
+/// The rates of `n` quarter-second slots from `at` (slot k: the sample pair that
+/// begins in [at + k/4, at + (k+1)/4)) over `base`; NaN where no pair begins there.
+fn quarters(s: &[(f64, u64)], at: f64, n: usize, base: f64) -> Vec<f64> {
+    (0..n)
+        .map(|k| {
+            let a = at + k as f64 * 0.25;
+            s.windows(2)
+                .find(|w| w[0].0 >= a && w[0].0 < a + 0.25)
+                .map_or(f64::NAN, |w| {
+                    (w[1].1 - w[0].1) as f64 / (w[1].0 - w[0].0) / base
+                })
+        })
+        .collect()
+}
+
 /// The lowest quarter-second rate between two times.
 fn worst_quarter(s: &[(f64, u64)], a: f64, b: f64) -> f64 {
     s.windows(2)
@@ -217,6 +237,13 @@ pub struct Run {
     /// The rate over the 0.75 s before the watcher's start: what the same run did
     /// unwatched, which the host's drift between runs does not move.
     pub before: f64,
+    /// Each quarter second over `before` from the watcher's start (START_QUARTERS),
+    /// and from a quarter before its detach (EXIT_QUARTERS): the run's profile, which
+    /// the median over runs lines up (watch.rs).
+    pub start_quarters: Vec<f64>,
+    pub exit_quarters: Vec<f64>,
+    /// Seconds from the watcher's start to its "attached" line (0 unwatched).
+    pub start_secs: f64,
     pub cpu_us_per_req: f64,
     /// Shares of a core over the attached stretch: the server's, the load tool's, and
     /// the watcher's (its start included; 0 unwatched). Where the server's core has
@@ -269,6 +296,7 @@ pub fn run(
     drop(srv);
     let _ = std::fs::remove_dir_all(&dir);
     let rps = rate_between(&s, attached, until);
+    let before = rate_between(&s, from - 0.75, from);
     if std::env::var_os("TOFFLOAD_BENCH_TIMELINE").is_some() {
         // Quarter-second rates relative to the watcher's start, to see where a dip is.
         let q: Vec<String> = s
@@ -292,7 +320,10 @@ pub fn run(
     Run {
         rps,
         worst_quarter: worst_quarter(&s, from, end),
-        before: rate_between(&s, from - 0.75, from),
+        before,
+        start_quarters: quarters(&s, from, START_QUARTERS, before),
+        exit_quarters: quarters(&s, until - 0.25, EXIT_QUARTERS, before),
+        start_secs: attached - from,
         cpu_us_per_req: (c1 - c0) * 1e6 / (rps * (until - attached)).max(1.0),
         server_busy: (c1 - c0) / (until - attached).max(1e-3),
         load_busy: (l1 - l0) / (until - attached).max(1e-3),
