@@ -466,9 +466,10 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
         if traced {
             pause_before(PHASE_GAP, deadline);
             loader::set_epoch(&mut bpf, Some(1)).map_err(|e| e.to_string())?;
-            let (_, l) = loader::attach_tracepoints(&mut bpf, raw_sched, loader::Hooks::All)
-                .map_err(|e| e.to_string())?;
-            links = l;
+            // The offload probes first: they fire on the child alone, where the
+            // tracepoints run their filter on every process's syscalls and switches
+            // (the target's and its load tool's) from the moment they are attached,
+            // and attaching a uprobe takes tens of ms.
             for prog in ["offload_exit", "offload_enter"] {
                 let p: &mut UProbe = bpf
                     .program_mut(prog)
@@ -479,6 +480,9 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
                     .map_err(|e| format!("probing the calibration child: {e}"))?;
                 links.push(loader::Link::Up(prog, id));
             }
+            let (_, l) = loader::attach_tracepoints(&mut bpf, raw_sched, loader::Hooks::All)
+                .map_err(|e| e.to_string())?;
+            links.extend(l);
         }
         let t = traced as usize;
         for _ in 0..LOOPS {
@@ -503,11 +507,12 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
             }
         }
     }
-    drop(child);
+    // Detached before the child is reaped, which may take a grace of its own.
     std::thread::spawn(move || {
         loader::detach(&mut bpf, &mut links, &Default::default());
         drop(bpf);
     });
+    drop(child);
     pause_before(PHASE_GAP, deadline);
     let added = |k: usize| (best[k][1] - best[k][0]).max(0.0);
     let syscall_ns = added(0);
