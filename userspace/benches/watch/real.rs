@@ -242,7 +242,8 @@ pub struct Run {
     /// the median over runs lines up (watch.rs).
     pub start_quarters: Vec<f64>,
     pub exit_quarters: Vec<f64>,
-    /// Seconds from the watcher's start to its "attached" line (0 unwatched).
+    /// Seconds from the watcher's start to its "attached" line (unwatched: the
+    /// moment between two clock reads).
     pub start_secs: f64,
     pub cpu_us_per_req: f64,
     /// Shares of a core over the attached stretch: the server's, the load tool's, and
