@@ -521,6 +521,10 @@ fn phase_row(kind: real::Kind, secs: f64, server_cpu: Option<usize>) -> String {
     let bin = |i: usize| f.rel[i];
     let mid_min = f.rel[2..6].iter().copied().fold(f64::INFINITY, f64::min);
     let pct = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:.2}%", v * 100.0));
+    let loss = |f: &phase::Folded| match f.loss_se {
+        Some(se) => format!("{:.2}% ± {:.2}%", f.loss * 100.0, 2.0 * se * 100.0),
+        None => format!("{:.2}%", f.loss * 100.0),
+    };
     eprintln!(
         "{}, folded by phase: watched {:?}, unwatched {:?}",
         kind.name(),
@@ -528,7 +532,7 @@ fn phase_row(kind: real::Kind, secs: f64, server_cpu: Option<usize>) -> String {
         c.rel.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>()
     );
     format!(
-        "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}% | {:.2}% | {} |",
+        "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} |",
         kind.name(),
         f.intervals,
         pct(f.duty),
@@ -538,8 +542,8 @@ fn phase_row(kind: real::Kind, secs: f64, server_cpu: Option<usize>) -> String {
         bin(1),
         mid_min,
         bin(phase::BINS - 1),
-        f.loss * 100.0,
-        c.loss * 100.0,
+        loss(&f),
+        loss(&c),
         pct(f.claimed),
     )
 }
@@ -556,7 +560,9 @@ fn phase_table(rows: &[String], secs: f64) -> String {
          two windows skipped), in {:.0} ms bins. Each bin's rate is over the median of the \
          bins from 300 to 900 ms, the same run untraced; the steady loss is 1 - the mean of \
          all bins over that level: the watch's cost within one run, which the host's drift \
-         between runs does not move. The unwatched run, folded on the same 1 s clock, is the \
+         between runs does not move. ± is two standard errors, jackknifed over the intervals \
+         (each left out in turn): the host's hiccups within the run, which a loss smaller \
+         than it cannot be told from. The unwatched run, folded on the same 1 s clock, is the \
          method's noise floor. Not in it: what the watcher costs evenly over the interval \
          (its polls), in the watcher CPU column above. The last column is what the watch \
          itself says it costs the target over an interval (each window's share while \

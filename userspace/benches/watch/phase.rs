@@ -30,6 +30,8 @@ pub struct Folded {
     pub rel: Vec<f64>,
     /// 1 - the mean over all bins of the rate over the quiet level.
     pub loss: f64,
+    /// The loss's standard error, jackknifed over the intervals.
+    pub loss_se: Option<f64>,
     /// Intervals folded.
     pub intervals: usize,
     /// Median of the windows' duty, burst share and host share (watched runs).
@@ -46,22 +48,12 @@ pub struct Folded {
 /// host share and share while tracing.
 type WindowLine = (f64, Option<[f64; 4]>);
 
-/// Folds `(time, count)` samples on `edges` (the interval's phase zeroes).
-pub fn fold(samples: &[(f64, u64)], edges: &[f64]) -> Option<Folded> {
-    let mut sum = [(0.0f64, 0.0f64); BINS];
-    for w in samples.windows(2) {
-        let ((ta, na), (tb, nb)) = (w[0], w[1]);
-        let mid = (ta + tb) / 2.0;
-        let Some(&edge) = edges.iter().rev().find(|&&e| e <= mid) else {
-            continue;
-        };
-        let bin = ((mid - edge) / BIN) as usize;
-        if bin < BINS {
-            sum[bin].0 += nb.saturating_sub(na) as f64;
-            sum[bin].1 += tb - ta;
-        }
-    }
-    let rates: Vec<f64> = sum
+/// Count and time per bin.
+type Bins = [(f64, f64); BINS];
+
+/// Each bin's rate over the quiet bins' median, and the loss from it.
+fn relative(bins: &Bins) -> Option<(Vec<f64>, f64)> {
+    let rates: Vec<f64> = bins
         .iter()
         .map(|&(n, t)| if t > 0.0 { n / t } else { f64::NAN })
         .collect();
@@ -71,9 +63,49 @@ pub fn fold(samples: &[(f64, u64)], edges: &[f64]) -> Option<Folded> {
     let quiet = median(&rates[QUIET])?;
     let rel: Vec<f64> = rates.iter().map(|r| r / quiet).collect();
     let loss = 1.0 - rel.iter().sum::<f64>() / BINS as f64;
+    Some((rel, loss))
+}
+
+/// Folds `(time, count)` samples on `edges` (the interval's phase zeroes).
+pub fn fold(samples: &[(f64, u64)], edges: &[f64]) -> Option<Folded> {
+    // Kept per interval for the jackknife.
+    let mut per: Vec<Bins> = vec![[(0.0, 0.0); BINS]; edges.len()];
+    for w in samples.windows(2) {
+        let ((ta, na), (tb, nb)) = (w[0], w[1]);
+        let mid = (ta + tb) / 2.0;
+        let Some(i) = edges.iter().rposition(|&e| e <= mid) else {
+            continue;
+        };
+        let bin = ((mid - edges[i]) / BIN) as usize;
+        if bin < BINS {
+            per[i][bin].0 += nb.saturating_sub(na) as f64;
+            per[i][bin].1 += tb - ta;
+        }
+    }
+    let sum = |skip: Option<usize>| {
+        let mut s: Bins = [(0.0, 0.0); BINS];
+        for (_, iv) in per.iter().enumerate().filter(|&(i, _)| Some(i) != skip) {
+            for (a, b) in s.iter_mut().zip(iv) {
+                (a.0, a.1) = (a.0 + b.0, a.1 + b.1);
+            }
+        }
+        s
+    };
+    let (rel, loss) = relative(&sum(None))?;
+    // The jackknife over intervals: how far the loss moves as each interval is left
+    // out, which the host's hiccups within the run set; no model of them needed.
+    let held: Vec<f64> = (0..per.len())
+        .filter(|&i| per[i].iter().any(|&(_, t)| t > 0.0))
+        .filter_map(|i| relative(&sum(Some(i))).map(|r| r.1))
+        .collect();
+    let n = held.len() as f64;
+    let mean = held.iter().sum::<f64>() / n;
+    let loss_se = (held.len() > 2)
+        .then(|| ((n - 1.0) / n * held.iter().map(|l| (l - mean).powi(2)).sum::<f64>()).sqrt());
     Some(Folded {
         rel,
         loss,
+        loss_se,
         intervals: edges.len().saturating_sub(1),
         duty: None,
         burst_share: None,
