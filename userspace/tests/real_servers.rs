@@ -810,15 +810,28 @@ fn unix_now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// The own count's rate from `from` to `to` (Unix s), from the readings closest
-/// inside the span (None where the span holds fewer than two).
-fn own_rate(samples: &Samples, from: f64, to: f64) -> Option<f64> {
-    let inside: Vec<&(f64, f64)> = samples
-        .iter()
-        .filter(|(t, _)| *t >= from && *t <= to)
-        .collect();
-    let (first, last) = (inside.first()?, inside.last()?);
-    (last.0 - first.0 > 0.3).then(|| (last.1 - first.1) / (last.0 - first.0))
+/// The own count at Unix time `t`, between the readings either side of it (polled
+/// every 0.1 s, so an untraced stretch's edges fall between two).
+fn own_count_at(samples: &Samples, t: f64) -> Option<f64> {
+    let i = samples.iter().position(|&(at, _)| at >= t)?;
+    let (t1, n1) = samples[i];
+    if i == 0 {
+        return (t1 == t).then_some(n1);
+    }
+    let (t0, n0) = samples[i - 1];
+    Some(n0 + (n1 - n0) * (t - t0) / (t1 - t0).max(1e-9))
+}
+
+/// The own count's rate over `spans` (Unix s) together: its growth within them over
+/// their seconds; None where an edge is outside the readings.
+fn own_rate_over(samples: &Samples, spans: &[(f64, f64)]) -> Option<f64> {
+    let mut n = 0.0;
+    let mut secs = 0.0;
+    for &(a, b) in spans {
+        n += own_count_at(samples, b)? - own_count_at(samples, a)?;
+        secs += b - a;
+    }
+    (secs > 0.3).then(|| n / secs)
 }
 
 /// A stock server watched at the default budget under its own load tool: each
@@ -846,6 +859,15 @@ fn rates_against_own_count(what: &str, pid: u32, own: impl Fn() -> Option<f64> +
     assert!(windows.len() >= 5, "{what}: {} windows", windows.len());
     for w in &windows[1..windows.len() - 1] {
         let (ts, wall) = (w["ts"].as_f64().unwrap(), w["wall_secs"].as_f64().unwrap());
+        // The server's count over the untraced rate's own seconds.
+        let spans: Vec<(f64, f64)> = w["untraced"]["spans"]
+            .as_array()
+            .map(|v| {
+                v.iter()
+                    .filter_map(|s| Some((s[0].as_f64()?, s[1].as_f64()?)))
+                    .collect()
+            })
+            .unwrap_or_else(|| vec![(ts - wall, ts)]);
         let c = &w["watcher"];
         let (cal, meas, each) = (
             c["calibrated_us_per_request"].as_f64(),
@@ -856,13 +878,13 @@ fn rates_against_own_count(what: &str, pid: u32, own: impl Fn() -> Option<f64> +
             "{what}: traced {:.0} req/s, untraced {}, own count {}; cost per request {each:?} us (calibrated {cal:?}, measured {meas:?}), share {:.3}, duty {:.4}",
             w["requests_per_sec"].as_f64().unwrap_or(f64::NAN),
             w["untraced"]["requests_per_sec"],
-            own_rate(&samples, ts - wall, ts).map_or("-".into(), |r| format!("{r:.0}")),
+            own_rate_over(&samples, &spans).map_or("-".into(), |r| format!("{r:.0}")),
             c["share_traced"].as_f64().unwrap_or(f64::NAN),
             c["duty"].as_f64().unwrap_or(f64::NAN),
         );
         if let (Some(u), Some(o)) = (
             w["untraced"]["requests_per_sec"].as_f64(),
-            own_rate(&samples, ts - wall, ts),
+            own_rate_over(&samples, &spans),
         ) {
             ratios.push(u / o);
         }

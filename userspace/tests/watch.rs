@@ -839,6 +839,21 @@ fn overhead_budget_traces_part_of_each_interval() {
                 assert!((1.5..4.0).contains(&k), "{u}");
                 assert!(u["secs"].as_f64().unwrap() >= 0.1, "{u}");
                 assert!(u["cpu_per_request_us"].as_f64().unwrap() > 0.0, "{u}");
+                // Its stretches lie within the window's seconds, in order, and add up
+                // to its own.
+                let (ts, wall) = (w["ts"].as_f64().unwrap(), w["wall_secs"].as_f64().unwrap());
+                let spans: Vec<(f64, f64)> = u["spans"]
+                    .as_array()
+                    .expect("untraced spans")
+                    .iter()
+                    .map(|s| (s[0].as_f64().unwrap(), s[1].as_f64().unwrap()))
+                    .collect();
+                assert!(!spans.is_empty(), "{u}");
+                assert!(spans[0].0 >= ts - wall - 0.05, "{u} in {ts} - {wall}");
+                assert!(spans[spans.len() - 1].1 <= ts + 0.01, "{u} in {ts}");
+                assert!(spans.windows(2).all(|p| p[0].1 < p[1].0), "{u}");
+                let sum: f64 = spans.iter().map(|(a, b)| b - a).sum();
+                assert!((sum - u["secs"].as_f64().unwrap()).abs() < 0.01, "{u}");
                 untraced += u["requests_per_sec"].as_f64().unwrap() / mid.len() as f64;
             }
             assert!(

@@ -229,12 +229,19 @@ fn story(a: &Args) -> Result<Outcome, String> {
     }
     println!("   window by window, the watcher next to the load generator over the same seconds:");
     for w in &told.windows {
+        // Over the seconds of the rate the story uses: the untraced stretches' where
+        // there are some (the window's own rate is per traced second).
+        let spans = w
+            .untraced
+            .as_ref()
+            .map_or(vec![[w.ts - w.wall_secs, w.ts]], |u| u.1.clone());
         let load = during
-            .rate_between(w.ts - w.wall_secs, w.ts)
+            .rate_over(&spans)
             .map_or("-".to_string(), |r| format!("{r:.0}"));
         let untraced = w
             .untraced
-            .map_or(String::new(), |u| format!(", {u:.0} untraced"));
+            .as_ref()
+            .map_or(String::new(), |u| format!(", {:.0} untraced", u.0));
         println!(
             "   {:>8.0} req/s watched ({:.0}% traced{untraced}), {load:>8} counted  ({})",
             w.rps,
@@ -281,28 +288,21 @@ fn story(a: &Args) -> Result<Outcome, String> {
     })
 }
 
-/// The load generator's rate over the watcher's windows (`spans`, Unix [start,
-/// end] each), median of the windows as the watcher's is; an error when the two
-/// differ by more than AGREE.
+/// The load generator's rate over the watcher's windows (`spans`: per window, the
+/// Unix [start, end] pairs its rate is over), median of the windows as the watcher's
+/// is; an error when the two differ by more than AGREE.
 fn cross_check(what: &str, watched: f64, spans: &Value, load: &Report) -> Result<f64, String> {
-    let spans: Vec<(f64, f64)> = spans
+    let windows: Vec<Vec<[f64; 2]>> = spans
         .as_array()
-        .map(|v| {
-            v.iter()
-                .filter_map(|s| Some((s[0].as_f64()?, s[1].as_f64()?)))
-                .collect()
-        })
+        .map(|v| v.iter().filter_map(spans_of).collect())
         .unwrap_or_default();
-    let rates: Vec<f64> = spans
-        .iter()
-        .filter_map(|&(a, b)| load.rate_between(a, b))
-        .collect();
-    if spans.is_empty() || rates.len() < spans.len() {
+    let rates: Vec<f64> = windows.iter().filter_map(|w| load.rate_over(w)).collect();
+    if windows.is_empty() || rates.len() < windows.len() {
         return Err(format!(
             "{what}: the load generator's count does not cover the watcher's windows \
-             ({} of {} spans)",
+             ({} of {} windows)",
             rates.len(),
-            spans.len()
+            windows.len()
         ));
     }
     let counted = median(rates);
@@ -319,6 +319,19 @@ fn cross_check(what: &str, watched: f64, spans: &Value, load: &Report) -> Result
     Ok(counted)
 }
 
+/// A window's untraced rate and the Unix seconds it is over.
+fn untraced_of(u: &Value) -> Option<(f64, Vec<[f64; 2]>)> {
+    Some((u["requests_per_sec"].as_f64()?, spans_of(&u["spans"])?))
+}
+
+/// A JSON list of Unix [start, end] pairs.
+fn spans_of(v: &Value) -> Option<Vec<[f64; 2]>> {
+    v.as_array()?
+        .iter()
+        .map(|s| Some([s[0].as_f64()?, s[1].as_f64()?]))
+        .collect()
+}
+
 fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -328,8 +341,9 @@ fn unix_now() -> f64 {
 /// One window line of the watcher, as far as the story needs it.
 struct WindowLine {
     rps: f64,
-    /// The untraced part's rate, where the window has one.
-    untraced: Option<f64>,
+    /// The untraced part's rate and its stretches' Unix spans, where the window has
+    /// one.
+    untraced: Option<(f64, Vec<[f64; 2]>)>,
     secs: f64,
     wall_secs: f64,
     ts: f64,
@@ -379,7 +393,7 @@ fn run_json(cmd: &mut Command) -> Result<Told, String> {
             );
             told.windows.push(WindowLine {
                 rps: num("requests_per_sec"),
-                untraced: w["untraced"]["requests_per_sec"].as_f64(),
+                untraced: untraced_of(&w["untraced"]),
                 secs: num("secs"),
                 wall_secs: num("wall_secs"),
                 ts: num("ts"),

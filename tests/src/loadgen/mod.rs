@@ -112,6 +112,18 @@ impl Report {
             .sum();
         Some(n / (to - from))
     }
+
+    /// Answers per second over several spans together (a watch window's untraced
+    /// stretches): their answers over their seconds; None where any leaves the
+    /// measured time.
+    pub fn rate_over(&self, spans: &[[f64; 2]]) -> Option<f64> {
+        let secs: f64 = spans.iter().map(|[a, b]| b - a).sum();
+        let mut n = 0.0;
+        for &[a, b] in spans {
+            n += self.rate_between(a, b)? * (b - a);
+        }
+        (secs > 0.0).then(|| n / secs)
+    }
 }
 
 fn unix_now() -> f64 {

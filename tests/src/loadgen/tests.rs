@@ -117,6 +117,20 @@ fn the_timeline_adds_up_to_the_count_and_gives_rates_over_any_span() {
     assert_eq!(r.rate_between(a - 1.0, b), None);
     assert_eq!(r.rate_between(a, b + 1.0), None);
     assert_eq!(r.rate_between(b, a), None);
+    // Spans together: their answers over their seconds, the whole again when they
+    // tile it; none where one leaves it.
+    let m = a + r.duration_s / 3.0;
+    let tiled = r.rate_over(&[[a, m], [m, b]]).unwrap();
+    assert!((tiled - whole).abs() <= 1e-6 * whole, "{tiled} {whole}");
+    let step = super::TIMELINE_STEP_S;
+    let two = r.rate_over(&[[a, a + step], [b - step, b]]).unwrap();
+    let (c0, cn) = (r.timeline[0], r.timeline[r.timeline.len() - 1]);
+    assert!(
+        (two - (c0 + cn) as f64 / (2.0 * step)).abs() <= 1e-6 * two.max(1.0),
+        "{two} {c0} {cn}"
+    );
+    assert_eq!(r.rate_over(&[[a, m], [m, b + 1.0]]), None);
+    assert_eq!(r.rate_over(&[]), None);
 }
 
 #[test]

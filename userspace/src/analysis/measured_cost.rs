@@ -45,7 +45,7 @@ fn one_window(w: &Window, off_core: bool) -> Option<f64> {
         return None;
     }
     let traced = w.on_cpu_per_request_us?;
-    let untraced = w.untraced?.cpu_per_request_us;
+    let untraced = w.untraced.as_ref()?.cpu_per_request_us;
     (traced.is_finite() && untraced.is_finite() && untraced > 0.0)
         .then(|| (traced - untraced).max(0.0))
 }
@@ -68,6 +68,7 @@ mod tests {
             cpu_per_request_us: u,
             io_calls_per_request: 2.0,
             source: UntracedSource::IoCalls,
+            spans: vec![[0.0, 0.7]],
         });
         w
     }

@@ -89,20 +89,25 @@ pub struct InjectionStatus {
     /// predicted / measured - 1.
     pub prediction_error: Option<f64>,
     pub after_windows: usize,
-    /// The Unix times [start, end] of the windows before_rps and after_rps are the
-    /// medians of, so that another count over the same seconds can be set beside them.
-    pub before_spans: Vec<[f64; 2]>,
-    pub after_spans: Vec<[f64; 2]>,
+    /// Per window that before_rps and after_rps are the medians of, the Unix times
+    /// [start, end] its rate is over (served_spans), so that another count over the
+    /// same seconds can be set beside them.
+    pub before_spans: Vec<Vec<[f64; 2]>>,
+    pub after_spans: Vec<Vec<[f64; 2]>>,
 }
 
-fn span(w: &Window) -> [f64; 2] {
-    [w.ts - w.wall_secs, w.ts]
+/// The seconds served_rps(w) is a rate over: the untraced stretches', else the window.
+pub fn served_spans(w: &Window) -> Vec<[f64; 2]> {
+    w.untraced
+        .as_ref()
+        .map_or(vec![[w.ts - w.wall_secs, w.ts]], |u| u.spans.clone())
 }
 
 /// The window's rate without the watch where its untraced part gives one (a sampled
 /// window: most of its seconds ran untraced), else the traced rate.
 pub fn served_rps(w: &Window) -> f64 {
     w.untraced
+        .as_ref()
         .map_or(w.requests_per_sec, |u| u.requests_per_sec)
 }
 
@@ -126,7 +131,7 @@ const KEEP: usize = 5;
 /// One stock window, as the decision and the prediction use it.
 struct Stock {
     rps: f64,
-    span: [f64; 2],
+    spans: Vec<[f64; 2]>,
     model: Option<Assessment>,
 }
 
@@ -151,7 +156,7 @@ impl Tracker {
         }
         self.before.push(Stock {
             rps: served_rps(w),
-            span: span(w),
+            spans: served_spans(w),
             model: w.model.clone(),
         });
         // Keep the recent past: a server warming up is not what is injected.
@@ -215,7 +220,7 @@ impl Tracker {
             measured_speedup: None,
             prediction_error: None,
             after_windows: 0,
-            before_spans: self.before.iter().map(|b| b.span).collect(),
+            before_spans: self.before.iter().map(|b| b.spans.clone()).collect(),
             after_spans: Vec::new(),
         });
     }
@@ -235,7 +240,7 @@ impl Tracker {
         self.seen_after += 1;
         if self.seen_after > 1 && w.requests > 0 {
             self.after.push(served_rps(w));
-            st.after_spans.push(span(w));
+            st.after_spans.push(served_spans(w));
         }
         st.after_windows = self.after.len();
         st.after_rps = median(&self.after);
@@ -260,5 +265,32 @@ mod tests {
         assert_eq!(median(&[]), None);
         assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+    }
+
+    /// The seconds beside a window's rate are those the rate is over: its untraced
+    /// stretch where the rate is the untraced one, so that a count over them (a load
+    /// generator's) compares like with like when the rate moves within the window.
+    #[test]
+    fn the_span_is_the_served_rates_own() {
+        use crate::untraced::{Untraced, UntracedSource};
+        let prev = crate::collector::Snapshot::zero();
+        let mut cur = crate::collector::Snapshot::zero();
+        cur.t = 1.0;
+        let mut w = crate::metrics::window(&prev, &cur, &crate::metrics::tests::ctx());
+        w.ts = 1000.0;
+        w.wall_secs = 1.0;
+        w.requests_per_sec = 500.0;
+        assert_eq!(served_rps(&w), 500.0);
+        assert_eq!(served_spans(&w), [[999.0, 1000.0]]);
+        w.untraced = Some(Untraced {
+            secs: 0.6,
+            requests_per_sec: 800.0,
+            cpu_per_request_us: 10.0,
+            io_calls_per_request: 2.0,
+            source: UntracedSource::IoCalls,
+            spans: vec![[999.0, 999.1], [999.4, 1000.0]],
+        });
+        assert_eq!(served_rps(&w), 800.0);
+        assert_eq!(served_spans(&w), [[999.0, 999.1], [999.4, 1000.0]]);
     }
 }

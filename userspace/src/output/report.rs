@@ -208,6 +208,7 @@ fn pct(v: Option<f64>) -> String {
 fn rate_line(s: &mut String, w: &Window, title: &str) {
     let untraced = w
         .untraced
+        .as_ref()
         .map(|u| {
             format!(
                 "; untraced {:.0} req/s over {:.2} s ({})",

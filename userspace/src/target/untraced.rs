@@ -24,6 +24,8 @@ const MIN_UNTRACED_SECS: f64 = 0.1;
 #[derive(Clone, Debug)]
 pub struct Reading {
     at: Instant,
+    /// The same moment as Unix seconds, for the span another count is set beside.
+    unix: f64,
     /// (pid, read + write calls (syscr + syscw), utime + stime seconds).
     procs: Vec<(u32, u64, f64)>,
     /// The fiber runtime's offload count, where the target runs it: an exact count
@@ -49,6 +51,7 @@ impl Reading {
             .collect();
         (!procs.is_empty()).then(|| Reading {
             at: Instant::now(),
+            unix: crate::metrics::unix_now(),
             procs,
             offloads,
             off_core,
@@ -167,7 +170,7 @@ fn clock_ticks_per_sec() -> f64 {
 }
 
 /// Counter deltas of one kind of stretch (traced or untraced).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Part {
     pub secs: f64,
     pub io_calls: u64,
@@ -176,6 +179,8 @@ pub struct Part {
     pub stretches: u32,
     /// The runtime's offloads over the stretches, None unless every edge had them.
     pub offloads: Option<u64>,
+    /// The stretches' Unix seconds [start, end], those that meet merged.
+    pub spans: Vec<[f64; 2]>,
 }
 
 impl Part {
@@ -192,6 +197,11 @@ impl Part {
         self.io_calls += io;
         self.cpu_s += cpu;
         self.offloads = offloads;
+        // One edge's reading ends a stretch and starts the next: equal times meet.
+        match self.spans.last_mut() {
+            Some(last) if last[1] == from.unix => last[1] = to.unix,
+            _ => self.spans.push([from.unix, to.unix]),
+        }
     }
 }
 
@@ -206,7 +216,7 @@ pub enum UntracedSource {
 }
 
 /// The target without the watch, over one window.
-#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Untraced {
     /// Seconds of the window the probes were off (and settled).
     pub secs: f64,
@@ -216,6 +226,9 @@ pub struct Untraced {
     /// Read and write calls per request, as the traced part counted them.
     pub io_calls_per_request: f64,
     pub source: UntracedSource,
+    /// Its stretches' Unix seconds [start, end] (around the burst and its settling):
+    /// the seconds another count of the target's requests is to be read over.
+    pub spans: Vec<[f64; 2]>,
 }
 
 /// From a window's traced part (with the requests the probes counted in it, and their
@@ -235,6 +248,7 @@ pub fn estimate(
     if untraced.secs < MIN_UNTRACED_SECS {
         return None;
     }
+    let spans = untraced.spans.clone();
     // Under the fiber runtime its counters count the requests themselves.
     if let Some(n) = untraced.offloads.filter(|&n| n > 0) {
         let rate = n as f64 / untraced.secs;
@@ -244,6 +258,7 @@ pub fn estimate(
             cpu_per_request_us: untraced.cpu_s / n as f64 * 1e6,
             io_calls_per_request: untraced.io_calls as f64 / n as f64,
             source: UntracedSource::RuntimeCounters,
+            spans,
         });
     }
     if requests < MIN_REQUESTS || traced.secs <= 0.0 {
@@ -262,6 +277,7 @@ pub fn estimate(
         cpu_per_request_us: untraced.cpu_s / untraced.secs / rate * 1e6,
         io_calls_per_request: k,
         source: UntracedSource::IoCalls,
+        spans,
     })
 }
 
@@ -383,6 +399,7 @@ mod tests {
             cpu_s: 0.05,
             stretches: 1,
             offloads: None,
+            spans: vec![[100.0, 100.05]],
         };
         let untraced = Part {
             secs: 1.5,
@@ -390,11 +407,14 @@ mod tests {
             cpu_s: 0.9,
             stretches: 1,
             offloads: None,
+            spans: vec![[99.7, 100.0], [100.3, 101.5]],
         };
         let u = estimate(&traced, 1000, None, &untraced).unwrap();
         assert!((u.requests_per_sec - 30_000.0).abs() < 1e-6);
         assert!((u.cpu_per_request_us - 20.0).abs() < 1e-9);
         assert_eq!(u.io_calls_per_request, 2.0);
+        // Read over the untraced stretch's seconds, not the burst's.
+        assert_eq!(u.spans, [[99.7, 100.0], [100.3, 101.5]]);
         // Stalls of 12.5 ms: 20,000/s x 12.5 ms = 250 requests in flight at the burst's
         // edges, whose 500 calls the burst counted: 2000 calls for 1250 requests.
         let v = estimate(&traced, 1000, Some(12_500.0), &untraced).unwrap();
@@ -404,12 +424,12 @@ mod tests {
         assert_eq!(estimate(&traced, 10, None, &untraced), None);
         let short = Part {
             secs: 0.05,
-            ..untraced
+            ..untraced.clone()
         };
         assert_eq!(estimate(&traced, 1000, None, &short), None);
         let recv_send = Part {
             io_calls: 100,
-            ..traced
+            ..traced.clone()
         };
         assert_eq!(estimate(&recv_send, 1000, None, &untraced), None);
     }
@@ -424,6 +444,7 @@ mod tests {
             cpu_s: 0.05,
             stretches: 1,
             offloads: Some(2_000),
+            spans: vec![[100.0, 100.05]],
         };
         let untraced = Part {
             secs: 0.9,
@@ -431,6 +452,7 @@ mod tests {
             cpu_s: 0.45,
             stretches: 1,
             offloads: Some(45_000),
+            spans: vec![[100.3, 101.2]],
         };
         let u = estimate(&traced, 0, None, &untraced).unwrap();
         assert_eq!(u.source, UntracedSource::RuntimeCounters);
@@ -462,6 +484,21 @@ mod tests {
         assert!(l.traced.secs >= 0.02 && l.traced.secs < 0.03 + 0.02);
         assert!(l.untraced.secs >= 0.04 && l.untraced.secs < 0.04 + 0.03);
         assert_eq!((l.traced.stretches, l.untraced.stretches), (1, 1));
+        // Each part's seconds are its own stretches': the settling between them is
+        // in neither.
+        let (&[[ta, tb]], &[[ua, ub]]) = (&l.traced.spans[..], &l.untraced.spans[..]) else {
+            panic!("{l:?}");
+        };
+        assert!(ta < tb && tb < ua && ua < ub, "{ta} {tb} {ua} {ub}");
+        assert!((ub - ua - l.untraced.secs).abs() < 1e-3, "{ua} {ub}");
+        // A stretch that meets the last one extends it; one after a gap is its own.
+        l.edge(&[pid], Stretch::Untraced, None);
+        assert_eq!(l.untraced.spans.len(), 1, "{l:?}");
+        l.edge(&[pid], Stretch::Traced, None);
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        l.edge(&[pid], Stretch::Untraced, None);
+        assert_eq!(l.untraced.spans.len(), 2, "{l:?}");
+        assert_eq!(l.untraced.spans[0][0], ua);
         // Closing resets both for the next window.
         l.close(0, None);
         assert_eq!(l.traced, Part::default());

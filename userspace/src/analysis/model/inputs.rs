@@ -206,8 +206,8 @@ pub fn from_window(
         }
         .or(w.watcher.and_then(|c| c.us_per_request))
         .unwrap_or(0.0),
-        stock_rps_untraced: w.untraced.map(|u| u.requests_per_sec),
-        cpu_untraced_us: w.untraced.map(|u| u.cpu_per_request_us),
+        stock_rps_untraced: w.untraced.as_ref().map(|u| u.requests_per_sec),
+        cpu_untraced_us: w.untraced.as_ref().map(|u| u.cpu_per_request_us),
         outside_wait_us: w.outside_wait_us.map(|z| {
             // The CPU outside the stall, per request where the histogram timed it.
             let cpu = w
