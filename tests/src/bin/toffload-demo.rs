@@ -6,8 +6,9 @@
 //! `--tui` shows the same in the dashboard.
 //!
 //! Every rate the watcher prints is cross-checked with the load generator's own
-//! count over the same seconds (its 0.1 s timeline against each window's Unix
-//! span): a mismatch beyond 15% ends the story with an error, not a result.
+//! count over the same seconds (its 0.1 s timeline against the Unix seconds each rate
+//! is over: a sampled window's untraced stretches, else the window): a mismatch beyond
+//! 15% ends the story with an error, not a result.
 //! `--runs N --out FILE` (`cargo xtask bench demo`) tells it N times and writes the
 //! table of rates, predictions and errors.
 
