@@ -868,6 +868,7 @@ fn rates_against_own_count(what: &str, pid: u32, own: impl Fn() -> Option<f64> +
                     .collect()
             })
             .unwrap_or_else(|| vec![(ts - wall, ts)]);
+        let own = own_rate_over(&samples, &spans);
         let c = &w["watcher"];
         let (cal, meas, each) = (
             c["calibrated_us_per_request"].as_f64(),
@@ -878,14 +879,11 @@ fn rates_against_own_count(what: &str, pid: u32, own: impl Fn() -> Option<f64> +
             "{what}: traced {:.0} req/s, untraced {}, own count {}; cost per request {each:?} us (calibrated {cal:?}, measured {meas:?}), share {:.3}, duty {:.4}",
             w["requests_per_sec"].as_f64().unwrap_or(f64::NAN),
             w["untraced"]["requests_per_sec"],
-            own_rate_over(&samples, &spans).map_or("-".into(), |r| format!("{r:.0}")),
+            own.map_or("-".into(), |r| format!("{r:.0}")),
             c["share_traced"].as_f64().unwrap_or(f64::NAN),
             c["duty"].as_f64().unwrap_or(f64::NAN),
         );
-        if let (Some(u), Some(o)) = (
-            w["untraced"]["requests_per_sec"].as_f64(),
-            own_rate_over(&samples, &spans),
-        ) {
+        if let (Some(u), Some(o)) = (w["untraced"]["requests_per_sec"].as_f64(), own) {
             ratios.push(u / o);
         }
         if let (Some(m), Some(e)) = (meas, each) {
