@@ -23,6 +23,7 @@ use crate::sink::{Event, Sink, UserCmd};
 use crate::steal;
 use crate::target::{self, AddressSpace};
 use crate::untraced::{self, Stretch};
+use crate::watch_priority::{Phase, WatchPriority};
 use aya::Ebpf;
 use std::time::{Duration, Instant};
 
@@ -698,12 +699,19 @@ pub async fn run(
         if let Step::End(why) = watch.step()? {
             break why;
         }
+        watch.prio.set(watch.phase());
+        let nap = watch.next_poll();
+        let due = Instant::now() + nap;
         tokio::select! {
-            _ = tokio::time::sleep(watch.next_poll()) => {}
+            _ = tokio::time::sleep(nap) => {
+                watch.prio.woke(Instant::now().saturating_duration_since(due));
+            }
             _ = sigint.recv() => break Ended::Interrupted,
             _ = sigterm.recv() => break Ended::Terminated,
         }
     };
+    // The final report is waited for.
+    watch.prio.set(Phase::Due);
     watch.finish(ended)
 }
 
@@ -723,6 +731,8 @@ struct WatchSession<'a> {
     /// How many of this interval's early looks (EARLY_LOOKS) were taken.
     looked: usize,
     windows_emitted: u32,
+    /// The thread's priority, which follows the phase (watch_priority.rs).
+    prio: WatchPriority,
 }
 
 enum Step {
@@ -765,6 +775,7 @@ impl<'a> WatchSession<'a> {
             duty: opts.sample.clamp(MIN_DUTY, 1.0),
             looked: 0,
             windows_emitted: 0,
+            prio: WatchPriority::new(),
         })
     }
 
@@ -793,6 +804,22 @@ impl<'a> WatchSession<'a> {
         match inject_now {
             Some(io) => self.inject(&io),
             None => Ok(Step::Continue),
+        }
+    }
+
+    /// What sets the thread's priority until the next wake-up: Due while attached (the
+    /// burst's end is next, and every moment of it costs the host's syscalls), while
+    /// a person is at the keys, and around an injection; Between otherwise.
+    fn phase(&self) -> Phase {
+        if self.tr.on
+            || self.sink.interactive()
+            || self.deciding()
+            || self.inj.health.is_some()
+            || self.inj.up.is_some()
+        {
+            Phase::Due
+        } else {
+            Phase::Between
         }
     }
 
@@ -943,6 +970,8 @@ impl<'a> WatchSession<'a> {
             return Ok(Step::End(Ended::Count));
         }
         if sampled || self.duty < 1.0 {
+            // Attached but not yet counting, the programs cost the host already.
+            self.prio.set(Phase::Due);
             self.tr.resume(self.started)?;
         }
         Ok(Step::Continue)
@@ -1016,6 +1045,8 @@ impl<'a> WatchSession<'a> {
     /// Injects as `io` says (or plans, or refuses); windows restart from an injection,
     /// and the new process's cost is looked at afresh.
     fn inject(&mut self, io: &inject::Options) -> Result<Step, WatchError> {
+        // A process started from an idle thread would inherit the idle policy.
+        self.prio.set(Phase::Due);
         let step = self.try_inject(io)?;
         if let Step::Continue = step {
             self.next_window = self.started.elapsed() + self.opts.interval;

@@ -132,6 +132,7 @@ fn inject_raises_throughput() {
     let mut server = conn_server(port, "spin", 1000);
     let old = server.pid();
     let old_nice = nice_of(old);
+    let old_policy = policy_of(old);
     let old_cpus = cpus_of(old);
     pin_load();
     let stock = load::run(&load_cfg(port, 2.0)).expect("stock load");
@@ -158,6 +159,14 @@ fn inject_raises_throughput() {
     // At the server's own priority, not the watcher's (raised while it starts).
     assert!(old_nice.is_some());
     assert_eq!(nice_of(new), old_nice, "nice of the relaunched pid {new}");
+    // Its policy too: the watch runs SCHED_IDLE between bursts, which a child
+    // started from that thread would inherit.
+    assert_eq!(old_policy, Some(libc::SCHED_OTHER as u32));
+    assert_eq!(
+        policy_of(new),
+        old_policy,
+        "policy of the relaunched pid {new}"
+    );
     // On the server's own CPUs (core 0 here), not the watcher's (core 1).
     assert_eq!(
         cpus_of(new),
@@ -318,6 +327,17 @@ fn nice_of(pid: u32) -> Option<i32> {
         .1
         .split_whitespace()
         .nth(16)?
+        .parse()
+        .ok()
+}
+
+/// A process's scheduling policy (/proc/PID/stat field 41).
+fn policy_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(38)?
         .parse()
         .ok()
 }

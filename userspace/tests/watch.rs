@@ -1326,6 +1326,127 @@ fn signals_end_with_a_final_report() {
     }
 }
 
+/// A thread's scheduling policy (/proc/PID/task/TID/stat field 41).
+fn policy_of(pid: u32, tid: u32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(38)?
+        .parse()
+        .ok()
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_to(cpu: usize) {
+    // SAFETY: an all-zero cpu_set_t is valid; cpu is below CPU_SETSIZE; pins this
+    // thread only.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
+    }
+}
+
+/// Between bursts the watch runs SCHED_IDLE, at its own priority while attached
+/// (watch_priority.rs); and pinned to a CPU that a busy loop of higher priority
+/// holds, where an idle-policy thread waits seconds for each wake-up, it closes its
+/// windows on time after the first (whose late wake-up ends the idle policy).
+#[test]
+fn the_watch_runs_idle_between_bursts_and_never_starves() {
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let server = Server::start(
+        &ServerSpec::new("conn_server")
+            .env("TOFFLOAD_EMU_LAT_US", "200")
+            .env("TOFFLOAD_WAIT", "block"),
+    )
+    .expect("conn_server");
+    // 50 ms bursts a second: the watch's thread is seen at both policies.
+    let mut c = watch_cmd();
+    c.args([
+        "--json",
+        "--interval",
+        "1s",
+        "--duration",
+        "4.5s",
+        "--sample",
+        "5",
+    ])
+    .arg("--pid")
+    .arg(server.pid().to_string());
+    let w = Watcher::start(c);
+    let pid = w.child.id();
+    let mut seen = std::collections::BTreeMap::new();
+    let t = std::time::Instant::now();
+    while t.elapsed() < Duration::from_secs(3) {
+        if let Some(p) = policy_of(pid, pid) {
+            *seen.entry(p).or_insert(0) += 1;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let (code, _, err) = w.finish();
+    assert_eq!(code, 0, "{err:?}");
+    println!("the watch's thread by policy (samples): {seen:?}");
+    assert!(seen.contains_key(&libc::SCHED_IDLE), "never idle: {seen:?}");
+    assert!(
+        seen.contains_key(&libc::SCHED_OTHER),
+        "never its own: {seen:?}"
+    );
+    // Idle most of the time: bursts are 5% of it.
+    assert!(
+        seen[&libc::SCHED_IDLE] > seen[&libc::SCHED_OTHER],
+        "{seen:?}"
+    );
+
+    // Pinned beside a busy loop at nice -15 on the same CPU (a weight of 29,154
+    // against SCHED_IDLE's 3: at that, windows closed 3.5 s late).
+    let cpu = harness::cpus().max(1) - 1;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let st = stop.clone();
+    let busy = std::thread::spawn(move || {
+        pin_to(cpu);
+        // SAFETY: setpriority on this thread (0: the caller).
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -15) };
+        while !st.load(std::sync::atomic::Ordering::Relaxed) {
+            std::hint::spin_loop();
+        }
+    });
+    let mut c = Command::new("taskset");
+    c.args(["-c", &cpu.to_string()])
+        .arg(harness::bin("toffload-watch").expect("built"))
+        .args([
+            "--json",
+            "--interval",
+            "1s",
+            "--duration",
+            "9.5s",
+            "--sample",
+            "5",
+        ])
+        .arg("--pid")
+        .arg(server.pid().to_string());
+    let w = Watcher::start(c);
+    let (code, lines, err) = w.finish();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    busy.join().expect("busy loop");
+    assert_eq!(code, 0, "{err:?}");
+    let ts: Vec<f64> = lines
+        .iter()
+        .filter(|(k, _)| k == "window")
+        .filter_map(|(_, w)| w["ts"].as_f64())
+        .collect();
+    let gaps: Vec<f64> = ts.windows(2).map(|p| p[1] - p[0]).collect();
+    println!("window closes {gaps:.3?} s apart beside the busy loop");
+    // The first windows may come late and then together: the wake-up that ends the
+    // idle policy, and the windows it owed. From then on each closes on its second.
+    let on_time = |g: &f64| (0.7..1.3).contains(g);
+    let from = gaps.iter().rposition(|g| !on_time(g)).map_or(0, |i| i + 1);
+    assert!(gaps.len() - from >= 4, "windows {gaps:?} s apart");
+}
+
 /// tracefs not mounted (as at boot here): the watcher mounts it. Run in a private
 /// mount namespace with tracefs unmounted there, so nothing else on the machine sees it.
 #[test]

@@ -2,7 +2,7 @@
 //! and attaching the programs (loader), reading their maps into snapshots (collector,
 //! percpu, hist), and what the probes and a context switch cost (calibrate, probe_cost, the
 //! boot's calibration_cache), what a burst's attach and detach cost (burst_cost), and the
-//! priority the start runs at (start_priority).
+//! priority the start runs at (start_priority) and the watch after it (watch_priority).
 
 pub mod abi;
 pub mod btf;
@@ -16,3 +16,4 @@ pub mod loader;
 pub mod percpu;
 pub mod probe_cost;
 pub mod start_priority;
+pub mod watch_priority;
