@@ -21,6 +21,16 @@ fn watch_pid(pid: u32, secs: f64) -> Watcher {
     Watcher::start(c)
 }
 
+/// conn_server waiting `lat_us` on each offload, blocking.
+fn blocking_conn_server(lat_us: u32) -> Server {
+    Server::start(
+        &ServerSpec::new("conn_server")
+            .env("TOFFLOAD_EMU_LAT_US", lat_us.to_string())
+            .env("TOFFLOAD_WAIT", "block"),
+    )
+    .expect("conn_server")
+}
+
 fn drive(server: &Server, conns: usize, secs: f64) -> load::Report {
     let mut cfg = Config::new(server.port);
     cfg.conns = conns;
@@ -676,12 +686,7 @@ fn sampled_watch_keeps_rates_and_stall() {
     if !ready() {
         return;
     }
-    let server = Server::start(
-        &ServerSpec::new("conn_server")
-            .env("TOFFLOAD_EMU_LAT_US", "1000")
-            .env("TOFFLOAD_WAIT", "block"),
-    )
-    .expect("conn_server");
+    let server = blocking_conn_server(1000);
     let mut c = watch_cmd();
     c.args([
         "--json",
@@ -750,12 +755,7 @@ fn overhead_budget_traces_part_of_each_interval() {
         return;
     }
     for (flags, budgeted) in [(&[][..], true), (&["--sample", "100"][..], false)] {
-        let server = Server::start(
-            &ServerSpec::new("conn_server")
-                .env("TOFFLOAD_EMU_LAT_US", "200")
-                .env("TOFFLOAD_WAIT", "block"),
-        )
-        .expect("conn_server");
+        let server = blocking_conn_server(200);
         let mut c = watch_cmd();
         c.args(["--json", "--interval", "1s", "--duration", "6.5s"])
             .args(flags)
@@ -1358,12 +1358,7 @@ fn the_watch_runs_idle_between_bursts_and_never_starves() {
     if !ready() {
         return;
     }
-    let server = Server::start(
-        &ServerSpec::new("conn_server")
-            .env("TOFFLOAD_EMU_LAT_US", "200")
-            .env("TOFFLOAD_WAIT", "block"),
-    )
-    .expect("conn_server");
+    let server = blocking_conn_server(200);
     // 50 ms bursts a second: the watch's thread is seen at both policies.
     let mut c = watch_cmd();
     c.args([

@@ -108,19 +108,13 @@ mod tests {
         unsafe { libc::gettid() }
     }
 
-    /// Raising a thread back from idle needs CAP_SYS_NICE.
-    fn privileged() -> bool {
+    /// Runs `f` on a thread of its own (whose policy the test may change) with that
+    /// thread's own policy and a WatchPriority already between bursts. Raising a
+    /// thread back from idle needs CAP_SYS_NICE.
+    fn between_bursts(f: impl FnOnce(Policy, WatchPriority) + Send + 'static) {
         // SAFETY: no arguments.
-        let root = unsafe { libc::geteuid() } == 0;
-        if !root {
+        if unsafe { libc::geteuid() } != 0 {
             println!("skipped: raising a thread's priority back needs root");
-        }
-        root
-    }
-
-    #[test]
-    fn idle_between_bursts_own_when_due_and_back_on_drop() {
-        if !privileged() {
             return;
         }
         std::thread::spawn(|| {
@@ -128,25 +122,26 @@ mod tests {
             let mut p = WatchPriority::new();
             p.set(Phase::Between);
             assert_eq!(policy_of(me()), Some(Policy::Idle));
-            p.set(Phase::Due);
-            assert_eq!(policy_of(me()), Some(own));
-            p.set(Phase::Between);
-            drop(p);
-            assert_eq!(policy_of(me()), Some(own));
+            f(own, p)
         })
         .join()
         .unwrap();
     }
 
     #[test]
-    fn a_late_wake_up_ends_the_idle_policy() {
-        if !privileged() {
-            return;
-        }
-        std::thread::spawn(|| {
-            let own = policy_of(me()).expect("readable");
-            let mut p = WatchPriority::new();
+    fn idle_between_bursts_own_when_due_and_back_on_drop() {
+        between_bursts(|own, mut p| {
+            p.set(Phase::Due);
+            assert_eq!(policy_of(me()), Some(own));
             p.set(Phase::Between);
+            drop(p);
+            assert_eq!(policy_of(me()), Some(own));
+        });
+    }
+
+    #[test]
+    fn a_late_wake_up_ends_the_idle_policy() {
+        between_bursts(|own, mut p| {
             // On time: still idle.
             p.woke(LATE / 2);
             assert_eq!(policy_of(me()), Some(Policy::Idle));
@@ -161,8 +156,6 @@ mod tests {
             p.set(Phase::Due);
             p.set(Phase::Between);
             assert_eq!(policy_of(me()), Some(own));
-        })
-        .join()
-        .unwrap();
+        });
     }
 }
