@@ -10,7 +10,8 @@
 //! seconds for each wake-up, so a wake-up that comes LATE after it was due ends the
 //! idle policy for the rest of the watch: it runs at its own priority from then on,
 //! as it did before it ran idle. A person at the keys, and an injection (whose
-//! relaunched server would inherit the idle policy), keep the thread's own.
+//! relaunched server would inherit the idle policy), keep the thread's own; so does
+//! a watch without CAP_SYS_NICE, which could not leave SCHED_IDLE again.
 
 use crate::start_priority::{policy_of, set_policy, Policy};
 use std::time::Duration;
@@ -48,7 +49,9 @@ impl WatchPriority {
         WatchPriority {
             tid,
             own,
-            between: own.map(|_| Policy::Idle),
+            // Leaving SCHED_IDLE takes CAP_SYS_NICE (a watch run with CAP_BPF and
+            // CAP_PERFMON alone may lack it): without, it would stay idle for good.
+            between: own.map(|p| if may_raise() { Policy::Idle } else { p }),
             now: own,
             _not_send: std::marker::PhantomData,
         }
@@ -83,6 +86,21 @@ impl WatchPriority {
     pub fn between(&self) -> Option<Policy> {
         self.between
     }
+}
+
+/// Whether this process holds CAP_SYS_NICE.
+fn may_raise() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| sys_nice_in(&s))
+}
+
+/// Whether a /proc/PID/status text's effective capabilities hold CAP_SYS_NICE.
+fn sys_nice_in(status: &str) -> bool {
+    const CAP_SYS_NICE: u32 = 23;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_SYS_NICE) != 0)
 }
 
 impl Default for WatchPriority {
@@ -126,6 +144,21 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn without_cap_sys_nice_it_never_goes_idle() {
+        assert!(sys_nice_in("Name:\tx\nCapEff:\t000001ffffffffff\n"));
+        // CAP_BPF and CAP_PERFMON (bits 38, 39) alone.
+        assert!(!sys_nice_in("CapEff:\t000000c000000000\n"));
+        assert!(!sys_nice_in("Name:\tx\n"));
+        let p = WatchPriority::new();
+        let own = policy_of(me());
+        if may_raise() {
+            assert_eq!(p.between(), Some(Policy::Idle));
+        } else {
+            assert_eq!(p.between(), own);
+        }
     }
 
     #[test]
