@@ -6,7 +6,9 @@
 //! behind.
 
 mod common;
-use common::{check_json_keys, get, ready, serial, watch_cmd, Watcher};
+use common::{
+    check_json_keys, get, ready, serial, stat_field, watch_cmd, Watcher, STAT_NICE, STAT_POLICY,
+};
 use serde_json::Value;
 use std::time::Duration;
 use toffload_tests::harness::{self, Server, ServerSpec};
@@ -161,7 +163,7 @@ fn inject_raises_throughput() {
     assert_eq!(nice_of(new), old_nice, "nice of the relaunched pid {new}");
     // Its policy too: the watch runs SCHED_IDLE between bursts, which a child
     // started from that thread would inherit.
-    assert_eq!(old_policy, Some(libc::SCHED_OTHER as u32));
+    assert_eq!(old_policy, Some(libc::SCHED_OTHER as i64));
     assert_eq!(
         policy_of(new),
         old_policy,
@@ -320,26 +322,14 @@ fn restores_the_original_when_the_relaunch_fails() {
     );
 }
 
-/// A process's nice value (/proc/PID/stat field 19).
-fn nice_of(pid: u32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(16)?
-        .parse()
-        .ok()
+/// A process's nice value.
+fn nice_of(pid: u32) -> Option<i64> {
+    stat_field(&format!("/proc/{pid}/stat"), STAT_NICE)
 }
 
-/// A process's scheduling policy (/proc/PID/stat field 41).
-fn policy_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(38)?
-        .parse()
-        .ok()
+/// A process's scheduling policy.
+fn policy_of(pid: u32) -> Option<i64> {
+    stat_field(&format!("/proc/{pid}/stat"), STAT_POLICY)
 }
 
 /// hsm_server: each request's offload is a vendor library's blocking call

@@ -10,7 +10,7 @@ use toffload_tests::harness::{self, Server, ServerSpec};
 use toffload_tests::load::{self, Config};
 
 mod common;
-use common::{get, json_lines, ready, serial, watch_cmd, Watcher};
+use common::{get, json_lines, ready, serial, stat_field, watch_cmd, Watcher, STAT_POLICY};
 
 fn watch_pid(pid: u32, secs: f64) -> Watcher {
     let mut c = watch_cmd();
@@ -1326,17 +1326,6 @@ fn signals_end_with_a_final_report() {
     }
 }
 
-/// A thread's scheduling policy (/proc/PID/task/TID/stat field 41).
-fn policy_of(pid: u32, tid: u32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(38)?
-        .parse()
-        .ok()
-}
-
 /// Pins the calling thread to `cpu`.
 fn pin_to(cpu: usize) {
     // SAFETY: an all-zero cpu_set_t is valid; cpu is below CPU_SETSIZE; pins this
@@ -1377,7 +1366,7 @@ fn the_watch_runs_idle_between_bursts_and_never_starves() {
     let mut seen = std::collections::BTreeMap::new();
     let t = std::time::Instant::now();
     while t.elapsed() < Duration::from_secs(3) {
-        if let Some(p) = policy_of(pid, pid) {
+        if let Some(p) = stat_field(&format!("/proc/{pid}/task/{pid}/stat"), STAT_POLICY) {
             *seen.entry(p).or_insert(0) += 1;
         }
         std::thread::sleep(Duration::from_millis(2));
@@ -1385,14 +1374,17 @@ fn the_watch_runs_idle_between_bursts_and_never_starves() {
     let (code, _, err) = w.finish();
     assert_eq!(code, 0, "{err:?}");
     println!("the watch's thread by policy (samples): {seen:?}");
-    assert!(seen.contains_key(&libc::SCHED_IDLE), "never idle: {seen:?}");
     assert!(
-        seen.contains_key(&libc::SCHED_OTHER),
+        seen.contains_key(&i64::from(libc::SCHED_IDLE)),
+        "never idle: {seen:?}"
+    );
+    assert!(
+        seen.contains_key(&i64::from(libc::SCHED_OTHER)),
         "never its own: {seen:?}"
     );
     // Idle most of the time: bursts are 5% of it.
     assert!(
-        seen[&libc::SCHED_IDLE] > seen[&libc::SCHED_OTHER],
+        seen[&i64::from(libc::SCHED_IDLE)] > seen[&i64::from(libc::SCHED_OTHER)],
         "{seen:?}"
     );
 

@@ -10,6 +10,22 @@ use std::sync::{mpsc, Mutex};
 use std::time::Duration;
 use toffload_tests::harness;
 
+/// Fields of a /proc stat file, numbered as proc(5) numbers them.
+pub const STAT_NICE: usize = 19;
+pub const STAT_POLICY: usize = 41;
+
+/// Field `n` of a /proc stat file (`/proc/PID/stat`, `/proc/PID/task/TID/stat`),
+/// counted past the command name, which may hold spaces.
+pub fn stat_field(path: &str, n: usize) -> Option<i64> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(n.checked_sub(3)?)?
+        .parse()
+        .ok()
+}
+
 /// One at a time: every test measures something on a 2-core machine.
 static SERIAL: Mutex<()> = Mutex::new(());
 
