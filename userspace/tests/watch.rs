@@ -1740,3 +1740,73 @@ fn offload_probes_never_reach_a_process_on_the_fiber_runtime() {
     assert!(a.alive(), "A died while watched");
     assert_eq!(r.wrong, 0);
 }
+
+/// The watcher's loaded programs by BPF program type (from its fds' fdinfo).
+fn loaded_programs(watcher_pid: u32) -> std::collections::BTreeMap<u32, usize> {
+    let mut by_type = std::collections::BTreeMap::new();
+    let dir = format!("/proc/{watcher_pid}/fdinfo");
+    for e in std::fs::read_dir(&dir).expect("the watcher's fdinfo") {
+        let Ok(info) = std::fs::read_to_string(e.expect("an fd").path()) else {
+            continue;
+        };
+        let ty = info
+            .lines()
+            .find_map(|l| l.strip_prefix("prog_type:"))
+            .and_then(|v| v.trim().parse::<u32>().ok());
+        if let Some(ty) = ty {
+            *by_type.entry(ty).or_insert(0) += 1;
+        }
+    }
+    by_type
+}
+
+/// The offload probes (uprobes: BPF_PROG_TYPE_KPROBE) go through the verifier only
+/// where one is attached: a target without an offload symbol (a plain `sleep`) is
+/// watched with the tracepoint programs alone, conn_server (accel_run) with both
+/// offload probes loaded, and its offloads counted.
+#[test]
+fn the_offload_probes_are_loaded_only_where_they_attach() {
+    const UPROBE: u32 = 2;
+    const RAW_TRACEPOINT: u32 = 17;
+    let _s = serial();
+    if !ready() {
+        return;
+    }
+    let mut plain = Command::new("sleep").arg("30").spawn().expect("sleep");
+    let w = watch_pid(plain.id(), 2.0);
+    let progs = loaded_programs(w.child.id());
+    let (code, lines, _) = w.finish();
+    let _ = plain.kill();
+    let _ = plain.wait();
+    println!("watching sleep: programs by type {progs:?}");
+    assert_eq!(code, 0);
+    assert!(
+        progs.get(&RAW_TRACEPOINT).is_some_and(|&n| n > 0),
+        "no tracepoint program loaded: {progs:?}"
+    );
+    assert_eq!(
+        progs.get(&UPROBE),
+        None,
+        "offload probes loaded for a target without one"
+    );
+    assert_eq!(
+        get(&lines, "header")["probes"]["offload"]
+            .as_array()
+            .map(Vec::len),
+        Some(0)
+    );
+
+    let server = blocking_conn_server(50);
+    let w = watch_pid(server.pid(), 2.5);
+    drive(&server, 4, 1.0);
+    let progs = loaded_programs(w.child.id());
+    let (code, lines, _) = w.finish();
+    println!("watching conn_server: programs by type {progs:?}");
+    assert_eq!(code, 0);
+    assert_eq!(progs.get(&UPROBE), Some(&2), "{progs:?}");
+    let calls = get(&lines, "final")["total"]["offload"]["calls"].as_u64();
+    assert!(
+        calls.is_some_and(|c| c > 0),
+        "no offload counted: {calls:?}"
+    );
+}
