@@ -176,7 +176,7 @@ pub fn ensure_tracefs() -> Result<(), WatchError> {
     Ok(())
 }
 
-/// The offload probes, the return probe first (attach_target says why).
+/// The offload probes, the return probe first (attach_offload_probes says why).
 const OFFLOAD_PROGRAMS: [&str; 2] = ["offload_exit", "offload_enter"];
 
 /// The loaded programs; `raw_sched` when the scheduler hooks are raw tracepoints.
@@ -595,6 +595,22 @@ fn unfiltered_for_test() -> bool {
 /// The entry and return probes of one target, both or neither.
 fn attach_target(bpf: &mut Ebpf, t: &ProbeTarget, links: &mut Vec<Link>) -> Result<(), String> {
     let pid = (!unfiltered_for_test()).then_some(t.pid as libc::pid_t);
+    let made = attach_offload_probes(bpf, pid, &t.path, t.offset).map_err(|(prog, e)| {
+        format!("{prog} on {} in {} (pid {}): {e}", t.symbol, t.path, t.pid)
+    })?;
+    links.extend(made);
+    Ok(())
+}
+
+/// The offload probes at `offset` in `path`, on `pid` (None: every process), both or
+/// neither; each program goes through the verifier the first time it is attached.
+/// Fails with the program that did not attach and why.
+pub fn attach_offload_probes(
+    bpf: &mut Ebpf,
+    pid: Option<libc::pid_t>,
+    path: &str,
+    offset: u64,
+) -> Result<Vec<Link>, (&'static str, String)> {
     // The return probe first: an entry seen before its return probe exists would
     // leave the thread's nesting depth above zero for good (a busy event loop then
     // never counts another offload).
@@ -607,22 +623,17 @@ fn attach_target(bpf: &mut Ebpf, t: &ProbeTarget, links: &mut Vec<Link>) -> Resu
                     p.load()
                         .map_err(|e| format!("loading the program: {e:#}"))?;
                 }
-                p.attach(None, t.offset, &t.path, pid)
-                    .map_err(|e| e.to_string())
+                p.attach(None, offset, path, pid).map_err(|e| e.to_string())
             });
         match attached {
             Ok(id) => made.push(Link::Up(prog, id)),
             Err(e) => {
                 detach(bpf, &mut made, &Arc::new(AtomicU64::new(0)));
-                return Err(format!(
-                    "{prog} on {} in {} (pid {}): {e}",
-                    t.symbol, t.path, t.pid
-                ));
+                return Err((prog, e));
             }
         }
     }
-    links.extend(made);
-    Ok(())
+    Ok(made)
 }
 
 /// Attaches the probed entry points again (sampled watching). A process that has

@@ -10,7 +10,6 @@
 //! tracing only part of each interval (see session.rs).
 
 use crate::loader;
-use aya::programs::UProbe;
 use serde::Serialize;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -470,16 +469,10 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
             // tracepoints run their filter on every process's syscalls and switches
             // (the target's and its load tool's) from the moment they are attached,
             // and attaching a uprobe takes tens of ms.
-            for prog in ["offload_exit", "offload_enter"] {
-                let p: &mut UProbe = bpf
-                    .program_mut(prog)
-                    .and_then(|p| p.try_into().ok())
-                    .ok_or_else(|| format!("the object lacks {prog}"))?;
-                let id = p
-                    .attach(None, offset, &path, Some(pid as i32))
-                    .map_err(|e| format!("probing the calibration child: {e}"))?;
-                links.push(loader::Link::Up(prog, id));
-            }
+            links.extend(
+                loader::attach_offload_probes(&mut bpf, Some(pid as i32), &path, offset)
+                    .map_err(|(prog, e)| format!("probing the calibration child ({prog}): {e}"))?,
+            );
             let (_, l) = loader::attach_tracepoints(&mut bpf, raw_sched, loader::Hooks::All)
                 .map_err(|e| e.to_string())?;
             links.extend(l);
