@@ -25,8 +25,8 @@ pub mod cuda_rows;
 pub use analysis::{classifier, futex, measured_cost, metrics, model};
 pub use inject::flow as inject_flow;
 pub use kernel::{
-    abi, btf, burst_cost, calibrate, calibration_cache, collector, hist, idle_wake, loader,
-    probe_cost, start_priority, watch_priority,
+    abi, btf, btf_hidden, burst_cost, calibrate, calibration_cache, collector, hist, idle_wake,
+    loader, probe_cost, start_priority, watch_priority,
 };
 pub use output::{dashboard, report, sink, syscalls, wall_clock};
 pub use target::{

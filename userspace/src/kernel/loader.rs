@@ -228,12 +228,19 @@ pub fn load_from(object: &[u8], pid: u32) -> Result<Loaded, WatchError> {
     } else {
         crate::btf::task_offsets().unwrap_or((0, 0))
     };
-    let mut bpf = aya::EbpfLoader::new()
-        .set_global("WATCHED_TGID", &pid, true)
-        .set_global("TASK_PID_OFF", &pid_off, true)
-        .set_global("TASK_CPU_OFF", &cpu_off, true)
-        .load(object)
-        .map_err(|e| WatchError::BpfUnavailable(format!("loading the eBPF object: {e}")))?;
+    // The object carries no BTF relocations: aya's parse of the kernel's is skipped
+    // (btf_hidden.rs).
+    let (loaded, _) = crate::btf_hidden::with_btf_hidden(|| {
+        // Part of the start: moved with it past its grace (start_priority.rs).
+        let _helper = crate::start_priority::helper();
+        aya::EbpfLoader::new()
+            .set_global("WATCHED_TGID", &pid, true)
+            .set_global("TASK_PID_OFF", &pid_off, true)
+            .set_global("TASK_CPU_OFF", &cpu_off, true)
+            .load(object)
+    });
+    let mut bpf =
+        loaded.map_err(|e| WatchError::BpfUnavailable(format!("loading the eBPF object: {e}")))?;
     let raw_sched = pid_off != 0;
     let raw: Vec<&str> = RAW_TRACEPOINTS
         .iter()

@@ -1,11 +1,13 @@
 //! The kernel side of a watch: the eBPF object's layouts (abi), the kernel's BTF, loading
-//! and attaching the programs (loader), reading their maps into snapshots (collector,
+//! and attaching the programs (loader, on a thread that does not parse that BTF:
+//! btf_hidden), reading their maps into snapshots (collector,
 //! percpu, hist), and what the probes and a context switch cost (calibrate, probe_cost, the
 //! boot's calibration_cache), what a burst's attach and detach cost (burst_cost), and the
 //! priority the start runs at (start_priority) and the watch after it (watch_priority).
 
 pub mod abi;
 pub mod btf;
+pub mod btf_hidden;
 pub mod burst_cost;
 pub mod calibrate;
 pub mod calibration_cache;

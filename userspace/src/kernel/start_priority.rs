@@ -28,6 +28,49 @@ use std::time::Duration;
 /// chooses its CPUs from while the start is pinned (allowed_cpus).
 static UNPINNED: Mutex<Option<Vec<usize>>> = Mutex::new(None);
 
+/// Threads doing the start's work beside it (the loader's, btf_hidden.rs), which took
+/// its policy and CPU when they were made; and the policy the watchdog moved the start
+/// to, once it did. A watchdog that moved the start thread alone would leave such a
+/// thread SCHED_IDLE on a host with no idle time, and the start waiting on it for good.
+static HELPERS: Mutex<Helpers> = Mutex::new(Helpers {
+    tids: Vec::new(),
+    moved_to: None,
+});
+
+struct Helpers {
+    tids: Vec<libc::pid_t>,
+    moved_to: Option<Policy>,
+}
+
+/// Held by a thread that does part of the start's work: the watchdog moves it with the
+/// start, and a helper made after the move takes the moved policy at once.
+pub struct Helper {
+    tid: libc::pid_t,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+/// Registers the calling thread as a start helper until the guard drops.
+pub fn helper() -> Helper {
+    // SAFETY: gettid has no arguments.
+    let tid = unsafe { libc::gettid() };
+    let mut h = HELPERS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = h.moved_to {
+        set_policy(tid, p);
+    }
+    h.tids.push(tid);
+    Helper {
+        tid,
+        _not_send: std::marker::PhantomData,
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let mut h = HELPERS.lock().unwrap_or_else(|e| e.into_inner());
+        h.tids.retain(|&t| t != self.tid);
+    }
+}
+
 /// The CPUs this thread may run on, those before the start's pin while a start holds
 /// one.
 pub fn allowed_cpus() -> Vec<usize> {
@@ -134,19 +177,34 @@ impl StartPriority {
                     if *g {
                         return;
                     }
+                    // The start thread and its helpers, moved together; a helper
+                    // registered from here on takes the move itself (helper()).
+                    let threads = {
+                        let mut h = HELPERS.lock().unwrap_or_else(|e| e.into_inner());
+                        h.moved_to = nicer.map(Policy::Other);
+                        std::iter::once(tid)
+                            .chain(h.tids.iter().copied())
+                            .collect::<Vec<_>>()
+                    };
                     if let Some(n) = nicer {
-                        set_policy(tid, Policy::Other(n));
+                        for &t in &threads {
+                            set_policy(t, Policy::Other(n));
+                        }
                     }
                     // Starved through its grace, unpinned too: its CPU may be one
                     // that a real-time poller holds, where no nice value gets time
                     // (the cpuidle counters cannot tell a poller's CPU from a busy
                     // server's). A start that ran, and only waited or paused, stays.
+                    // The helpers' CPU counts whole (they were made during the start).
+                    let helpers_ns: u64 = threads[1..].iter().filter_map(|&t| run_ns(t)).sum();
                     let starved = match (ran, run_ns(tid)) {
-                        (Some(a), Some(b)) => b.saturating_sub(a) < STARVED_NS,
+                        (Some(a), Some(b)) => b.saturating_sub(a) + helpers_ns < STARVED_NS,
                         _ => true,
                     };
                     if let (true, true, Some(m)) = (pinned, starved, &mask) {
-                        set_affinity(tid, m);
+                        for &t in &threads {
+                            set_affinity(t, m);
+                        }
                     }
                 })
                 .is_ok()
@@ -188,6 +246,7 @@ impl Drop for StartPriority {
             set_affinity(0, m);
         }
         *UNPINNED.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        HELPERS.lock().unwrap_or_else(|e| e.into_inner()).moved_to = None;
         cv.notify_all();
     }
 }
@@ -416,6 +475,14 @@ pub fn set_policy(tid: libc::pid_t, p: Policy) -> bool {
 mod tests {
     use super::*;
 
+    /// A start's registries (UNPINNED, HELPERS) are the process's, and a start's end
+    /// resets them: one test's start at a time.
+    static SERIAL: Mutex<()> = Mutex::new(());
+
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn me() -> libc::pid_t {
         // SAFETY: no arguments.
         unsafe { libc::gettid() }
@@ -423,6 +490,7 @@ mod tests {
 
     #[test]
     fn the_start_runs_idle_and_is_put_back() {
+        let _serial = serial();
         std::thread::spawn(|| {
             let before = policy_of(me()).expect("policy");
             let mask = cpus_in(&affinity().expect("mask"));
@@ -451,6 +519,7 @@ mod tests {
 
     #[test]
     fn past_its_grace_the_start_runs_nicer_not_idle() {
+        let _serial = serial();
         std::thread::spawn(|| {
             let Some(Policy::Other(n)) = policy_of(me()) else {
                 panic!("a test thread runs SCHED_OTHER")
@@ -476,8 +545,61 @@ mod tests {
         .expect("thread");
     }
 
+    /// A thread doing the start's work took its SCHED_IDLE when it was made; past the
+    /// grace it is moved with the start, and one made after the move takes it too.
+    #[test]
+    fn the_starts_helpers_move_with_it() {
+        let _serial = serial();
+        std::thread::spawn(|| {
+            let Some(Policy::Other(n)) = policy_of(me()) else {
+                panic!("a test thread runs SCHED_OTHER")
+            };
+            let nicer = Policy::Other((n + STARTUP_NICER).clamp(-20, 19));
+            let p = StartPriority::lower_with(Duration::from_millis(300), &[]);
+            let (tx, rx) = std::sync::mpsc::channel();
+            let early = std::thread::spawn(move || {
+                let _h = helper();
+                let made = policy_of(me());
+                tx.send(()).expect("send");
+                let t = std::time::Instant::now();
+                while policy_of(me()) == Some(Policy::Idle) && t.elapsed() < Duration::from_secs(10)
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                (made, policy_of(me()))
+            });
+            rx.recv().expect("helper registered");
+            let (made, moved) = early.join().expect("helper");
+            assert_eq!(
+                made,
+                Some(Policy::Idle),
+                "a helper takes the start's policy"
+            );
+            assert_eq!(moved, Some(nicer), "the watchdog left the helper idle");
+            // Made now (from a thread still idle, as a loader started late would be).
+            let late = std::thread::spawn(|| {
+                set_policy(0, Policy::Idle);
+                let _h = helper();
+                policy_of(me())
+            });
+            assert_eq!(late.join().expect("late helper"), Some(nicer));
+            drop(p);
+            // After the start, a helper is left as it is.
+            let after = std::thread::spawn(|| {
+                let was = policy_of(me());
+                let _h = helper();
+                (was, policy_of(me()))
+            });
+            let (was, now) = after.join().expect("after");
+            assert_eq!(was, now);
+        })
+        .join()
+        .expect("thread");
+    }
+
     #[test]
     fn a_cpu_without_idle_starts_nicer_at_once() {
+        let _serial = serial();
         std::thread::spawn(|| {
             let Some(Policy::Other(n)) = policy_of(me()) else {
                 panic!("a test thread runs SCHED_OTHER")
