@@ -9,7 +9,7 @@ use std::path::PathBuf;
 fn main() {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+        .unwrap_or_else(|| manifest_dir().join("../target"));
     embed(
         "TOFFLOAD_EBPF_OBJECT",
         target.join("bpf/bpfel-unknown-none/release/toffload"),
@@ -45,4 +45,12 @@ fn embed(var: &str, default: PathBuf, name: &str, what: &str, how: &str) {
             std::fs::write(&dst, []).expect("writing the empty placeholder");
         }
     }
+}
+
+/// The package's directory as cargo gives it to this run: read at run time, not baked
+/// in with env!(), because cargo reuses a compiled build script across checkouts of
+/// the same workspace that share a target directory (a git worktree), and the baked
+/// path would be the checkout that compiled it.
+fn manifest_dir() -> PathBuf {
+    PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
 }
