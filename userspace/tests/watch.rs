@@ -1446,23 +1446,10 @@ fn mounts_tracefs_when_missing() {
     let mut c = watch_cmd();
     c.args(["--json", "--duration", "1s", "--pid"])
         .arg(target.id().to_string());
-    // SAFETY: unshare/mount/umount2 only, between fork and exec.
+    // SAFETY: unshare/mount/umount2 only (no allocation), between fork and exec.
     unsafe {
         c.pre_exec(|| {
-            if libc::unshare(libc::CLONE_NEWNS) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let root = c"/";
-            if libc::mount(
-                std::ptr::null(),
-                root.as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            ) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
+            toffload_watch::btf_hidden::private_mount_namespace()?;
             // debugfs too where it is mounted: its tracing directory mounts
             // tracefs again when looked at.
             for p in [

@@ -4,6 +4,14 @@
 
 const BTF_MAGIC: u16 = 0xeb9f;
 
+/// The running kernel's BTF.
+pub const VMLINUX: &std::ffi::CStr = c"/sys/kernel/btf/vmlinux";
+
+/// VMLINUX as a path.
+pub fn vmlinux_path() -> &'static std::path::Path {
+    std::path::Path::new(VMLINUX.to_str().expect("ASCII"))
+}
+
 /// Byte offset of `member` in `struct name`, None when absent or unreadable.
 pub fn member_offset(data: &[u8], name: &str, member: &str) -> Option<u32> {
     let u16_at = |o: usize| Some(u16::from_le_bytes(data.get(o..o + 2)?.try_into().ok()?));
@@ -56,7 +64,7 @@ pub fn member_offset(data: &[u8], name: &str, member: &str) -> Option<u32> {
 /// `thread_info.cpu` since 5.16 where thread_info lives in the task, `cpu` in the
 /// task before), on the running kernel.
 pub fn task_offsets() -> Option<(u32, u32)> {
-    let data = std::fs::read("/sys/kernel/btf/vmlinux").ok()?;
+    let data = std::fs::read(vmlinux_path()).ok()?;
     offsets_in(&data)
 }
 
@@ -75,7 +83,7 @@ fn offsets_in(data: &[u8]) -> Option<(u32, u32)> {
 mod tests {
     #[test]
     fn finds_task_struct_pid_on_this_kernel() {
-        let Ok(data) = std::fs::read("/sys/kernel/btf/vmlinux") else {
+        let Ok(data) = std::fs::read(super::vmlinux_path()) else {
             toffload_tests::harness::skip("no /sys/kernel/btf/vmlinux");
             return;
         };
@@ -92,7 +100,7 @@ mod tests {
 
     #[test]
     fn finds_the_task_cpu_on_this_kernel() {
-        let Ok(data) = std::fs::read("/sys/kernel/btf/vmlinux") else {
+        let Ok(data) = std::fs::read(super::vmlinux_path()) else {
             toffload_tests::harness::skip("no /sys/kernel/btf/vmlinux");
             return;
         };

@@ -13,12 +13,9 @@
 //! it goes when the thread ends. Where any step is refused (no CAP_SYS_ADMIN, a
 //! seccomp or LSM policy) the closure runs the ordinary way.
 
-use std::ffi::CString;
+use crate::btf::VMLINUX;
 
-/// The file aya parses.
-pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
-
-/// Runs `f` on a new thread that sees VMLINUX_BTF empty where that can be arranged;
+/// Runs `f` on a new thread that sees the kernel's BTF (VMLINUX) empty where that can be arranged;
 /// returns its result and whether the file was hidden.
 pub fn with_btf_hidden<T: Send>(f: impl FnOnce() -> T + Send) -> (T, bool) {
     std::thread::scope(|s| {
@@ -34,31 +31,41 @@ pub fn with_btf_hidden<T: Send>(f: impl FnOnce() -> T + Send) -> (T, bool) {
     })
 }
 
-/// Moves this thread into a mount namespace of its own where VMLINUX_BTF is
-/// /dev/null; false (and nothing mounted) where a step fails.
-fn hide() -> bool {
-    let c = |s: &str| CString::new(s).expect("no NUL");
-    let (root, file, null) = (c("/"), c(VMLINUX_BTF), c("/dev/null"));
-    // SAFETY: plain syscalls on NUL-terminated strings that outlive them.
+/// Moves the calling thread into a mount namespace of its own whose mounts propagate
+/// nowhere. Allocates nothing, so a child may call it between fork and exec.
+pub fn private_mount_namespace() -> std::io::Result<()> {
+    // SAFETY: plain syscalls on static NUL-terminated strings.
     unsafe {
         if libc::unshare(libc::CLONE_NEWNS) != 0 {
-            return false;
+            return Err(std::io::Error::last_os_error());
         }
-        // Private first: a bind mount under a shared parent would propagate to the
-        // namespace this process came from.
+        // Private first: a mount under a shared parent would propagate to the
+        // namespace this thread came from.
         if libc::mount(
             std::ptr::null(),
-            root.as_ptr(),
+            c"/".as_ptr(),
             std::ptr::null(),
             libc::MS_REC | libc::MS_PRIVATE,
             std::ptr::null(),
         ) != 0
         {
-            return false;
+            return Err(std::io::Error::last_os_error());
         }
+    }
+    Ok(())
+}
+
+/// Moves this thread into a mount namespace of its own where VMLINUX is
+/// /dev/null; false (and nothing mounted) where a step fails.
+fn hide() -> bool {
+    if private_mount_namespace().is_err() {
+        return false;
+    }
+    // SAFETY: a plain syscall on static NUL-terminated strings.
+    unsafe {
         libc::mount(
-            null.as_ptr(),
-            file.as_ptr(),
+            c"/dev/null".as_ptr(),
+            VMLINUX.as_ptr(),
             std::ptr::null(),
             libc::MS_BIND,
             std::ptr::null(),
@@ -82,7 +89,7 @@ mod tests {
     }
 
     fn btf_len() -> usize {
-        std::fs::read(VMLINUX_BTF).map_or(0, |d| d.len())
+        std::fs::read(crate::btf::vmlinux_path()).map_or(0, |d| d.len())
     }
 
     #[test]
@@ -109,7 +116,7 @@ mod tests {
         assert!(std::fs::read_to_string("/proc/self/mountinfo")
             .unwrap()
             .lines()
-            .all(|l| !l.contains(VMLINUX_BTF)));
+            .all(|l| !l.contains("/sys/kernel/btf")));
     }
 
     /// The cost it removes: aya's loader reads the whole file where it is not hidden,
