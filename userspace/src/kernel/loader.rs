@@ -258,8 +258,8 @@ pub fn load_from(object: &[u8], pid: u32) -> Result<Loaded, WatchError> {
             .map_err(|e| WatchError::BpfUnavailable(format!("loading program {name}: {e:#}")))?;
     }
     // The offload probes go through the verifier when the first one is attached
-    // (attach_target): a target with no offload symbol (most stock servers) is spared
-    // a quarter of the start's verifying, which runs on its CPU's idle time.
+    // (attach_offload_probes): a target with no offload symbol (most stock servers) is
+    // spared over a third of the start's verifying, which runs on its CPU's idle time.
     for name in OFFLOAD_PROGRAMS {
         let _: &mut UProbe = program(&mut bpf, name)?;
     }
