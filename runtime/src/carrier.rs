@@ -427,12 +427,20 @@ impl Carrier {
             real::set_errno(f.errno.get());
         }
         crate::guard::switch_in(f);
-        // SAFETY: w is this thread's worker, f's area only its carrier's thread touches.
-        unsafe { crate::tls::switch_in(&w.tls, &*f.tls.get()) };
+        let keep_own = !cfg.disabled.carriertls;
+        // SAFETY: w is this thread's worker, its own area and f's are touched only by
+        // this thread while f runs here.
+        unsafe {
+            let own = keep_own.then(|| &mut *w.own_tls.get());
+            crate::tls::switch_in(&w.tls, own, &*f.tls.get())
+        };
         let r = f.resume();
         // On this thread still: a fiber that moved (handoff) yielded back here first.
         // SAFETY: as above.
-        unsafe { crate::tls::switch_out(&w.tls, &mut *f.tls.get()) };
+        unsafe {
+            let own = keep_own.then(|| &*w.own_tls.get());
+            crate::tls::switch_out(&w.tls, own, &mut *f.tls.get())
+        };
         crate::guard::switch_out(f);
         if !cfg.disabled.errno {
             f.errno.set(real::errno());

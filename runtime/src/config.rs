@@ -115,6 +115,11 @@ pub struct Disabled {
     /// C++ thread_local destructors registered on a fiber go to glibc's list of its
     /// carrier thread (thread_dtors.rs).
     pub tlsdtors: bool,
+    /// A carrier thread's copied TLS blocks keep the last parked fiber's values
+    /// between fibers instead of the thread's own (tls.rs): what the scheduler runs
+    /// there, a polled completion's library, writes into a copy the next fiber
+    /// overwrites.
+    pub carriertls: bool,
     /// Every read that returns data counts as leaving its socket empty, whatever
     /// TCP_INQ says (drain.rs): a pipelined request then waits for the recheck.
     pub inq: bool,
@@ -307,6 +312,7 @@ fn parse_disabled(s: &str) -> Option<Disabled> {
             "guardcycle" => d.guardcycle = true,
             "handoff" => d.handoff = true,
             "tlsdtors" => d.tlsdtors = true,
+            "carriertls" => d.carriertls = true,
             "inq" => d.inq = true,
             "inqguard" => d.inqguard = true,
             _ => return None,
@@ -533,7 +539,7 @@ pub const KNOBS: &[Knob] = &[
         var: "TOFFLOAD_TEST_DISABLE",
         default: "(none)",
         form: "a comma-separated list of errno, keys, sync, io, fork, offload, join, fdfacts, \
-               guardcycle, handoff, tlsdtors, inq, inqguard (tests only)",
+               guardcycle, handoff, tlsdtors, carriertls, inq, inqguard (tests only)",
         doc: "tests only: turn a mitigation off to show the hazard it prevents",
         section: Section::Runtime,
         set: |c, v| parse_disabled(v.trim()).map(|d| c.disabled = d).is_some(),

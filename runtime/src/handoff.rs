@@ -62,10 +62,12 @@ pub struct Worker {
     mask: UnsafeCell<libc::sigset_t>,
     /// This thread's blocks of the application's TLS (tls.rs).
     pub tls: crate::tls::Blocks,
+    /// The thread's own values of those blocks while one of its fibers runs.
+    pub own_tls: UnsafeCell<crate::tls::Area>,
 }
 
-// SAFETY: `current`, `seq` and `mask` are touched only by the worker's own thread; the
-// rest are atomics.
+// SAFETY: `current`, `seq`, `mask` and `own_tls` are touched only by the worker's own
+// thread; the rest are atomics or never change.
 unsafe impl Sync for Worker {}
 // SAFETY: as above; built by its own thread.
 unsafe impl Send for Worker {}
@@ -112,6 +114,7 @@ impl Worker {
             wake: AtomicU32::new(0),
             mask: UnsafeCell::new(mask),
             tls: crate::tls::blocks(),
+            own_tls: UnsafeCell::new(crate::tls::new_area()),
         }));
         // SAFETY: reading our own mask into our own cell.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, std::ptr::null(), w.mask.get()) };

@@ -20,9 +20,9 @@ use crate::config::FiberTls;
 use libc::{c_int, c_void};
 use std::sync::OnceLock;
 
-/// `auto` copies up to this many bytes: a park + resume then stays under 200 ns (320 B
-/// add about 20 ns to it, 64 KiB about 2.9 us: tests/results/fiber_tls.md). Larger TLS
-/// stays shared unless TOFFLOAD_FIBER_TLS=copy asks for the copy anyway.
+/// `auto` copies up to this many bytes: a park + resume then stays under 200 ns
+/// (tests/results/fiber_tls.md). Larger TLS stays shared unless
+/// TOFFLOAD_FIBER_TLS=copy asks for the copy anyway.
 pub const AUTO_MAX: usize = 2 << 10;
 
 /// One object's TLS segment: where its copy sits in a fiber's area, and its image.
@@ -231,35 +231,60 @@ pub fn new_area() -> Area {
     a
 }
 
-/// The carrier thread with `blocks` is about to run the fiber that owns `area`.
+/// The carrier thread with `blocks` is about to run the fiber that owns `area`; the
+/// thread's own values wait in `own` (None: they are not kept, a test switch) until
+/// it parks.
+///
+/// The thread's own values matter between fibers: the scheduler calls into other
+/// objects there (a polled completion's `done`, from the device's library), and what
+/// they keep in TLS (the emulated device's cipher context) must be the thread's, not
+/// a stale copy of the fiber that ran last, which the next switch_in overwrites and
+/// so leaks, or which that fiber's end frees under it.
 ///
 /// # Safety
-/// `blocks` are the calling thread's (blocks()), `area` a new_area() of this layout.
+/// `blocks` are the calling thread's (blocks()), `own` and `area` new_area()s of this
+/// layout.
 #[inline]
-pub unsafe fn switch_in(blocks: &Blocks, area: &Area) {
+pub unsafe fn switch_in(blocks: &Blocks, own: Option<&mut Area>, area: &Area) {
     let l = layout();
+    let mut own = own;
     for (m, &b) in l.mods.iter().zip(blocks.iter()) {
         if b != 0 {
-            // SAFETY: per our contract, both hold memsz bytes at these places.
+            // SAFETY: per our contract, all hold memsz bytes at these places.
             unsafe {
+                if let Some(own) = own.as_deref_mut() {
+                    std::ptr::copy_nonoverlapping(
+                        b as *const u8,
+                        own.as_mut_ptr().add(m.off),
+                        m.memsz,
+                    );
+                }
                 std::ptr::copy_nonoverlapping(area.as_ptr().add(m.off), b as *mut u8, m.memsz)
             };
         }
     }
 }
 
-/// The fiber that owns `area` handed the carrier thread with `blocks` back.
+/// The fiber that owns `area` handed the carrier thread with `blocks` back: its
+/// values go back to `area`, the thread's own come back from `own`.
 ///
 /// # Safety
-/// As for switch_in.
+/// As for switch_in, with the `own` that switch_in filled.
 #[inline]
-pub unsafe fn switch_out(blocks: &Blocks, area: &mut Area) {
+pub unsafe fn switch_out(blocks: &Blocks, own: Option<&Area>, area: &mut Area) {
     let l = layout();
     for (m, &b) in l.mods.iter().zip(blocks.iter()) {
         if b != 0 {
-            // SAFETY: per our contract, both hold memsz bytes at these places.
+            // SAFETY: per our contract, all hold memsz bytes at these places.
             unsafe {
-                std::ptr::copy_nonoverlapping(b as *const u8, area.as_mut_ptr().add(m.off), m.memsz)
+                std::ptr::copy_nonoverlapping(
+                    b as *const u8,
+                    area.as_mut_ptr().add(m.off),
+                    m.memsz,
+                );
+                if let Some(own) = own {
+                    std::ptr::copy_nonoverlapping(own.as_ptr().add(m.off), b as *mut u8, m.memsz);
+                }
             };
         }
     }

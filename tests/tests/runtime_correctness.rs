@@ -1203,6 +1203,67 @@ fn conn_server_zero_wrong_answers_under_runtime() {
     }
 }
 
+/// The server's resident memory, bytes (None once it is gone).
+fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+    Some(
+        kb.trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse::<u64>()
+            .ok()?
+            << 10,
+    )
+}
+
+/// Between fibers the carrier asks the device whether the polled offloads are done,
+/// and the emulated device keeps its cipher context in a thread-local of its library,
+/// one of the objects whose TLS each fiber gets a copy of (TOFFLOAD_FIBER_TLS auto).
+/// There the carrier thread's blocks must hold its own values, not the copy of the
+/// fiber that parked last. Hazard (TOFFLOAD_TEST_DISABLE=carriertls): each completion
+/// found between fibers builds a new context in that stale copy, the next fiber's
+/// switch overwrites it, and conn_server grows by megabytes a second. With the
+/// thread's own values kept, it stays flat under the same load.
+#[test]
+fn the_carriers_own_tls_between_fibers_leaks_nothing() {
+    let _s = serial();
+    if !ready(&["conn_server"]) {
+        return;
+    }
+    let grew = |disable: Option<&str>| -> Option<u64> {
+        let mut spec = ServerSpec::new("conn_server")
+            .env("TOFFLOAD_EMU_LAT_US", "20")
+            .env("TOFFLOAD_COMPLETIONS", "poll");
+        if let Some(d) = disable {
+            spec = spec.env("TOFFLOAD_TEST_DISABLE", d);
+        }
+        let mut s = start(preload::server_under_runtime(spec));
+        let what = format!("conn_server, TOFFLOAD_TEST_DISABLE={disable:?}");
+        // Warm: the connections' fibers, the carrier's and the allocator's caches.
+        let r = load::run(&load_cfg(s.port, 64, 1.0)).expect("load run");
+        assert_served(&mut s, &what, &r);
+        let before = rss_bytes(s.pid())?;
+        let r = load::run(&load_cfg(s.port, 64, 3.0)).expect("load run");
+        let after = rss_bytes(s.pid());
+        println!(
+            "{what}: {} answers, resident {before} -> {after:?} bytes",
+            r.completed
+        );
+        if disable.is_none() {
+            assert_served(&mut s, &what, &r);
+        }
+        after.map(|a| a.saturating_sub(before))
+    };
+    let hazard = grew(Some("carriertls"));
+    assert!(
+        hazard.is_none_or(|g| g >= 2 << 20),
+        "with the carrier's own TLS not kept, conn_server grew by only {hazard:?} bytes"
+    );
+    let kept = grew(None).expect("conn_server gone");
+    assert!(kept < 1 << 20, "conn_server grew by {kept} bytes");
+}
+
 /// gpu_server (a thread per connection; each request a stream, an asynchronous
 /// kernel and a synchronize, through libfakecuda.so, whose synchronize waits below
 /// libc as a driver's does) with each of the four waits the runtime has built-in
