@@ -245,9 +245,8 @@ pub fn new_area() -> Area {
 /// `blocks` are the calling thread's (blocks()), `own` and `area` new_area()s of this
 /// layout.
 #[inline]
-pub unsafe fn switch_in(blocks: &Blocks, own: Option<&mut Area>, area: &Area) {
+pub unsafe fn switch_in(blocks: &Blocks, mut own: Option<&mut Area>, area: &Area) {
     let l = layout();
-    let mut own = own;
     for (m, &b) in l.mods.iter().zip(blocks.iter()) {
         if b != 0 {
             // SAFETY: per our contract, all hold memsz bytes at these places.
