@@ -4,6 +4,7 @@
 
 pub mod device_core;
 pub mod harness;
+pub mod hiccups;
 pub mod loadgen;
 pub mod openloop;
 pub mod preload;

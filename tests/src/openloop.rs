@@ -10,6 +10,8 @@ pub struct Point {
     pub p50_us: f64,
     pub p99_us: f64,
     pub p999_us: f64,
+    /// p99 of the load generator's own delay in sending (Report::late_p99_us).
+    pub gen_late_p99_us: f64,
     pub errors: u64,
     pub wrong: u64,
 }
@@ -105,6 +107,7 @@ pub fn combine(runs: &[Point]) -> Point {
         p50_us: m(|p| p.p50_us),
         p99_us: m(|p| p.p99_us),
         p999_us: m(|p| p.p999_us),
+        gen_late_p99_us: m(|p| p.gen_late_p99_us),
         errors: runs.iter().map(|p| p.errors).sum(),
         wrong: runs.iter().map(|p| p.wrong).sum(),
     }
@@ -121,6 +124,7 @@ mod tests {
             p50_us: p99 / 2.0,
             p99_us: p99,
             p999_us: p99 * 2.0,
+            gen_late_p99_us: 10.0,
             errors: 0,
             wrong: 0,
         }

@@ -99,6 +99,12 @@ fn main() -> ExitCode {
             "latency us   p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}\n",
             r.p50_us, r.p99_us, r.p999_us, r.max_us
         ));
+        if r.offered_rate.is_some() {
+            t.push_str(&format!(
+                "sent late us p99 {:.1}  max {:.1} (the generator's own delay, in every latency)\n",
+                r.late_p99_us, r.late_max_us
+            ));
+        }
         t.push_str(&format!("wrong        {}\n", r.wrong));
         t.push_str(&format!(
             "errors       {} {:?}\n",

@@ -19,6 +19,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use toffload_tests::harness::{self, Server, ServerSpec};
+use toffload_tests::hiccups::{self, Hiccups};
 use toffload_tests::load::{self, Config};
 use toffload_tests::openloop::{self, Point, Verdict};
 
@@ -277,6 +278,7 @@ fn run_once(a: &Args, mode: Mode, lat: u32, rate: f64) -> Result<Run, String> {
             p50_us: r.p50_us,
             p99_us: r.p99_us,
             p999_us: r.p999_us,
+            gen_late_p99_us: r.late_p99_us,
             errors: r.errors,
             wrong: r.wrong,
         },
@@ -524,14 +526,14 @@ fn half_knee_ratio(s: &Sweep) -> Option<(f64, f64)> {
 
 fn csv(sweeps: &[Sweep]) -> String {
     let mut t = String::from(
-        "config,mode,offload_us,offered,achieved,p50_us,p99_us,p999_us,errors,wrong,knee\n",
+        "config,mode,offload_us,offered,achieved,p50_us,p99_us,p999_us,gen_late_p99_us,errors,wrong,knee\n",
     );
     for s in sweeps {
         let k = openloop::knee(&s.points);
         for p in &s.points {
             let _ = writeln!(
                 t,
-                "{},{},{},{:.1},{:.1},{:.1},{:.1},{:.1},{},{},{}",
+                "{},{},{},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{},{},{}",
                 s.name(),
                 s.mode.label(),
                 s.lat,
@@ -540,6 +542,7 @@ fn csv(sweeps: &[Sweep]) -> String {
                 p.p50_us,
                 p.p99_us,
                 p.p999_us,
+                p.gen_late_p99_us,
                 p.errors,
                 p.wrong,
                 u8::from(k == Some(p.offered))
@@ -634,6 +637,8 @@ fn loadavg() -> f64 {
 struct Conditions {
     /// 1-minute load average before and after.
     load: (f64, f64),
+    /// The host's stalls of each core, measured before the sweep and after it.
+    hiccups: (Vec<Hiccups>, Vec<Hiccups>),
     secs: f64,
     nice: i32,
 }
@@ -693,10 +698,15 @@ fn report(
             s.points.iter().map(|p| p.errors).sum::<u64>(),
         );
     }
-    t.push_str("\nEvery point (the knee in bold):\n\n");
     t.push_str(
-        "| configuration | offered req/s | achieved req/s | p50 us | p99 us | p99.9 us | errors | wrong |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|\n",
+        "\nEvery point (the knee in bold). Generator late: how late the load generator \
+         itself sent its arrivals (p99, median of the runs); every latency includes it \
+         whatever the server, so a p99 near it is the generator's, and a p99 far above \
+         it is lost on the server's side (the server, or its core not running):\n\n",
+    );
+    t.push_str(
+        "| configuration | offered req/s | achieved req/s | p50 us | p99 us | p99.9 us | generator late p99 us | errors | wrong |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for s in sweeps {
         let k = openloop::knee(&s.points);
@@ -704,13 +714,14 @@ fn report(
             let b = if k == Some(p.offered) { "**" } else { "" };
             let _ = writeln!(
                 t,
-                "| {} | {b}{:.0}{b} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} |",
+                "| {} | {b}{:.0}{b} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} |",
                 s.name(),
                 p.offered,
                 p.achieved,
                 p.p50_us,
                 p.p99_us,
                 p.p999_us,
+                p.gen_late_p99_us,
                 p.errors,
                 p.wrong
             );
@@ -773,7 +784,37 @@ fn report(
          numbers.)",
         cond.secs, cond.load.0, cond.load.1
     );
+    let list = |h: &[Hiccups]| {
+        let v: Vec<String> = h.iter().map(|h| h.to_string()).collect();
+        if v.is_empty() {
+            "not measured".to_string()
+        } else {
+            v.join("; ")
+        }
+    };
+    let _ = writeln!(
+        t,
+        "\nThe host's hiccups: a thread spinning alone on each core for {} s, before the \
+         first run and after the last, counting the gaps over {} us between two reads of \
+         the clock (the host running something else on that core, which the guest does \
+         not see). Before: {}. After: {}. Each such gap on the server's core holds every \
+         request in flight and queues the arrivals behind it; near a knee the queue \
+         drains slowly, so a few gaps a second of a few milliseconds set the p99 \
+         (docs/reproducing.md).",
+        HICCUP_SPAN.as_secs(),
+        hiccups::THRESHOLD.as_micros(),
+        list(&cond.hiccups.0),
+        list(&cond.hiccups.1)
+    );
     t
+}
+
+/// How long the hiccup meter spins on each core, before and after the sweep.
+const HICCUP_SPAN: Duration = Duration::from_secs(3);
+
+fn host_hiccups() -> Vec<Hiccups> {
+    let cores: Vec<usize> = (0..harness::cpus().min(2)).collect();
+    hiccups::measure(&cores, HICCUP_SPAN)
 }
 
 /// Sets this thread's nice value, which the servers it starts inherit; returns the
@@ -816,8 +857,10 @@ fn real_main(a: &Args) -> Result<(), String> {
     let nice = set_nice(a.nice);
     let started = Instant::now();
     let before = loadavg();
+    let hiccups_before = host_hiccups();
     let (sweeps, gen) = sweep(a)?;
     let caps = capacities(a, &sweeps)?;
+    let hiccups_after = host_hiccups();
     let text = report(
         a,
         &sweeps,
@@ -825,6 +868,7 @@ fn real_main(a: &Args) -> Result<(), String> {
         &gen,
         Conditions {
             load: (before, loadavg()),
+            hiccups: (hiccups_before, hiccups_after),
             secs: started.elapsed().as_secs_f64(),
             nice,
         },

@@ -86,6 +86,14 @@ pub struct Report {
     /// drive against a server that answers at once.
     #[serde(default)]
     pub answers_per_busy_s: f64,
+    /// Open loop: how late the generator itself handed the measured arrivals to their
+    /// connections, p99 and max, microseconds. Its thread was busy or not running
+    /// (other work, or the host, took its CPU); every latency above includes this,
+    /// whatever the server, so a p99 near it is the generator's, not the server's.
+    #[serde(default)]
+    pub late_p99_us: f64,
+    #[serde(default)]
+    pub late_max_us: f64,
 }
 
 /// The timeline's step, seconds.
@@ -162,6 +170,8 @@ struct Run<'a> {
     measure_from: u64,
     measure_to: u64,
     lat: Latencies,
+    /// Open loop: each measured arrival's delay from its scheduled time to its dispatch.
+    late: Latencies,
     completed: u64,
     /// Completions per TIMELINE_STEP_S from measure_from, and the Unix time of t0.
     timeline: Vec<u64>,
@@ -184,8 +194,17 @@ pub fn run(cfg: &Config) -> Result<Report, LoadError> {
     run_with_latencies(cfg).map(|(r, _)| r)
 }
 
-/// A run, and the histogram its percentiles came from.
-fn run_with_latencies(cfg: &Config) -> Result<(Report, Latencies), LoadError> {
+/// The histograms a run's percentiles came from (threads of one run merge them).
+#[derive(Default)]
+struct Hists {
+    /// Answers' latencies.
+    lat: Latencies,
+    /// Open loop: arrivals' dispatch delays.
+    late: Latencies,
+}
+
+/// A run, and the histograms its percentiles came from.
+fn run_with_latencies(cfg: &Config) -> Result<(Report, Hists), LoadError> {
     if cfg.conns == 0 || cfg.size == 0 {
         return Err(LoadError::Config(
             "--conns and --size must be at least 1".into(),
@@ -217,6 +236,7 @@ fn run_with_latencies(cfg: &Config) -> Result<(Report, Latencies), LoadError> {
         measure_from: 0,
         measure_to: 0,
         lat: Latencies::new(),
+        late: Latencies::new(),
         completed: 0,
         timeline: Vec::new(),
         unix_t0: 0.0,
@@ -226,9 +246,13 @@ fn run_with_latencies(cfg: &Config) -> Result<(Report, Latencies), LoadError> {
         busy_ns: 0,
         answered_all: 0,
     };
-    let result = run
-        .drive(&mut rng)
-        .map(|r| (r, std::mem::take(&mut run.lat)));
+    let result = run.drive(&mut rng).map(|r| {
+        let h = Hists {
+            lat: std::mem::take(&mut run.lat),
+            late: std::mem::take(&mut run.late),
+        };
+        (r, h)
+    });
     // SAFETY: our epoll fd.
     unsafe { libc::close(epfd) };
     result
@@ -410,6 +434,9 @@ impl Run<'_> {
                 // Hand every arrival that is due to the next connection in turn.
                 while next_arrival <= now {
                     dispatched = true;
+                    if (self.measure_from..self.measure_to).contains(&next_arrival) {
+                        self.late.record(now - next_arrival);
+                    }
                     let i = next_conn;
                     next_conn = (next_conn + 1) % cfg.conns;
                     if let Some(c) = self.conns[i].as_mut() {
@@ -483,6 +510,8 @@ impl Run<'_> {
             timeline: std::mem::take(&mut self.timeline),
             busy_share: busy_ns as f64 / wall_ns as f64,
             answers_per_busy_s: self.answered_all as f64 / (busy_ns as f64 / 1e9),
+            late_p99_us: self.late.quantile_us(0.99),
+            late_max_us: self.late.max_us(),
         })
     }
 

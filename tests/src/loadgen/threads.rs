@@ -2,7 +2,7 @@
 //! server can take, each of N threads drives its share of the connections and of the
 //! open-loop rate, and their reports add up (latency histograms merged, not averaged).
 
-use super::{run_with_latencies, Config, Latencies, LoadError, Report};
+use super::{run_with_latencies, Config, Hists, LoadError, Report};
 
 /// Thread `i` of `n`'s share of the run: conns split as evenly as they go, rate / n,
 /// its own seed.
@@ -28,7 +28,7 @@ pub fn run_threads(cfg: &Config, threads: usize) -> Result<Report, LoadError> {
             cfg.conns
         )));
     }
-    let parts: Vec<Result<(Report, Latencies), LoadError>> = std::thread::scope(|s| {
+    let parts: Vec<Result<(Report, Hists), LoadError>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|i| {
                 let c = share(cfg, i, threads);
@@ -41,9 +41,10 @@ pub fn run_threads(cfg: &Config, threads: usize) -> Result<Report, LoadError> {
             .collect()
     });
     let mut parts = parts.into_iter().collect::<Result<Vec<_>, _>>()?;
-    let (mut total, mut lat) = parts.remove(0);
+    let (mut total, mut h) = parts.remove(0);
     for (r, l) in parts {
-        lat.merge(&l);
+        h.lat.merge(&l.lat);
+        h.late.merge(&l.late);
         total.requests_per_sec += r.requests_per_sec;
         total.completed += r.completed;
         total.wrong += r.wrong;
@@ -66,10 +67,12 @@ pub fn run_threads(cfg: &Config, threads: usize) -> Result<Report, LoadError> {
         total.answers_per_busy_s += r.answers_per_busy_s;
     }
     total.offered_rate = cfg.rate;
-    total.p50_us = lat.quantile_us(0.5);
-    total.p99_us = lat.quantile_us(0.99);
-    total.p999_us = lat.quantile_us(0.999);
-    total.max_us = lat.max_us();
+    total.p50_us = h.lat.quantile_us(0.5);
+    total.p99_us = h.lat.quantile_us(0.99);
+    total.p999_us = h.lat.quantile_us(0.999);
+    total.max_us = h.lat.max_us();
+    total.late_p99_us = h.late.quantile_us(0.99);
+    total.late_max_us = h.late.max_us();
     Ok(total)
 }
 
