@@ -21,6 +21,37 @@ pub const COMPLETION_TAG: u64 = 1 << 62;
 /// Poll I/O at least this often while fibers keep the run queue busy.
 const POLL_EVERY_NS: u64 = 20_000;
 
+/// A carrier never spins through a wait longer than this (TOFFLOAD_SPIN_WAITS), however
+/// late its timed sleeps come back: past it the CPU spent spinning outweighs the wait.
+const SPIN_MAX_NS: u64 = 100_000;
+
+/// What a timed sleep costs this carrier: how far past its deadline a sleep that
+/// nothing cut short came back (an average over the last few, in ns).
+///
+/// Why: on a virtual machine a timed sleep arms the guest's timer (an exit to the
+/// host), halts the vCPU (another) and waits for the host to run it again; a 20 us
+/// sleep can come back 25 us late and cost 20 us of CPU, more than spinning through
+/// it. On bare metal it comes back within a few us, and the carrier spins only
+/// through waits that short.
+#[derive(Default)]
+struct SleepCost {
+    overshoot_ns: Cell<u64>,
+}
+
+impl SleepCost {
+    /// A timed sleep of `asked` ns that timed out after `took`.
+    fn timed_out(&self, asked: u64, took: u64) {
+        let o = self.overshoot_ns.get();
+        let sample = took.saturating_sub(asked).min(4 * SPIN_MAX_NS);
+        self.overshoot_ns.set(o - o / 8 + sample / 8);
+    }
+
+    /// Whether to spin through a wait of `wait` ns rather than sleep.
+    fn spin_through(&self, wait: u64) -> bool {
+        wait <= self.overshoot_ns.get().min(SPIN_MAX_NS)
+    }
+}
+
 /// How often, at most, the carrier looks for waits due a recheck (io::wait_fd).
 const RECHECK_SWEEP_NS: u64 = 25_000_000;
 
@@ -60,6 +91,7 @@ pub struct Carrier {
     completion_watched: Cell<u32>,
     completion_seen: Cell<bool>,
     last_poll: Cell<u64>,
+    sleep_cost: SleepCost,
     pub live: AtomicUsize,
     pub idle_poll: crate::idle_poll::Poll,
 }
@@ -135,6 +167,7 @@ impl Carrier {
             completion_watched: Cell::new(0),
             completion_seen: Cell::new(false),
             last_poll: Cell::new(0),
+            sleep_cost: SleepCost::default(),
             live: AtomicUsize::new(0),
             idle_poll: Default::default(),
         })))
@@ -500,16 +533,17 @@ impl Carrier {
         let now = time::now_ns();
         // Between fibers: where the sampled guard may turn on or off.
         crate::guard::tick(now);
-        if busy && now.saturating_sub(self.last_poll.get()) < POLL_EVERY_NS {
+        let idle = if busy { None } else { self.idle_timeout(now) };
+        // A wait shorter than a timed sleep's overshoot: spin through it, as if busy.
+        let spin = idle.is_some_and(|t| {
+            crate::settings().spin_waits && t > 0 && self.sleep_cost.spin_through(t)
+        });
+        if (busy || spin) && now.saturating_sub(self.last_poll.get()) < POLL_EVERY_NS {
             // Polled offloads that are due resume now, not at the next full poll.
             crate::offload::scan_due(self, now);
             return;
         }
-        let timeout = if busy {
-            Some(0)
-        } else {
-            self.idle_timeout(now)
-        };
+        let timeout = if busy || spin { Some(0) } else { idle };
         self.poll(timeout);
         let now = time::now_ns();
         self.last_poll.set(now);
@@ -564,6 +598,7 @@ impl Carrier {
             .map_or(std::ptr::null(), |t| t as *const libc::timespec);
         // epoll_pwait2: nanosecond timeouts (epoll_wait's are milliseconds, far too
         // coarse for 20 us offloads and usleep(100)).
+        let asleep_at = if sleeping { time::now_ns() } else { 0 };
         // SAFETY: valid buffer and timespec.
         let n = unsafe {
             libc::syscall(
@@ -579,6 +614,10 @@ impl Carrier {
         if sleeping {
             self.sleeping.store(false, SeqCst);
             handoff::carrier_woke();
+            if let (0, Some(asked)) = (n, timeout_ns) {
+                self.sleep_cost
+                    .timed_out(asked, time::now_ns().saturating_sub(asleep_at));
+            }
         }
         for ev in evs.iter().take(n.max(0) as usize) {
             let (data, events) = (ev.u64, ev.events);
@@ -790,4 +829,35 @@ pub unsafe fn after_fork_child() {
         list.push(c as *const Carrier as usize);
     }
     stats::COUNTERS.carriers.store(list.len(), Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_carrier_spins_only_through_waits_its_sleeps_overshoot() {
+        let c = SleepCost::default();
+        // Nothing measured yet: always sleep.
+        assert!(!c.spin_through(1));
+        // Sleeps of 20 us that came back after 45: the overshoot settles near 25 us.
+        for _ in 0..64 {
+            c.timed_out(20_000, 45_000);
+        }
+        let o = c.overshoot_ns.get();
+        assert!((24_000..=25_000).contains(&o), "{o}");
+        assert!(c.spin_through(20_000));
+        assert!(!c.spin_through(30_000));
+        // A host that returns sleeps milliseconds late: never spin past the cap.
+        for _ in 0..64 {
+            c.timed_out(20_000, 5_000_000);
+        }
+        assert!(c.spin_through(SPIN_MAX_NS));
+        assert!(!c.spin_through(SPIN_MAX_NS + 1));
+        // Sleeps on time again: the spinning stops within a few.
+        for _ in 0..40 {
+            c.timed_out(20_000, 21_000);
+        }
+        assert!(!c.spin_through(20_000));
+    }
 }

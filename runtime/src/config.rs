@@ -146,6 +146,9 @@ pub struct Config {
     /// it, exact). Enforce ignores it (it must see every access).
     pub guard_sample: u8,
     pub idle_poll: IdlePoll,
+    /// TOFFLOAD_SPIN_WAITS: whether a carrier spins through a timed wait shorter than
+    /// what a timed sleep overshoots on this host (carrier.rs, `SleepCost`).
+    pub spin_waits: bool,
     pub completions: Completions,
     /// TOFFLOAD_TCP_INQ: whether reads on TCP sockets learn that they left the socket
     /// empty, so that the next read parks without asking (drain.rs).
@@ -183,6 +186,7 @@ impl Default for Config {
             guard_regions: Vec::new(),
             guard_sample: DEFAULT_GUARD_SAMPLE,
             idle_poll: IdlePoll::Off,
+            spin_waits: true,
             completions: Completions::Poll,
             tcp_inq: true,
             handoff_us: DEFAULT_HANDOFF_US,
@@ -473,6 +477,20 @@ pub const KNOBS: &[Knob] = &[
                 ("off", IdlePoll::Off),
             ];
             one_of(v.trim(), &m).map(|x| c.idle_poll = x).is_some()
+        },
+    },
+    Knob {
+        var: "TOFFLOAD_SPIN_WAITS",
+        default: "auto",
+        form: "`auto` or `off`",
+        doc: "auto: a carrier whose next wake-up is due sooner than its timed sleeps \
+              overshoot their deadline (measured as it runs; at most 100 us) spins \
+              instead, polling I/O as it does; off: it always sleeps",
+        section: Section::Runtime,
+        set: |c, v| {
+            one_of(v.trim(), &[("auto", true), ("off", false)])
+                .map(|x| c.spin_waits = x)
+                .is_some()
         },
     },
     Knob {
@@ -813,6 +831,14 @@ mod tests {
         ] {
             assert_eq!(cfg(&[("TOFFLOAD_IDLE_POLL", v)]).unwrap().idle_poll, want);
         }
+    }
+
+    #[test]
+    fn spin_waits_knob() {
+        assert!(cfg(&[]).unwrap().spin_waits);
+        assert!(cfg(&[("TOFFLOAD_SPIN_WAITS", "auto")]).unwrap().spin_waits);
+        assert!(!cfg(&[("TOFFLOAD_SPIN_WAITS", " off ")]).unwrap().spin_waits);
+        assert!(cfg(&[("TOFFLOAD_SPIN_WAITS", "on")]).is_err());
     }
 
     #[test]
