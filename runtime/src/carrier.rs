@@ -29,10 +29,10 @@ const SPIN_MAX_NS: u64 = 100_000;
 /// nothing cut short came back (an average over the last few, in ns).
 ///
 /// Why: on a virtual machine a timed sleep arms the guest's timer (an exit to the
-/// host), halts the vCPU (another) and waits for the host to run it again; a 20 us
-/// sleep can come back 25 us late and cost 20 us of CPU, more than spinning through
-/// it. On bare metal it comes back within a few us, and the carrier spins only
-/// through waits that short.
+/// host), halts the vCPU (another) and waits for the host to run it again; a sleep of
+/// a few tens of us can come back later than its own length and cost more CPU than
+/// spinning through it (docs/architecture.md, "Short waits spin"). On bare metal it
+/// comes back within a few us, and the carrier spins only through waits that short.
 #[derive(Default)]
 struct SleepCost {
     overshoot_ns: Cell<u64>,
