@@ -52,14 +52,13 @@ impl std::fmt::Display for Hiccups {
     }
 }
 
-/// Counts the gaps in a spin of `span` on the calling thread (wherever it runs):
-/// seconds spun, gaps, their total and the longest (ms).
-pub fn spin(span: Duration) -> (f64, u64, f64, f64) {
-    spin_with(span, || {})
+/// Counts the gaps in a spin of `span` on the calling thread, pinned to `cpu`.
+fn spin(cpu: usize, span: Duration) -> Hiccups {
+    spin_with(cpu, span, || {})
 }
 
 /// spin(), calling `between` between two clock reads (a test's stand-in stall).
-fn spin_with(span: Duration, mut between: impl FnMut()) -> (f64, u64, f64, f64) {
+fn spin_with(cpu: usize, span: Duration, mut between: impl FnMut()) -> Hiccups {
     let t0 = Instant::now();
     let mut last = t0;
     let (mut count, mut total, mut max) = (0u64, Duration::ZERO, Duration::ZERO);
@@ -74,12 +73,13 @@ fn spin_with(span: Duration, mut between: impl FnMut()) -> (f64, u64, f64, f64) 
             max = max.max(gap);
         }
         if now - t0 >= span {
-            return (
-                (now - t0).as_secs_f64(),
+            return Hiccups {
+                cpu,
+                secs: (now - t0).as_secs_f64(),
                 count,
-                total.as_secs_f64() * 1e3,
-                max.as_secs_f64() * 1e3,
-            );
+                total_ms: total.as_secs_f64() * 1e3,
+                max_ms: max.as_secs_f64() * 1e3,
+            };
         }
     }
 }
@@ -93,14 +93,7 @@ pub fn measure(cpus: &[usize], span: Duration) -> Vec<Hiccups> {
             .map(|&cpu| {
                 s.spawn(move || {
                     crate::harness::pin_current_thread(cpu).ok()?;
-                    let (secs, count, total_ms, max_ms) = spin(span);
-                    Some(Hiccups {
-                        cpu,
-                        secs,
-                        count,
-                        total_ms,
-                        max_ms,
-                    })
+                    Some(spin(cpu, span))
                 })
             })
             .collect();
@@ -119,15 +112,15 @@ mod tests {
     fn a_spin_counts_the_stalls_it_is_given() {
         // Two 5 ms sleeps stand in for the host; the spin must see both.
         let mut n = 0u32;
-        let (secs, count, total_ms, max_ms) = spin_with(Duration::from_millis(100), || {
+        let h = spin_with(0, Duration::from_millis(100), || {
             n += 1;
             if n == 1000 || n == 2000 {
                 std::thread::sleep(Duration::from_millis(5));
             }
         });
-        assert!(secs >= 0.1, "spun {secs} s");
-        assert!(count >= 2, "{count} gaps");
-        assert!(total_ms >= 10.0 && max_ms >= 5.0, "{total_ms} {max_ms}");
+        assert!(h.secs >= 0.1, "{h:?}");
+        assert!(h.count >= 2, "{h:?}");
+        assert!(h.total_ms >= 10.0 && h.max_ms >= 5.0, "{h:?}");
     }
 
     #[test]

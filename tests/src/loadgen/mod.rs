@@ -195,7 +195,6 @@ pub fn run(cfg: &Config) -> Result<Report, LoadError> {
 }
 
 /// The histograms a run's percentiles came from (threads of one run merge them).
-#[derive(Default)]
 struct Hists {
     /// Answers' latencies.
     lat: Latencies,

@@ -43,6 +43,8 @@ fn closed_loop_against_correct_server_has_no_wrong_answers() {
     assert!(r.completed > 100, "{r:?}");
     assert_eq!((r.wrong, r.errors), (0, 0), "{r:?}");
     assert!(r.p50_us > 0.0 && r.p99_us >= r.p50_us && r.max_us >= r.p99_us);
+    // Closed loop schedules no arrival, so nothing can be sent late.
+    assert_eq!((r.late_p99_us, r.late_max_us), (0.0, 0.0), "{r:?}");
 }
 
 #[test]
@@ -64,6 +66,12 @@ fn open_loop_reports_offered_rate() {
     assert_eq!((r.wrong, r.errors), (0, 0), "{r:?}");
     // A fast server keeps up with a Poisson stream of 2000/s: about 2000 in 1 s.
     assert!((1500..2500).contains(&r.completed), "{r:?}");
+    // The generator's own send delay is counted, and it is part of each latency.
+    assert!(
+        r.late_p99_us > 0.0 && r.late_max_us >= r.late_p99_us,
+        "{r:?}"
+    );
+    assert!(r.late_p99_us <= r.p99_us, "{r:?}");
 }
 
 #[test]
