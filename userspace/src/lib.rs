@@ -26,7 +26,7 @@ pub use analysis::{classifier, futex, measured_cost, metrics, model};
 pub use inject::flow as inject_flow;
 pub use kernel::{
     abi, btf, btf_hidden, burst_cost, calibrate, calibration_cache, collector, hist, idle_wake,
-    loader, probe_cost, start_priority, watch_priority,
+    loader, probe_cost, program_stats, start_priority, watch_priority,
 };
 pub use output::{dashboard, report, sink, syscalls, wall_clock};
 pub use target::{

@@ -179,6 +179,26 @@ pub fn ensure_tracefs() -> Result<(), WatchError> {
 /// The offload probes, the return probe first (attach_offload_probes says why).
 const OFFLOAD_PROGRAMS: [&str; 2] = ["offload_exit", "offload_enter"];
 
+/// The programs that run for each event the calibration times (probe_cost.rs): a
+/// syscall, a switch with the wake-up before it, an offload call.
+pub fn programs_per_event(raw_sched: bool) -> [Vec<&'static str>; 3] {
+    let sched = |tp: &str| -> Option<&'static str> {
+        if raw_sched {
+            RAW_SCHED.iter().find(|r| r.1 == tp).map(|r| r.0)
+        } else {
+            TRACEPOINTS.iter().find(|r| r.2 == tp).map(|r| r.0)
+        }
+    };
+    [
+        RAW_TRACEPOINTS.iter().map(|r| r.0).collect(),
+        ["sched_switch", "sched_waking"]
+            .into_iter()
+            .filter_map(sched)
+            .collect(),
+        OFFLOAD_PROGRAMS.to_vec(),
+    ]
+}
+
 /// The loaded programs; `raw_sched` when the scheduler hooks are raw tracepoints.
 pub struct Loaded {
     pub bpf: Ebpf,

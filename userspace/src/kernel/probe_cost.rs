@@ -5,11 +5,12 @@
 //! child, is attached and detached around them. The difference per event is what one
 //! syscall, one switch and one probed offload cost when watched: the programs' own
 //! run time plus what attaching adds around them (the syscall slow path, the uprobe
-//! traps), on this machine and kernel. A window's counts times these costs is the
+//! traps), on this machine and kernel, and never less than the programs' own run time
+//! as the kernel counts it (program_stats.rs). A window's counts times these costs is the
 //! watcher's share of the target's CPU; the session keeps it within a budget by
 //! tracing only part of each interval (see session.rs).
 
-use crate::loader;
+use crate::{loader, program_stats};
 use serde::Serialize;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -500,6 +501,7 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
             }
         }
     }
+    let floor = kernel_floor(&bpf, raw_sched, &mut child, deadline);
     // Detached before the child is reaped, which may take a grace of its own.
     std::thread::spawn(move || {
         loader::detach(&mut bpf, &mut links, &Default::default());
@@ -508,13 +510,13 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
     drop(child);
     pause_before(PHASE_GAP, deadline);
     let added = |k: usize| (best[k][1] - best[k][0]).max(0.0);
-    let syscall_ns = added(0);
+    let syscall_ns = added(0).max(floor[0]);
     // A round: two switches, two wake-ups, four syscalls (a write and a read each side).
-    let switch_ns = ((added(1) - 4.0 * syscall_ns) / 2.0).max(0.0);
+    let switch_ns = ((added(1) - 4.0 * syscall_ns) / 2.0).max(floor[1]);
     Ok(ProbeCost {
         syscall_ns,
         switch_ns,
-        offload_ns: added(2),
+        offload_ns: added(2).max(floor[2]),
         handoff_ns: best[1][0] / 2.0,
         idle_wake_ns,
         // Either loop cut off by the deadline: the default, not an infinity or a 0.
@@ -524,6 +526,35 @@ fn attempt(cpu: usize, nice: i32, deadline: Instant) -> Result<ProbeCost, String
             DEFAULT_COST.host_syscall_ns
         },
     })
+}
+
+/// Per kind (a syscall, a switch with its wake-up, an offload call), the programs' own
+/// run time as the kernel counts it over one more traced loop of each
+/// (program_stats.rs): the floor under the timed differences, which the host's noise
+/// can take below it. Zeros where the kernel will not count (or a loop is cut off).
+fn kernel_floor(
+    bpf: &aya::Ebpf,
+    raw_sched: bool,
+    child: &mut ChildProc,
+    deadline: Instant,
+) -> [f64; 3] {
+    let mut floor = [0.0; 3];
+    let Some(_counting) = program_stats::enable() else {
+        return floor;
+    };
+    let loops = [(b's', SYSCALLS), (b'p', ROUNDS), (b'o', CALLS)];
+    for (k, (names, (cmd, n))) in loader::programs_per_event(raw_sched)
+        .iter()
+        .zip(loops)
+        .enumerate()
+    {
+        let before = program_stats::read(bpf, names);
+        if child.ask(cmd, Some(n), deadline).is_err() {
+            break;
+        }
+        floor[k] = program_stats::ns_per_event(&before, &program_stats::read(bpf, names));
+    }
+    floor
 }
 
 /// ns per getppid over `n` calls (the child's `s` loop) on a thread of the watcher's,
