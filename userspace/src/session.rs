@@ -808,10 +808,15 @@ impl<'a> WatchSession<'a> {
     }
 
     /// What sets the thread's priority until the next wake-up: Due while attached (the
-    /// burst's end is next, and every moment of it costs the host's syscalls), while
-    /// a person is at the keys, and around an injection; Between otherwise.
+    /// burst's end is next, and every moment of it costs the host's syscalls) and
+    /// until the settling after it ends (the reading there starts the untraced
+    /// stretch the window's rate without the watch is read from: at the idle policy,
+    /// beside a full server and load tool, it came up to a second late, and the whole
+    /// interval was booked as settling), while a person is at the keys, and around an
+    /// injection; Between otherwise.
     fn phase(&self) -> Phase {
         if self.tr.on
+            || self.tr.settling_until.is_some()
             || self.sink.interactive()
             || self.deciding()
             || self.inj.health.is_some()

@@ -1337,8 +1337,9 @@ fn pin_to(cpu: usize) {
     }
 }
 
-/// Between bursts the watch runs SCHED_IDLE, at its own priority while attached
-/// (watch_priority.rs); and pinned to a CPU that a busy loop of higher priority
+/// Between bursts the watch runs SCHED_IDLE, at its own priority while attached and
+/// until the settling after a burst ends (watch_priority.rs, session.rs `phase`); and
+/// pinned to a CPU that a busy loop of higher priority
 /// holds, where an idle-policy thread waits seconds for each wake-up, it closes its
 /// windows on time after the first (whose late wake-up ends the idle policy).
 #[test]
@@ -1382,11 +1383,15 @@ fn the_watch_runs_idle_between_bursts_and_never_starves() {
         seen.contains_key(&i64::from(libc::SCHED_OTHER)),
         "never its own: {seen:?}"
     );
-    // Idle most of the time: bursts are 5% of it.
-    assert!(
-        seen[&i64::from(libc::SCHED_IDLE)] > seen[&i64::from(libc::SCHED_OTHER)],
-        "{seen:?}"
+    // Idle most of the time: the bursts are 5% of it, their settling (0.25 s, whose
+    // end is read at its own priority, so that the untraced stretch starts on time
+    // beside a full server and load tool) 25%.
+    let (idle, own) = (
+        seen[&i64::from(libc::SCHED_IDLE)],
+        seen[&i64::from(libc::SCHED_OTHER)],
     );
+    assert!(idle > own, "{seen:?}");
+    assert!(own * 100 >= 15 * (idle + own), "settled idle: {seen:?}");
 
     // Pinned beside a busy loop at nice -15 on the same CPU (a weight of 29,154
     // against SCHED_IDLE's 3: at that, windows closed 3.5 s late).
