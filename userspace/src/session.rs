@@ -811,9 +811,9 @@ impl<'a> WatchSession<'a> {
     /// burst's end is next, and every moment of it costs the host's syscalls) and
     /// until the settling after it ends (the reading there starts the untraced
     /// stretch the window's rate without the watch is read from: at the idle policy,
-    /// beside a full server and load tool, it came up to a second late, and the whole
-    /// interval was booked as settling), while a person is at the keys, and around an
-    /// injection; Between otherwise.
+    /// beside a server and a load tool that fill their CPUs, it can wait on the run
+    /// queue until the interval is over, all of it booked as settling), while a person
+    /// is at the keys, and around an injection; Between otherwise.
     fn phase(&self) -> Phase {
         if self.tr.on
             || self.tr.settling_until.is_some()
