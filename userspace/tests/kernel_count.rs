@@ -14,7 +14,7 @@ use common::{get, ready, serial, watch_cmd, Watcher};
 
 /// Run time (ns) and runs of the watcher's programs by name, read by the kernel.
 fn program_counts(watcher_pid: u32) -> Counts {
-    let mine = prog_ids(watcher_pid);
+    let mine = common::fdinfo_values(watcher_pid, "prog_id");
     let mut by_name = std::collections::BTreeMap::new();
     for info in aya::programs::loaded_programs().flatten() {
         if !mine.contains(&info.id()) {
@@ -26,21 +26,6 @@ fn program_counts(watcher_pid: u32) -> Counts {
         e.1 += info.run_count();
     }
     by_name
-}
-
-/// The ids of the programs the watcher holds (its fds' fdinfo).
-fn prog_ids(pid: u32) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-        .filter_map(|info| {
-            info.lines()
-                .find_map(|l| l.strip_prefix("prog_id:"))
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .collect()
 }
 
 /// Two threads of this process pinned to CPU 0 passing a byte over two pipes until
@@ -70,8 +55,13 @@ fn ping_pong(stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
                 unsafe { libc::write(tx, b.as_ptr().cast(), 1) };
             }
             // The other player may be waiting for this byte: one more ends its read.
-            // SAFETY: as above.
-            unsafe { libc::write(tx, b.as_ptr().cast(), 1) };
+            // SAFETY: as above; then each player closes the two ends only it used (a
+            // write to a closed pipe returns EPIPE: Rust ignores SIGPIPE).
+            unsafe {
+                libc::write(tx, b.as_ptr().cast(), 1);
+                libc::close(rx);
+                libc::close(tx);
+            }
         })
     };
     vec![

@@ -1744,18 +1744,8 @@ fn offload_probes_never_reach_a_process_on_the_fiber_runtime() {
 /// The watcher's loaded programs by BPF program type (from its fds' fdinfo).
 fn loaded_programs(watcher_pid: u32) -> std::collections::BTreeMap<u32, usize> {
     let mut by_type = std::collections::BTreeMap::new();
-    let dir = format!("/proc/{watcher_pid}/fdinfo");
-    for e in std::fs::read_dir(&dir).expect("the watcher's fdinfo") {
-        let Ok(info) = std::fs::read_to_string(e.expect("an fd").path()) else {
-            continue;
-        };
-        let ty = info
-            .lines()
-            .find_map(|l| l.strip_prefix("prog_type:"))
-            .and_then(|v| v.trim().parse::<u32>().ok());
-        if let Some(ty) = ty {
-            *by_type.entry(ty).or_insert(0) += 1;
-        }
+    for ty in common::fdinfo_values(watcher_pid, "prog_type") {
+        *by_type.entry(ty).or_insert(0) += 1;
     }
     by_type
 }

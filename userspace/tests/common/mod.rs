@@ -47,6 +47,21 @@ pub fn ready() -> bool {
     true
 }
 
+/// The value of `field` (e.g. `prog_id`, `prog_type`) in the fdinfo of each of a
+/// process's descriptors that has it: a watcher's loaded BPF programs.
+pub fn fdinfo_values(pid: u32, field: &str) -> Vec<u32> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fdinfo")).expect("the process's fdinfo");
+    let key = format!("{field}:");
+    dir.flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(key.as_str()))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .collect()
+}
+
 pub fn watch_cmd() -> Command {
     Command::new(harness::bin("toffload-watch").expect("built"))
 }
